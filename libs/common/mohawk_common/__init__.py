@@ -1,0 +1,1 @@
+"""Shared pieces of every Mohawk process: settings, logging, errors and the model store."""

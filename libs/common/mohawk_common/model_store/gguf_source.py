@@ -1,0 +1,128 @@
+"""A model in one GGUF file (llama.cpp's format), dequantized one tensor at a time."""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mohawk_common.errors import ModelLoadError
+from mohawk_common.model_store.config import check_architecture, config_from_hf
+from mohawk_common.model_store.source import ModelSource, one_line
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from mohawk_common.model_store.gguf_file import GGUFFile
+
+# Canonical name pieces -> GGUF (llama.cpp) tensor name pieces.
+_TOP_LEVEL = {
+    "embed_tokens.weight": "token_embd.weight",
+    "norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER_PARTS = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_LAYER_NAME = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)")
+# GGUF architectures whose attn_q/attn_k rows llama.cpp's converter permutes (Mistral is "llama").
+_PERMUTED_ARCHITECTURES = frozenset({"llama"})
+
+
+class GGUFSource(ModelSource):
+    """A `.gguf` file: config and tokenizer through transformers, weights through `gguf`."""
+
+    @classmethod
+    def open(cls, path: Path) -> GGUFSource:
+        """Read the config of a GGUF file; its tensors are only mapped when weights are loaded."""
+        from transformers import AutoConfig
+
+        try:
+            hf_config = AutoConfig.from_pretrained(
+                str(path.parent), gguf_file=path.name, local_files_only=True
+            )
+        except Exception as exc:
+            unsupported = re.search(r"architecture (\S+) is not supported", str(exc))
+            if unsupported:
+                check_architecture(unsupported.group(1))
+            raise ModelLoadError(f"cannot read GGUF file {path}: {one_line(exc)}") from exc
+        model_id = getattr(hf_config, "_model_name_or_path", None) or path.stem
+        return cls(path, config_from_hf(hf_config, str(model_id)), hf_config)
+
+    @cached_property
+    def _file(self) -> GGUFFile:
+        from mohawk_common.model_store.gguf_file import GGUFFile
+
+        return GGUFFile(self.path)
+
+    def _read_tensor(self, name: str) -> np.ndarray:
+        from gguf.quants import dequantize
+
+        gguf_name = gguf_tensor_name(name)
+        info = self._file.tensors.get(gguf_name)
+        if info is None:
+            raise ModelLoadError(f"GGUF file {self.path} has no tensor {gguf_name} (for {name})")
+        try:
+            array = dequantize(self._file.raw(info), info.tensor_type).reshape(info.shape)
+        except (NotImplementedError, ValueError) as exc:
+            raise ModelLoadError(f"cannot dequantize {gguf_name} of {self.path}: {one_line(exc)}") from exc
+        if self._file.metadata.get("general.architecture") in _PERMUTED_ARCHITECTURES:
+            if ".q_proj." in name:
+                array = unpermute_rotary_rows(array, self.config.num_heads)
+            elif ".k_proj." in name:
+                array = unpermute_rotary_rows(array, self.config.num_kv_heads)
+        return array
+
+    def _load_tokenizer(self) -> PreTrainedTokenizerBase:
+        from transformers import AutoTokenizer
+
+        tokenizer: Any = AutoTokenizer.from_pretrained(
+            str(self.path.parent), gguf_file=self.path.name, local_files_only=True
+        )
+        return tokenizer
+
+
+def gguf_tensor_name(name: str) -> str:
+    """The GGUF tensor name of a canonical name (`layers.3.mlp.up_proj.weight` -> `blk.3.ffn_up.weight`)."""
+    if name in _TOP_LEVEL:
+        return _TOP_LEVEL[name]
+    match = _LAYER_NAME.fullmatch(name)
+    if match is None or match.group(2) not in _LAYER_PARTS:
+        raise ModelLoadError(f"no GGUF tensor corresponds to {name}")
+    layer, part, kind = match.groups()
+    return f"blk.{layer}.{_LAYER_PARTS[part]}.{kind}"
+
+
+def permute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's HF -> GGUF reordering of q/k projection rows (the inverse of the function below)."""
+    head_dim = weight.shape[0] // num_heads
+    rows = weight.reshape(num_heads, 2, head_dim // 2, *weight.shape[1:])
+    return np.ascontiguousarray(rows.swapaxes(1, 2).reshape(weight.shape))
+
+
+def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's reordering of q/k projection rows for the `llama` GGUF architecture.
+
+    HF's rotary embedding rotates the two *halves* of each head (`rotate_half`: dimension j pairs
+    with j + head_dim/2), while GGML's rotates *adjacent* pairs (2j with 2j+1). So llama.cpp's
+    converter reorders each head's output rows from [first half | second half] to interleaved
+    pairs: it views a head's rows as (2, head_dim/2) and transposes them. We view a head's GGUF
+    rows as (head_dim/2, 2) and transpose back, per head (k uses the KV head count), which gives
+    the HF rows exactly; the input dimension is untouched, and a bias (1-D) works the same way.
+    """
+    head_dim = weight.shape[0] // num_heads
+    rows = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
+    return np.ascontiguousarray(rows.swapaxes(1, 2).reshape(weight.shape))

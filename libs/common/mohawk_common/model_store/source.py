@@ -1,0 +1,155 @@
+"""`ModelSource`: one model on disk, read a layer range at a time under canonical tensor names.
+
+Every source maps the same canonical names (those of a Hugging Face Llama state dict without the
+`model.` prefix) onto its own file format; this base class decides which names a layer range
+needs, checks every tensor's shape against the config, and returns float32 C-contiguous arrays
+in HF orientation `[out_features, in_features]`. Subclasses only read one named tensor.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mohawk_common.errors import ModelLoadError
+from mohawk_common.model_store.config import ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+EMBEDDING = "embed_tokens.weight"
+FINAL_NORM = "norm.weight"
+LM_HEAD = "lm_head.weight"
+
+
+class ModelSource(ABC):
+    """A model's config, tokenizer and weights, read lazily from local files."""
+
+    path: Path
+    config: ModelConfig
+    hf_config: PretrainedConfig
+
+    def __init__(self, path: Path, config: ModelConfig, hf_config: PretrainedConfig) -> None:
+        self.path = path
+        self.config = config
+        self.hf_config = hf_config
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._tokenizer_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r}, model_id={self.config.model_id!r})"
+
+    def load_tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer, with its chat template; loaded once, then cached on the source."""
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                try:
+                    self._tokenizer = self._load_tokenizer()
+                except Exception as exc:
+                    raise ModelLoadError(
+                        f"cannot load the tokenizer of {self.path}: {one_line(exc)}"
+                    ) from exc
+            return self._tokenizer
+
+    def load_weights(self, start: int, end: int, *, embedding: bool, head: bool) -> dict[str, np.ndarray]:
+        """Read layers `[start, end)` (plus the embedding and/or final norm + LM head) as float32.
+
+        Only the named tensors are read. For tied-embedding models `lm_head.weight` is the
+        embedding matrix; when both are asked for, the two keys share one array.
+        """
+        if not 0 <= start < end <= self.config.num_layers:
+            raise ModelLoadError(
+                f"invalid layer range [{start}, {end}) for {self.config.model_id} "
+                f"({self.config.num_layers} layers)"
+            )
+        weights: dict[str, np.ndarray] = {}
+        for name in weight_names(self.config, start, end, embedding=embedding, head=head):
+            if name == LM_HEAD and self.config.tie_word_embeddings:
+                weights[name] = weights[EMBEDDING] if EMBEDDING in weights else self._checked(EMBEDDING)
+            else:
+                weights[name] = self._checked(name)
+        return weights
+
+    def _checked(self, name: str) -> np.ndarray:
+        array = self._read_tensor(name)
+        expected = expected_shape(self.config, name)
+        if array.shape != expected:
+            raise ModelLoadError(
+                f"tensor {name} of {self.path} has shape {list(array.shape)}, "
+                f"the config implies {list(expected)}"
+            )
+        if array.dtype != np.float32 or not array.flags.c_contiguous or not array.flags.writeable:
+            array = np.array(array, dtype=np.float32, order="C")
+        return array
+
+    @abstractmethod
+    def _read_tensor(self, name: str) -> np.ndarray:
+        """Read one tensor by canonical name, dequantized, in HF orientation."""
+
+    @abstractmethod
+    def _load_tokenizer(self) -> PreTrainedTokenizerBase:
+        """Build the tokenizer from the model's own files (never from a hub)."""
+
+
+def layer_names(config: ModelConfig, layer: int) -> list[str]:
+    """Canonical names of one decoder layer's tensors."""
+    prefix = f"layers.{layer}."
+    names = ["input_layernorm.weight"]
+    names += [f"self_attn.{p}_proj.weight" for p in ("q", "k", "v", "o")]
+    if config.attention_bias:
+        names += [f"self_attn.{p}_proj.bias" for p in ("q", "k", "v")]
+    if config.qk_norm:
+        names += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+    names += ["post_attention_layernorm.weight"]
+    names += [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+    return [prefix + name for name in names]
+
+
+def weight_names(config: ModelConfig, start: int, end: int, *, embedding: bool, head: bool) -> list[str]:
+    """Canonical names `load_weights(start, end, embedding=..., head=...)` returns, in order."""
+    names = [EMBEDDING] if embedding else []
+    for layer in range(start, end):
+        names += layer_names(config, layer)
+    return names + ([FINAL_NORM, LM_HEAD] if head else [])
+
+
+def expected_shape(config: ModelConfig, name: str) -> tuple[int, ...]:
+    """The shape the config implies for a canonical tensor name."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    if name in (EMBEDDING, LM_HEAD):
+        return (config.vocab_size, hidden)
+    shapes: dict[str, tuple[int, ...]] = {
+        "norm.weight": (hidden,),
+        "layernorm.weight": (hidden,),
+        "q_proj.weight": (q_size, hidden),
+        "k_proj.weight": (kv_size, hidden),
+        "v_proj.weight": (kv_size, hidden),
+        "o_proj.weight": (hidden, q_size),
+        "q_proj.bias": (q_size,),
+        "k_proj.bias": (kv_size,),
+        "v_proj.bias": (kv_size,),
+        "q_norm.weight": (config.head_dim,),
+        "k_norm.weight": (config.head_dim,),
+        "gate_proj.weight": (inter, hidden),
+        "up_proj.weight": (inter, hidden),
+        "down_proj.weight": (hidden, inter),
+    }
+    leaf = ".".join(name.rsplit(".", 2)[-2:])
+    leaf = "layernorm.weight" if leaf.endswith("layernorm.weight") else leaf
+    return shapes[leaf]
+
+
+def weights_nbytes(weights: dict[str, Any]) -> int:
+    """Bytes held by a `load_weights` result, counting an array shared by two keys once."""
+    return sum(array.nbytes for array in {id(a): a for a in weights.values()}.values())
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line, for a one-line `ModelLoadError`."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

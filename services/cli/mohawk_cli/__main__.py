@@ -1,0 +1,3 @@
+from mohawk_cli.main import main
+
+raise SystemExit(main())

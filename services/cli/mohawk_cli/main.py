@@ -1,0 +1,79 @@
+"""`mohawk`: one command line for every Mohawk process and tool.
+
+The CLI is the one place that reaches into services, and it does so lazily, per subcommand, so
+`mohawk --help` stays fast and a subcommand loads only what it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from mohawk_common.errors import MohawkError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line on stderr and exit 2, instead of argparse's usage block."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _split_points(text: str) -> list[int]:
+    try:
+        return [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--split wants comma-separated layer indices, got {text!r}") from None
+
+
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
+    parser.add_argument("--split", type=_split_points, default=[], help="layer split points, e.g. 10,20")
+    parser.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    parser.add_argument("--log-level", default="warning", help="log level on stderr (default: warning)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mohawk", description="Distributed, post-quantum-secured LLM inference.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    gen = commands.add_parser("generate", help="complete one chat message and print the reply")
+    gen.add_argument("--prompt", required=True, help="the user message")
+    gen.add_argument("--system", help="an optional system message")
+    gen.add_argument("--max-tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    _add_engine_flags(gen)
+    chat = commands.add_parser("chat", help="talk to the model in the terminal")
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--temperature", type=float, default=0.7)
+    _add_engine_flags(chat)
+    up = commands.add_parser("up", help="start Mohawk locally on the bundled model")
+    _add_engine_flags(up)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    args = build_parser().parse_args(argv)
+    from mohawk_common.logging import configure_logging
+
+    configure_logging(args.log_level if args.command != "up" else "info")
+    try:
+        if args.command == "generate":
+            from mohawk_cli.generate import run_generate
+
+            return run_generate(args)
+        from mohawk_cli.generate import run_chat
+
+        return run_chat(args)
+    except MohawkError as exc:
+        print(f"mohawk: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,89 @@
+"""Build an engine whose stages all run in this process: one stage, or a chain split at layer boundaries."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import structlog
+
+from mohawk_common.errors import ConfigError
+from mohawk_common.model_store import ModelSource, open_model
+from mohawk_shard.backends.torch_backend import TorchBackend, resolve_device
+from mohawk_shard.config import EngineSettings
+from mohawk_shard.engine.block_manager import BlockManager
+from mohawk_shard.engine.llm_engine import LLMEngine
+from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
+from mohawk_shard.stage import Stage
+
+log = structlog.get_logger("mohawk.shard")
+
+_CPU_KV_BUDGET_MB = 1024
+_CUDA_KV_FRACTION = 0.6
+
+
+def layer_ranges(num_layers: int, split_points: Sequence[int]) -> list[tuple[int, int]]:
+    """[0, a), [a, b), ..., [z, num_layers) from split points a < b < ... < z inside (0, num_layers)."""
+    points = list(split_points)
+    if any(p <= 0 or p >= num_layers for p in points) or points != sorted(set(points)):
+        raise ConfigError(
+            f"split points {points} must be increasing layer indices between 1 and {num_layers - 1}"
+        )
+    bounds = [0, *points, num_layers]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def kv_block_count(settings: EngineSettings, backends: Sequence[TorchBackend]) -> int:
+    """Blocks that fit the KV budget when every stage in this process holds the same block ids."""
+    if settings.num_kv_blocks is not None:
+        return settings.num_kv_blocks
+    per_block = sum(b.kv_bytes_per_block(settings.block_size) for b in backends)
+    budget_mb = settings.kv_cache_memory_mb
+    if budget_mb is None:
+        budget_mb = _CPU_KV_BUDGET_MB
+        device = backends[0].torch_device
+        if device.type == "cuda":
+            import torch
+
+            free, _total = torch.cuda.mem_get_info(device)
+            budget_mb = int(free * _CUDA_KV_FRACTION) >> 20
+    return max(1, (budget_mb << 20) // per_block)
+
+
+def build_local_engine(
+    settings: EngineSettings, split_points: Sequence[int] = (), source: ModelSource | None = None
+) -> LLMEngine:
+    if settings.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(settings.num_threads)
+    source = source or open_model(settings.model)
+    config = source.config
+    resolve_device(settings.device)
+    backends = []
+    for start, end in layer_ranges(config.num_layers, split_points):
+        backend = TorchBackend(source, start, end, device=settings.device, dtype=settings.dtype)
+        log.info(
+            "stage loaded",
+            layers=f"[{start}, {end})",
+            device=backend.device,
+            dtype=str(backend.dtype).removeprefix("torch."),
+            weight_mb=round(backend.weight_bytes / 2**20, 1),
+        )
+        backends.append(backend)
+    num_blocks = kv_block_count(settings, backends)
+    for backend in backends:
+        backend.allocate_kv_cache(num_blocks, settings.block_size)
+    max_model_len = min(config.max_position_embeddings, settings.max_model_len or config.max_position_embeddings)
+    max_model_len = min(max_model_len, num_blocks * settings.block_size)
+    log.info("kv cache", num_blocks=num_blocks, block_size=settings.block_size, max_model_len=max_model_len)
+    scheduler = Scheduler(
+        SchedulerConfig(settings.max_num_seqs, settings.max_num_batched_tokens, max_model_len),
+        BlockManager(num_blocks, settings.block_size, enable_prefix_caching=settings.enable_prefix_caching),
+    )
+    return LLMEngine(
+        [Stage(b, settings.block_size) for b in backends],
+        scheduler,
+        source.load_tokenizer(),
+        eos_token_ids=config.eos_token_ids,
+        vocab_size=config.vocab_size,
+    )

@@ -1,0 +1,156 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM) for one contiguous layer range.
+
+Touvron et al.'s pre-norm decoder: x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x)), with rotary
+positions, grouped-query attention and a SwiGLU MLP. Qwen2 adds biases to q/k/v; Qwen3 normalises
+each head's queries and keys (RMSNorm over head_dim) before the rotation. A stage holds layers
+[start, end): the first stage also embeds token ids, the last also applies the final norm and the
+LM head. Tokens of all sequences in a step are flattened to [num_tokens, hidden]; only attention
+sees the batch structure, through `AttentionMetadata`. q/k/v and gate/up are fused into one matmul.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mohawk_common.model_store import ModelConfig
+from mohawk_shard.model.attention import AttentionMetadata, KVCache, paged_attention
+from mohawk_shard.model.rope import apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q, meta.cos, meta.sin)
+        k = apply_rotary(k, meta.cos, meta.sin)
+        return self.o_proj(paged_attention(q, k, v, cache, meta))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), meta, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaStage(nn.Module):
+    """Layers [start, end) of a Llama-family model, plus embedding and/or head where the stage has them."""
+
+    def __init__(self, config: ModelConfig, start: int, end: int, *, embedding: bool, head: bool) -> None:
+        super().__init__()
+        self.config = config
+        self.start, self.end = start, end
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if embedding else None
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(start, end))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if head else None
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if head else None
+        self.tie_weights()
+        self.requires_grad_(False)
+
+    def tie_weights(self) -> None:
+        """Share one matrix between embedding and LM head when the model ties them and the stage has both."""
+        if self.lm_head is not None and self.embed_tokens is not None and self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @property
+    def has_embedding(self) -> bool:
+        return self.embed_tokens is not None
+
+    @property
+    def has_head(self) -> bool:
+        return self.lm_head is not None
+
+    def forward(
+        self,
+        inputs: torch.Tensor,
+        meta: AttentionMetadata,
+        caches: list[KVCache],
+        logits_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Token ids [T] (first stage) or hidden states [T, hidden] -> hidden states, or logits on the last stage."""
+        x = self.embed_tokens(inputs) if self.embed_tokens is not None else inputs
+        for layer, cache in zip(self.layers, caches, strict=True):
+            x = layer(x, meta, cache)
+        if self.norm is None or self.lm_head is None:
+            return x
+        if logits_rows is not None:
+            x = x.index_select(0, logits_rows)
+        return self.lm_head(self.norm(x)).float()
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Copy canonical-name arrays from the model store in, fusing q/k/v and gate/up."""
+
+        def take(name: str) -> torch.Tensor:
+            return torch.from_numpy(weights[name])
+
+        with torch.no_grad():
+            if self.embed_tokens is not None:
+                self.embed_tokens.weight.copy_(take("embed_tokens.weight"))
+            for offset, layer in enumerate(self.layers):
+                prefix = f"layers.{self.start + offset}."
+                attn, mlp = layer.self_attn, layer.mlp
+                layer.input_layernorm.weight.copy_(take(prefix + "input_layernorm.weight"))
+                layer.post_attention_layernorm.weight.copy_(take(prefix + "post_attention_layernorm.weight"))
+                qkv = [take(f"{prefix}self_attn.{p}_proj.weight") for p in "qkv"]
+                attn.qkv_proj.weight.copy_(torch.cat(qkv))
+                if attn.qkv_proj.bias is not None:
+                    attn.qkv_proj.bias.copy_(torch.cat([take(f"{prefix}self_attn.{p}_proj.bias") for p in "qkv"]))
+                attn.o_proj.weight.copy_(take(prefix + "self_attn.o_proj.weight"))
+                if attn.q_norm is not None and attn.k_norm is not None:
+                    attn.q_norm.weight.copy_(take(prefix + "self_attn.q_norm.weight"))
+                    attn.k_norm.weight.copy_(take(prefix + "self_attn.k_norm.weight"))
+                gate_up = (take(prefix + "mlp.gate_proj.weight"), take(prefix + "mlp.up_proj.weight"))
+                mlp.gate_up_proj.weight.copy_(torch.cat(gate_up))
+                mlp.down_proj.weight.copy_(take(prefix + "mlp.down_proj.weight"))
+            if self.norm is not None and self.lm_head is not None:
+                self.norm.weight.copy_(take("norm.weight"))
+                if self.lm_head.weight is not getattr(self.embed_tokens, "weight", None):
+                    self.lm_head.weight.copy_(take("lm_head.weight"))

@@ -1,0 +1,114 @@
+"""The transport-free stage API: one step of one stage, from a batch description and hidden states.
+
+Stage 0's scheduler describes each step as a `StepBatch`: per sequence, where its new tokens start,
+how many there are (with their ids, which only stage 0 embeds), the KV blocks added to its table
+since the last step, whether to sample, and — the first time a sequence (re)appears — what the last
+stage needs to sample it. Messages carry deltas; each `Stage` keeps the block tables and sampling
+state of the sequences it has seen and drops them when they are freed. The distributed pipeline puts
+exactly these messages on the bus; the in-process engine calls the stages one after another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mohawk_shard.backends.base import Backend
+from mohawk_shard.backends.batch import ForwardBatch
+from mohawk_shard.engine.outputs import SampledToken
+from mohawk_shard.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceSpec:
+    """What a stage needs to know of a sequence that joins (or rejoins after preemption)."""
+
+    num_prompt_tokens: int
+    params: SamplingParams
+    output_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceStep:
+    seq_id: int
+    start_position: int
+    token_ids: tuple[int, ...]
+    new_block_ids: tuple[int, ...]
+    sample: bool
+    new_sequence: SequenceSpec | None = None
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    step_id: int
+    sequences: tuple[SequenceStep, ...]
+    freed_seq_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StageOutput:
+    step_id: int
+    hidden_states: Any | None = None
+    sampled: tuple[tuple[int, SampledToken], ...] = ()
+
+
+@dataclass(slots=True)
+class _SequenceState:
+    block_ids: list[int] = field(default_factory=list)
+    params: SamplingParams | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+
+
+class Stage:
+    """Layers [start, end) behind a backend, with the per-sequence state the step deltas build up."""
+
+    def __init__(self, backend: Backend, block_size: int) -> None:
+        self.backend = backend
+        self.block_size = block_size
+        self._sequences: dict[int, _SequenceState] = {}
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._sequences)
+
+    def step(self, batch: StepBatch, hidden_states: Any | None = None) -> StageOutput:
+        for seq_id in batch.freed_seq_ids:
+            self._sequences.pop(seq_id, None)
+        if not batch.sequences:
+            return StageOutput(batch.step_id)
+        chunks = []
+        for step in batch.sequences:
+            state = self._state_for(step)
+            state.block_ids.extend(step.new_block_ids)
+            chunks.append((list(step.token_ids), step.start_position, state.block_ids, step.sample))
+        forward = ForwardBatch.build(chunks, self.block_size)
+        output = self.backend.forward(forward, hidden_states)
+        if not self.backend.has_head:
+            return StageOutput(batch.step_id, hidden_states=output)
+        return StageOutput(batch.step_id, sampled=self._sample(batch, output))
+
+    def _state_for(self, step: SequenceStep) -> _SequenceState:
+        if step.new_sequence is not None:
+            spec = step.new_sequence
+            self._sequences[step.seq_id] = _SequenceState(
+                params=spec.params, output_token_ids=list(spec.output_token_ids)
+            )
+        state = self._sequences.get(step.seq_id)
+        if state is None:
+            raise KeyError(f"stage got a step for unknown sequence {step.seq_id}")
+        return state
+
+    def _sample(self, batch: StepBatch, logits: Any) -> tuple[tuple[int, SampledToken], ...]:
+        steps = [s for s in batch.sequences if s.sample]
+        if not steps:
+            return ()
+        states = [self._sequences[s.seq_id] for s in steps]
+        params = [s.params or SamplingParams() for s in states]
+        tokens = self.backend.sample(logits, params, [s.output_token_ids for s in states])
+        for state, token in zip(states, tokens, strict=True):
+            state.output_token_ids.append(token.token_id)
+        return tuple((s.seq_id, t) for s, t in zip(steps, tokens, strict=True))

@@ -1,0 +1,76 @@
+"""Fixtures for engine tests: the bundled model, its transformers reference, engine builders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from mohawk_common.model_store import ModelSource, bundled_model_path, open_model
+from mohawk_shard.backends.batch import ForwardBatch
+from mohawk_shard.backends.torch_backend import TorchBackend
+from mohawk_shard.config import EngineSettings
+from mohawk_shard.engine.llm_engine import LLMEngine
+from mohawk_shard.local import build_local_engine, layer_ranges
+
+
+@pytest.fixture(scope="session")
+def bundled() -> ModelSource:
+    return open_model(None)
+
+
+@pytest.fixture(scope="session")
+def reference(bundled: ModelSource) -> Any:
+    """Hugging Face transformers running the same GGUF weights in one process: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    path = bundled_model_path()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def engine_factory(bundled: ModelSource) -> Callable[..., LLMEngine]:
+    def make(split: Sequence[int] = (), source: ModelSource | None = None, **settings: Any) -> LLMEngine:
+        settings.setdefault("num_kv_blocks", 1024)
+        return build_local_engine(EngineSettings(**settings), split, source or bundled)
+
+    return make
+
+
+def full_logits(source: ModelSource, token_ids: list[int], split: Sequence[int] = (), block_size: int = 16) -> torch.Tensor:
+    """Logits at every position of one prompt, through stages built from `split`."""
+    ranges = layer_ranges(source.config.num_layers, split)
+    num_blocks = -(-len(token_ids) // block_size)
+    batch = ForwardBatch.build([(token_ids, 0, list(range(num_blocks)), True)], block_size, all_logits=True)
+    hidden = None
+    for start, end in ranges:
+        backend = TorchBackend(source, start, end, device="cpu", dtype="float32")
+        backend.allocate_kv_cache(num_blocks, block_size)
+        hidden = backend.forward(batch, hidden)
+    assert hidden is not None
+    return hidden
+
+
+def reference_logits(model: Any, token_ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(torch.tensor([token_ids])).logits[0].float()
+
+
+def reference_greedy(model: Any, token_ids: list[int], max_new_tokens: int, eos: int | list[int] | None = None) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([token_ids]),
+            attention_mask=torch.ones(1, len(token_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos if isinstance(eos, int) else None,
+        )
+    return out[0, len(token_ids) :].tolist()
+
+
+ReferenceLogits = Callable[[Any, list[int]], torch.Tensor]
+__all__ = ["full_logits", "reference_greedy", "reference_logits"]

@@ -40,7 +40,9 @@ def engine_factory(bundled: ModelSource) -> Callable[..., LLMEngine]:
     return make
 
 
-def full_logits(source: ModelSource, token_ids: list[int], split: Sequence[int] = (), block_size: int = 16) -> torch.Tensor:
+def full_logits(
+    source: ModelSource, token_ids: list[int], split: Sequence[int] = (), block_size: int = 16
+) -> torch.Tensor:
     """Logits at every position of one prompt, through stages built from `split`."""
     ranges = layer_ranges(source.config.num_layers, split)
     num_blocks = -(-len(token_ids) // block_size)
@@ -59,7 +61,9 @@ def reference_logits(model: Any, token_ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([token_ids])).logits[0].float()
 
 
-def reference_greedy(model: Any, token_ids: list[int], max_new_tokens: int, eos: int | list[int] | None = None) -> list[int]:
+def reference_greedy(
+    model: Any, token_ids: list[int], max_new_tokens: int, eos: int | list[int] | None = None
+) -> list[int]:
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([token_ids]),

@@ -14,18 +14,49 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from .conftest import full_logits, reference_greedy, reference_logits
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "llama-gqa4-tied": {"model_type": "llama", "num_attention_heads": 8, "num_key_value_heads": 2, "tie_word_embeddings": True},
-    "llama-mha-untied": {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 4, "tie_word_embeddings": False},
+    "llama-gqa4-tied": {
+        "model_type": "llama",
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+    "llama-mha-untied": {
+        "model_type": "llama",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "tie_word_embeddings": False,
+    },
     "llama3-rope-scaling": {
         "model_type": "llama",
         "num_attention_heads": 4,
         "num_key_value_heads": 1,
-        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
     },
-    "mistral-gqa2": {"model_type": "mistral", "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": None},
-    "qwen2-biases": {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True},
-    "qwen3-qk-norm": {"model_type": "qwen3", "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
+    "mistral-gqa2": {
+        "model_type": "mistral",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "sliding_window": None,
+    },
+    "qwen2-biases": {
+        "model_type": "qwen2",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+    "qwen3-qk-norm": {
+        "model_type": "qwen3",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+    },
 }
 
 
@@ -59,7 +90,9 @@ def build_tiny(kind: str, directory: Path, tokenizer: Any) -> Any:
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
-def tiny(request: pytest.FixtureRequest, bundled: ModelSource, tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelSource, Any]:
+def tiny(
+    request: pytest.FixtureRequest, bundled: ModelSource, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[ModelSource, Any]:
     directory = tmp_path_factory.mktemp(request.param)
     model = build_tiny(request.param, directory, bundled.load_tokenizer())
     return open_model(directory), model
@@ -78,7 +111,9 @@ def test_logits_whole_and_split(tiny: tuple[ModelSource, Any]) -> None:
 def test_greedy_batched_matches_generate(tiny: tuple[ModelSource, Any], engine_factory: Any) -> None:
     source, model = tiny
     prompts = [[1, 2, 3, 4, 5], [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311, 312], [42]]
-    engine = engine_factory(split=(2,), source=source, block_size=4, num_kv_blocks=64, max_num_batched_tokens=8)
+    engine = engine_factory(
+        split=(2,), source=source, block_size=4, num_kv_blocks=64, max_num_batched_tokens=8
+    )
     got = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
     for prompt, completion in zip(prompts, got, strict=True):
         assert completion.token_ids == reference_greedy(model, prompt, 12, eos=None)

@@ -42,7 +42,9 @@ def prompts(bundled: ModelSource) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("split", [(), (10, 20)], ids=["whole", "3-way"])
-def test_logits_match_reference(bundled: ModelSource, reference: Any, prompts: list[list[int]], split: tuple[int, ...]) -> None:
+def test_logits_match_reference(
+    bundled: ModelSource, reference: Any, prompts: list[list[int]], split: tuple[int, ...]
+) -> None:
     worst = 0.0
     for prompt in prompts[:3]:
         ours = full_logits(bundled, prompt, split)
@@ -74,10 +76,35 @@ def test_three_way_split_generates_same_text(engine_factory: Any, prompts: list[
 
 def test_sixteen_prompts_together_equal_each_alone(bundled: ModelSource, engine_factory: Any) -> None:
     tokenizer = bundled.load_tokenizer()
-    topics = ["the moon", "bread", "rivers", "chess", "volcanoes", "owls", "jazz", "glaciers",
-              "bicycles", "tea", "comets", "libraries", "bees", "lighthouses", "maps", "violins"]
+    topics = [
+        "the moon",
+        "bread",
+        "rivers",
+        "chess",
+        "volcanoes",
+        "owls",
+        "jazz",
+        "glaciers",
+        "bicycles",
+        "tea",
+        "comets",
+        "libraries",
+        "bees",
+        "lighthouses",
+        "maps",
+        "violins",
+    ]
     prompts = [
-        encode_chat(tokenizer, [{"role": "user", "content": f"Tell me {'a fact' if i % 2 else 'a long story'} about {t}." + " Be kind." * (2 * i)}])
+        encode_chat(
+            tokenizer,
+            [
+                {
+                    "role": "user",
+                    "content": f"Tell me {'a fact' if i % 2 else 'a long story'} about {t}."
+                    + " Be kind." * (2 * i),
+                }
+            ],
+        )
         for i, t in enumerate(topics)
     ]
     assert len({len(p) for p in prompts}) == 16

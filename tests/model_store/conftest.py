@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from mohawk_common.model_store import ModelSource, open_model
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from mohawk_common.model_store import (
     GGUFSource,
     ModelSource,

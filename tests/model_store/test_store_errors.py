@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import ModelSource, bundled_model_path, open_model
 

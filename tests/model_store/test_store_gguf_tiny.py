@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from mohawk_common.model_store import GGUFSource, open_model
 from mohawk_common.model_store.gguf_source import gguf_tensor_name, permute_rotary_rows, unpermute_rotary_rows
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import ModelSource, SafetensorsSource, open_model, weight_names
 

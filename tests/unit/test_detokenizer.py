@@ -6,6 +6,7 @@ import importlib.util
 from typing import Any
 
 import pytest
+
 from mohawk_shard.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
 TEXTS = [

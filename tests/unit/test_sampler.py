@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+
 from mohawk_shard.backends.sampler import Sampler, SamplingRow, step_seed
 from mohawk_shard.engine.sampling_params import SamplingParams
 

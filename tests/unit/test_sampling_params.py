@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pydantic
 import pytest
+
 from mohawk_common.errors import InvalidRequestError
 from mohawk_shard.engine.sampling_params import SamplingParams
 

@@ -30,7 +30,9 @@ def test_prefill_then_decode_with_exact_blocks() -> None:
     sch.add(a)
     sch.add(b)
     out = sch.schedule()
-    assert [(s.seq.seq_id, s.start_position, s.num_new_tokens, s.new_block_ids, s.sample) for s in out.scheduled] == [
+    assert [
+        (s.seq.seq_id, s.start_position, s.num_new_tokens, s.new_block_ids, s.sample) for s in out.scheduled
+    ] == [
         (0, 0, 6, [0, 1], True),
         (1, 0, 3, [2], True),
     ]

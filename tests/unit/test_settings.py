@@ -64,7 +64,9 @@ def test_env_beats_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_overrides_beat_env_and_none_means_unset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    write_config(tmp_path / "config" / "mohawk.yaml", "demo:\n  block_size: 32\n  device: cpu\n  name: yaml\n")
+    write_config(
+        tmp_path / "config" / "mohawk.yaml", "demo:\n  block_size: 32\n  device: cpu\n  name: yaml\n"
+    )
     monkeypatch.setenv("MOHAWK_BLOCK_SIZE", "64")
     monkeypatch.setenv("MOHAWK_DEVICE", "cuda")
     settings = load_settings(DemoSettings, {"block_size": 128, "device": None})
@@ -87,7 +89,7 @@ def test_yaml_null_and_env_null_mean_none(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_missing_named_config_file_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MOHAWK_CONFIG", str(tmp_path / "absent.yaml"))
-    with pytest.raises(ConfigError, match="MOHAWK_CONFIG names .*absent.yaml"):
+    with pytest.raises(ConfigError, match=r"MOHAWK_CONFIG names .*absent\.yaml"):
         load_settings(DemoSettings)
 
 
@@ -125,7 +127,7 @@ def test_broken_yaml_is_a_config_error(tmp_path: Path) -> None:
 
 def test_section_that_is_not_a_mapping_is_a_config_error(tmp_path: Path) -> None:
     write_config(tmp_path / "config" / "mohawk.yaml", "demo: 3\n")
-    with pytest.raises(ConfigError, match="section 'demo' .* must be a mapping"):
+    with pytest.raises(ConfigError, match=r"section 'demo' .* must be a mapping"):
         load_settings(DemoSettings)
 
 
@@ -134,7 +136,9 @@ def test_required_field_error_says_where_to_set_it() -> None:
         yaml_section: ClassVar[str] = "needs"
         api_key: str
 
-    with pytest.raises(ConfigError, match="api_key is required: set --api-key, MOHAWK_API_KEY or key 'api_key'"):
+    with pytest.raises(
+        ConfigError, match="api_key is required: set --api-key, MOHAWK_API_KEY or key 'api_key'"
+    ):
         load_settings(NeedsKey)
 
 

@@ -16,7 +16,9 @@ def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[i
         raise InvalidRequestError("messages must hold at least one message")
     for message in messages:
         if message.get("role") not in ROLES:
-            raise InvalidRequestError(f"message role must be one of {sorted(ROLES)}, got {message.get('role')!r}")
+            raise InvalidRequestError(
+                f"message role must be one of {sorted(ROLES)}, got {message.get('role')!r}"
+            )
     if getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model's tokenizer has no chat template; send a plain prompt instead")
     text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)

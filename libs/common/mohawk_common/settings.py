@@ -32,7 +32,7 @@ DEFAULT_CONFIG_PATH = Path("config") / "mohawk.yaml"
 
 
 def config_path() -> Path | None:
-    """The YAML file settings read: `$MOHAWK_CONFIG` (which must exist), else `config/mohawk.yaml` if present."""
+    """The YAML file to read: `$MOHAWK_CONFIG` (which must exist), else `config/mohawk.yaml` if present."""
     named = os.environ.get(CONFIG_ENV)
     if named:
         path = Path(named)
@@ -55,7 +55,9 @@ def read_yaml_section(section: str) -> tuple[dict[str, Any], Path | None]:
     if document is None:
         return {}, path
     if not isinstance(document, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(document).__name__}")
+        raise ConfigError(
+            f"config file {path} must hold a mapping of sections, got {type(document).__name__}"
+        )
     values = document.get(section)
     if values is None:
         return {}, path

@@ -25,7 +25,9 @@ def _split_points(text: str) -> list[int]:
     try:
         return [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--split wants comma-separated layer indices, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--split wants comma-separated layer indices, got {text!r}"
+        ) from None
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -49,12 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     _add_engine_flags(gen)
-    chat = commands.add_parser("chat", help="talk to the model in the terminal")
-    chat.add_argument("--max-tokens", type=int, default=512)
-    chat.add_argument("--temperature", type=float, default=0.7)
-    _add_engine_flags(chat)
-    up = commands.add_parser("up", help="start Mohawk locally on the bundled model")
-    _add_engine_flags(up)
+    for name, text in [
+        ("chat", "talk to the model in the terminal"),
+        ("up", "start Mohawk locally on the bundled model (for now: the terminal chat on a 2-stage split)"),
+    ]:
+        chat = commands.add_parser(name, help=text)
+        chat.add_argument("--max-tokens", type=int, default=512)
+        chat.add_argument("--temperature", type=float, default=0.7)
+        _add_engine_flags(chat)
     return parser
 
 
@@ -63,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from mohawk_common.logging import configure_logging
 
-    configure_logging(args.log_level if args.command != "up" else "info")
+    configure_logging(args.log_level)
     try:
         if args.command == "generate":
             from mohawk_cli.generate import run_generate
@@ -71,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_generate(args)
         from mohawk_cli.generate import run_chat
 
+        if args.command == "up" and not args.split:
+            args.split = [15]
         return run_chat(args)
     except MohawkError as exc:
         print(f"mohawk: error: {exc}", file=sys.stderr)

@@ -17,7 +17,9 @@ class EngineSettings(MohawkSettings):
     dtype: str = Field("auto", description="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16")
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block")
     num_kv_blocks: int | None = Field(None, ge=1, description="KV blocks; none = from kv_cache_memory_mb")
-    kv_cache_memory_mb: int | None = Field(None, ge=1, description="KV budget; none = 1024 on CPU, 60% free on CUDA")
+    kv_cache_memory_mb: int | None = Field(
+        None, ge=1, description="KV budget; none = 1024 on CPU, 60% free on CUDA"
+    )
     max_num_seqs: int = Field(64, ge=1, description="most sequences running at once")
     max_num_batched_tokens: int = Field(512, ge=1, description="token budget of one step (chunked prefill)")
     max_model_len: int | None = Field(None, ge=2, description="context cap; none = the model's own")

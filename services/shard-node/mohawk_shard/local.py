@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import structlog
@@ -29,7 +30,7 @@ def layer_ranges(num_layers: int, split_points: Sequence[int]) -> list[tuple[int
             f"split points {points} must be increasing layer indices between 1 and {num_layers - 1}"
         )
     bounds = [0, *points, num_layers]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+    return list(itertools.pairwise(bounds))
 
 
 def kv_block_count(settings: EngineSettings, backends: Sequence[TorchBackend]) -> int:
@@ -73,7 +74,9 @@ def build_local_engine(
     num_blocks = kv_block_count(settings, backends)
     for backend in backends:
         backend.allocate_kv_cache(num_blocks, settings.block_size)
-    max_model_len = min(config.max_position_embeddings, settings.max_model_len or config.max_position_embeddings)
+    max_model_len = min(
+        config.max_position_embeddings, settings.max_model_len or config.max_position_embeddings
+    )
     max_model_len = min(max_model_len, num_blocks * settings.block_size)
     log.info("kv cache", num_blocks=num_blocks, block_size=settings.block_size, max_model_len=max_model_len)
     scheduler = Scheduler(

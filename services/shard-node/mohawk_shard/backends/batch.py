@@ -52,7 +52,7 @@ class ForwardBatch:
         return tables * self.block_size + self.positions % self.block_size
 
     def context_slots(self) -> np.ndarray:
-        """[num_seqs, max_context_len] KV slots of every position each sequence attends to (0 past its end)."""
+        """[num_seqs, max_context_len] KV slots of each position a sequence attends to (0 past its end)."""
         positions = np.arange(self.max_context_len)
         blocks = np.minimum(positions // self.block_size, self.block_tables.shape[1] - 1)
         slots = self.block_tables[:, blocks] * self.block_size + positions % self.block_size
@@ -75,7 +75,9 @@ class ForwardBatch:
             tables[row, : len(chunk[2])] = chunk[2]
         ends = np.cumsum(query_lens)
         token_ids = np.fromiter((t for c in chunks for t in c[0]), dtype=np.int64, count=int(ends[-1]))
-        positions = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - query_lens - starts, query_lens)
+        positions = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(
+            ends - query_lens - starts, query_lens
+        )
         if all_logits:
             logits_rows = np.arange(int(ends[-1]), dtype=np.int64)
         else:

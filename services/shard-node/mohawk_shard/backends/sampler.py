@@ -119,11 +119,14 @@ class Sampler:
         x = torch.nan_to_num(raw, nan=-math.inf, posinf=math.inf, neginf=-math.inf)  # a copy
         self._apply_penalties(x, rows)
         self._suppress_stop_tokens(x, rows)
-        tokens = x.argmax(dim=-1)
         random_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
-        if random_rows:
-            index = torch.tensor(random_rows, device=x.device)
-            tokens[index] = self._sample_random(x[index], [rows[i] for i in random_rows])
+        if len(random_rows) == len(rows):
+            tokens = self._sample_random(x, rows)
+        else:
+            tokens = x.argmax(dim=-1)
+            if random_rows:
+                index = torch.tensor(random_rows, device=x.device)
+                tokens[index] = self._sample_random(x[index], [rows[i] for i in random_rows])
         # A row left with nothing finite (all -inf/NaN) falls back to the raw argmax.
         chosen = x.gather(1, tokens[:, None]).squeeze(1)
         tokens = torch.where(chosen == -math.inf, raw.argmax(dim=-1), tokens)
@@ -203,7 +206,10 @@ class Sampler:
         for j, row in enumerate(rows):
             if row.params.seed is not None:
                 seeded.manual_seed(step_seed(row.params.seed, len(row.output_token_ids)))
-                noise[j] = torch.rand(vocab, generator=seeded, device=seeded.device).to(device)
+                if seeded.device == noise.device:
+                    noise[j].uniform_(generator=seeded)
+                else:
+                    noise[j] = torch.rand(vocab, generator=seeded).to(device)
         return noise
 
     @staticmethod

@@ -14,6 +14,7 @@ from mohawk_shard.backends.sampler import Sampler, SamplingRow
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.attention import AttentionMetadata, KVCache
+from mohawk_shard.model.linear import prefers_transposed
 from mohawk_shard.model.llama import LlamaStage
 from mohawk_shard.model.rope import RotaryTable
 
@@ -55,6 +56,8 @@ class TorchBackend:
         self.model.tie_weights()
         self.model.load_weights(weights)
         del weights
+        if prefers_transposed(self.torch_device, self.dtype):
+            self.model.store_linear_weights_transposed()
         self.rotary = RotaryTable(config, source.hf_config, self.torch_device, self.dtype)
         self.kv_caches: list[KVCache] = []
         self.config = config

@@ -75,7 +75,9 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] | None = None) -> bool:
+    def can_allocate(
+        self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] | None = None
+    ) -> bool:
         return self._num_missing_blocks(seq, num_new_tokens, computed_blocks or []) is not None
 
     def allocate_slots(
@@ -131,7 +133,9 @@ class BlockManager:
         seq.num_cached_tokens = 0
         self._seq_hashes.pop(seq.seq_id, None)
 
-    def _num_missing_blocks(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int]) -> int | None:
+    def _num_missing_blocks(
+        self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int]
+    ) -> int | None:
         num_cached_tokens = len(computed_blocks) * self.block_size
         num_computed = max(seq.num_computed_tokens, num_cached_tokens)
         total = self.num_blocks_for(num_computed + num_new_tokens)

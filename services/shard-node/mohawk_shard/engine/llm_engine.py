@@ -77,7 +77,9 @@ class LLMEngine:
         self._validate(request_id, prompt)
         seq_id = next(self._seq_ids)
         seq = Seq(seq_id, request_id, prompt, params, arrival_index=seq_id)
-        request = _Request(seq, IncrementalDetokenizer(self.tokenizer, prompt), StopStringMatcher(params.stop))
+        request = _Request(
+            seq, IncrementalDetokenizer(self.tokenizer, prompt), StopStringMatcher(params.stop)
+        )
         self._requests[request_id] = request
         self._by_seq_id[seq_id] = request
         self.scheduler.add(seq)
@@ -160,9 +162,9 @@ class LLMEngine:
         reason = None
         text = ""
         stopped_by_string = False
-        if token.token_id in self.eos_token_ids and not params.ignore_eos:
-            reason = "stop"
-        elif token.token_id in params.stop_token_ids:
+        if (
+            token.token_id in self.eos_token_ids and not params.ignore_eos
+        ) or token.token_id in params.stop_token_ids:
             reason = "stop"
         else:
             text, stopped = request.stop_matcher.feed(request.detokenizer.add(token.token_id))

@@ -12,7 +12,6 @@ import math
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from mohawk_common.errors import InvalidRequestError
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -22,6 +21,8 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+
+from mohawk_common.errors import InvalidRequestError
 
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20

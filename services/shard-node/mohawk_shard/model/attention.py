@@ -4,7 +4,8 @@ Design. Each layer's cache is two tensors of shape [num_blocks × block_size, kv
 a step writes its new keys and values into their slots with one `index_copy_`, then gathers
 every sequence's context through its block table into a padded [batch, kv_heads, context, head_dim]
 view and runs attention for the whole batch as two batched matmuls, query heads grouped over the
-KV head they share (no copies of K/V per query head). Everything that depends only on the batch shape (slots, masks, padding
+KV head they share (no copies of K/V per query head). Everything that depends only on the batch
+shape (slots, masks, padding
 indices, rotary cos/sin) is built once per step in `AttentionMetadata` and shared by all layers.
 Three shapes keep the common cases cheap: a single fresh prompt attends causally to its own keys
 with no gather; a decode step (one query per sequence) needs no query padding; a mixed step with
@@ -77,7 +78,9 @@ class AttentionMetadata:
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """0 where attention is allowed, -inf where it is not."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, float("-inf")
+    )
 
 
 def paged_attention(
@@ -101,12 +104,18 @@ def paged_attention(
     batch, context = meta.context_slots.shape
     num_kv_heads = key.shape[1]
     keys = cache.key.index_select(0, meta.context_slots.view(-1)).view(batch, context, num_kv_heads, head_dim)
-    values = cache.value.index_select(0, meta.context_slots.view(-1)).view(batch, context, num_kv_heads, head_dim)
+    values = cache.value.index_select(0, meta.context_slots.view(-1)).view(
+        batch, context, num_kv_heads, head_dim
+    )
     if meta.max_query_len > 1:
         if meta.query_pad_index is None or meta.query_unpad_index is None:
             raise RuntimeError("attention metadata without padding indices for a mixed batch")
-        query = torch.cat((query, query.new_zeros(1, num_heads, head_dim))).index_select(0, meta.query_pad_index)
-    out = grouped_attention(query.view(batch, meta.max_query_len, num_heads, head_dim), keys, values, meta.mask)
+        query = torch.cat((query, query.new_zeros(1, num_heads, head_dim))).index_select(
+            0, meta.query_pad_index
+        )
+    out = grouped_attention(
+        query.view(batch, meta.max_query_len, num_heads, head_dim), keys, values, meta.mask
+    )
     out = out.reshape(batch * meta.max_query_len, num_heads * head_dim)
     return out if meta.max_query_len == 1 else out.index_select(0, meta.query_unpad_index)  # type: ignore[arg-type]
 

@@ -10,7 +10,8 @@ sees the batch structure, through `AttentionMetadata`. q/k/v and gate/up are fus
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import cast
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from torch import nn
 
 from mohawk_common.model_store import ModelConfig
 from mohawk_shard.model.attention import AttentionMetadata, KVCache, paged_attention
+from mohawk_shard.model.linear import Linear
 from mohawk_shard.model.rope import apply_rotary
 
 
@@ -40,8 +42,8 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
@@ -60,8 +62,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -75,6 +77,21 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+
+    def load_weights(self, take: Callable[[str], torch.Tensor], prefix: str) -> None:
+        attn, mlp = self.self_attn, self.mlp
+        self.input_layernorm.weight.copy_(take(prefix + "input_layernorm.weight"))
+        self.post_attention_layernorm.weight.copy_(take(prefix + "post_attention_layernorm.weight"))
+        attn.qkv_proj.weight.copy_(torch.cat([take(f"{prefix}self_attn.{p}_proj.weight") for p in "qkv"]))
+        if attn.qkv_proj.bias is not None:
+            attn.qkv_proj.bias.copy_(torch.cat([take(f"{prefix}self_attn.{p}_proj.bias") for p in "qkv"]))
+        attn.o_proj.weight.copy_(take(prefix + "self_attn.o_proj.weight"))
+        if attn.q_norm is not None and attn.k_norm is not None:
+            attn.q_norm.weight.copy_(take(prefix + "self_attn.q_norm.weight"))
+            attn.k_norm.weight.copy_(take(prefix + "self_attn.k_norm.weight"))
+        gate_up = (take(prefix + "mlp.gate_proj.weight"), take(prefix + "mlp.up_proj.weight"))
+        mlp.gate_up_proj.weight.copy_(torch.cat(gate_up))
+        mlp.down_proj.weight.copy_(take(prefix + "mlp.down_proj.weight"))
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), meta, cache)
@@ -91,18 +108,37 @@ class LlamaStage(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if embedding else None
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(start, end))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if head else None
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if head else None
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False) if head else None
         self.tie_weights()
         self.requires_grad_(False)
+        self._embeds = embedding
 
     def tie_weights(self) -> None:
         """Share one matrix between embedding and LM head when the model ties them and the stage has both."""
         if self.lm_head is not None and self.embed_tokens is not None and self.config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+            self.lm_head.weight = cast(nn.Parameter, self.embed_tokens.weight)
 
     @property
     def has_embedding(self) -> bool:
-        return self.embed_tokens is not None
+        return self._embeds
+
+    def store_linear_weights_transposed(self) -> None:
+        """Switch every matmul to the transposed weight layout (fp32 on CPU, see `linear.py`).
+
+        A tied LM head keeps one matrix: the embedding then looks token rows up as its columns.
+        """
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.store_transposed()
+        if self.embed_tokens is not None and self.lm_head is not None and self.config.tie_word_embeddings:
+            self.embed_tokens = None
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is not None:
+            return self.embed_tokens(token_ids)
+        if self.lm_head is None or not self._embeds:
+            raise RuntimeError("this stage does not hold the embedding")
+        return self.lm_head.weight.index_select(1, token_ids).t().contiguous()
 
     @property
     def has_head(self) -> bool:
@@ -115,8 +151,8 @@ class LlamaStage(nn.Module):
         caches: list[KVCache],
         logits_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Token ids [T] (first stage) or hidden states [T, hidden] -> hidden states, or logits on the last stage."""
-        x = self.embed_tokens(inputs) if self.embed_tokens is not None else inputs
+        """Token ids [T] (first stage) or hidden states [T, hidden] -> hidden states or logits."""
+        x = self.embed(inputs) if self._embeds else inputs
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer(x, meta, cache)
         if self.norm is None or self.lm_head is None:
@@ -135,21 +171,7 @@ class LlamaStage(nn.Module):
             if self.embed_tokens is not None:
                 self.embed_tokens.weight.copy_(take("embed_tokens.weight"))
             for offset, layer in enumerate(self.layers):
-                prefix = f"layers.{self.start + offset}."
-                attn, mlp = layer.self_attn, layer.mlp
-                layer.input_layernorm.weight.copy_(take(prefix + "input_layernorm.weight"))
-                layer.post_attention_layernorm.weight.copy_(take(prefix + "post_attention_layernorm.weight"))
-                qkv = [take(f"{prefix}self_attn.{p}_proj.weight") for p in "qkv"]
-                attn.qkv_proj.weight.copy_(torch.cat(qkv))
-                if attn.qkv_proj.bias is not None:
-                    attn.qkv_proj.bias.copy_(torch.cat([take(f"{prefix}self_attn.{p}_proj.bias") for p in "qkv"]))
-                attn.o_proj.weight.copy_(take(prefix + "self_attn.o_proj.weight"))
-                if attn.q_norm is not None and attn.k_norm is not None:
-                    attn.q_norm.weight.copy_(take(prefix + "self_attn.q_norm.weight"))
-                    attn.k_norm.weight.copy_(take(prefix + "self_attn.k_norm.weight"))
-                gate_up = (take(prefix + "mlp.gate_proj.weight"), take(prefix + "mlp.up_proj.weight"))
-                mlp.gate_up_proj.weight.copy_(torch.cat(gate_up))
-                mlp.down_proj.weight.copy_(take(prefix + "mlp.down_proj.weight"))
+                cast(DecoderLayer, layer).load_weights(take, f"layers.{self.start + offset}.")
             if self.norm is not None and self.lm_head is not None:
                 self.norm.weight.copy_(take("norm.weight"))
                 if self.lm_head.weight is not getattr(self.embed_tokens, "weight", None):

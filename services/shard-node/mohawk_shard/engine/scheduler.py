@@ -69,6 +69,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._freed_seq_ids: list[int] = []
         self._known_to_stages: set[int] = set()
+        self.num_preemptions = 0
 
     @property
     def num_unfinished(self) -> int:
@@ -140,6 +141,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
     def _release(self, seq: Sequence) -> None:

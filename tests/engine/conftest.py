@@ -74,7 +74,3 @@ def reference_greedy(
             pad_token_id=eos if isinstance(eos, int) else None,
         )
     return out[0, len(token_ids) :].tolist()
-
-
-ReferenceLogits = Callable[[Any, list[int]], torch.Tensor]
-__all__ = ["full_logits", "reference_greedy", "reference_logits"]

@@ -58,9 +58,9 @@ class StageOutput:
 
 @dataclass(slots=True)
 class _SequenceState:
+    params: SamplingParams
+    output_token_ids: list[int]
     block_ids: list[int] = field(default_factory=list)
-    params: SamplingParams | None = None
-    output_token_ids: list[int] = field(default_factory=list)
 
 
 class Stage:
@@ -94,9 +94,7 @@ class Stage:
     def _state_for(self, step: SequenceStep) -> _SequenceState:
         if step.new_sequence is not None:
             spec = step.new_sequence
-            self._sequences[step.seq_id] = _SequenceState(
-                params=spec.params, output_token_ids=list(spec.output_token_ids)
-            )
+            self._sequences[step.seq_id] = _SequenceState(spec.params, list(spec.output_token_ids))
         state = self._sequences.get(step.seq_id)
         if state is None:
             raise KeyError(f"stage got a step for unknown sequence {step.seq_id}")
@@ -107,8 +105,7 @@ class Stage:
         if not steps:
             return ()
         states = [self._sequences[s.seq_id] for s in steps]
-        params = [s.params or SamplingParams() for s in states]
-        tokens = self.backend.sample(logits, params, [s.output_token_ids for s in states])
+        tokens = self.backend.sample(logits, [s.params for s in states], [s.output_token_ids for s in states])
         for state, token in zip(states, tokens, strict=True):
             state.output_token_ids.append(token.token_id)
         return tuple((s.seq_id, t) for s, t in zip(steps, tokens, strict=True))

@@ -63,6 +63,7 @@ class LLMEngine:
         self._by_seq_id: dict[int, _Request] = {}
         self._seq_ids = itertools.count()
         self._step_ids = itertools.count()
+        self._batch_ids = itertools.count()
 
     @property
     def num_unfinished(self) -> int:
@@ -115,7 +116,8 @@ class LLMEngine:
     ) -> list[Completion]:
         """Run `prompts` together to completion (continuous batching), results in prompt order."""
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        ids = [f"gen-{next(self._step_ids)}-{i}" for i in range(len(prompts))]
+        batch_id = next(self._batch_ids)
+        ids = [f"generate-{batch_id}-{i}" for i in range(len(prompts))]
         for request_id, prompt, p in zip(ids, prompts, per_prompt, strict=True):
             self.add_request(request_id, prompt, p)
         events: dict[str, list[RequestOutput]] = {i: [] for i in ids}
@@ -203,7 +205,7 @@ def _completion(request_id: str, prompt: list[int], events: list[RequestOutput])
         prompt,
         [e.token_id for e in events if e.token_id is not None],
         "".join(e.text for e in events),
-        events[-1].finish_reason or "abort" if events else "abort",
+        (events[-1].finish_reason or "abort") if events else "abort",
         [e.logprob for e in events],
         [e.top_logprobs for e in events],
     )

@@ -49,6 +49,7 @@ def test_cancel_frees_blocks_at_once_and_others_continue(
     assert {e.request_id for e in events} == {"keep"}
     assert events[-1].finish_reason in {"stop", "length"}
     assert blocks.num_free_blocks == 64
+    assert all(stage.num_sequences == 0 for stage in engine.stages)  # every stage dropped both
 
 
 def test_shared_prefix_computed_once_same_answer(bundled: ModelSource, engine_factory: Any) -> None:

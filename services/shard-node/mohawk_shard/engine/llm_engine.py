@@ -77,7 +77,7 @@ class LLMEngine:
         prompt = [int(t) for t in prompt_token_ids]
         self._validate(request_id, prompt)
         seq_id = next(self._seq_ids)
-        seq = Seq(seq_id, request_id, prompt, params, arrival_index=seq_id)
+        seq = Seq(seq_id, request_id, prompt, params)
         request = _Request(
             seq, IncrementalDetokenizer(self.tokenizer, prompt), StopStringMatcher(params.stop)
         )
@@ -107,8 +107,8 @@ class LLMEngine:
         return [event for seq_id, token in sampled if (event := self._on_token(seq_id, token)) is not None]
 
     def run(self) -> Iterator[RequestOutput]:
-        """Step until every queued request has finished, yielding events as they come."""
-        while self.has_unfinished():
+        """Step until every queued request has finished (and the stages have dropped it), yielding events."""
+        while self.has_unfinished() or self.scheduler.has_pending_frees:
             yield from self.step()
 
     def generate(

@@ -75,6 +75,11 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    @property
+    def has_pending_frees(self) -> bool:
+        """Sequences freed since the last step, which the stages have not been told to drop yet."""
+        return bool(self._freed_seq_ids)
+
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)

@@ -28,7 +28,6 @@ class Sequence:
     token_ids: list[int]
     params: SamplingParams
     num_prompt_tokens: int = -1
-    arrival_index: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0

@@ -1,0 +1,1 @@
+"""Mohawk's coordinator: leader election, node registry, placement planning, recovery."""

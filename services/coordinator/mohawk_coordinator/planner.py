@@ -1,0 +1,153 @@
+"""Placement planner: which node holds which contiguous layer range.
+
+Design. A pipeline's steady throughput is set by its slowest stage, so the planner minimises the
+bottleneck `max(num_layers(stage) × seconds_per_layer(node))` over every way of cutting layers
+[0, L) into contiguous ranges across the nodes, taken in a fixed order (sorted by node id) where
+a node may also hold nothing. Each stage must fit its node's memory: its layers' weights plus
+their share of the KV budget, plus the embedding on the first stage and the LM head on the last.
+This is a dynamic programme over (node, layers placed so far), O(N·L²). Ties go to fewer stages
+(fewer hops), then to the earlier node order, so the same inputs always give the same plan.
+When one node can hold the whole model, the plan is that node alone (the fastest such node):
+splitting a model that fits buys no speed at batch 1 and pays every hop. Every plan carries the
+reasons it was chosen, for `mohawk plan --explain`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mohawk_common.errors import MohawkError
+
+
+class PlanningError(MohawkError):
+    """No placement satisfies the nodes' memory limits."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFootprint:
+    """Bytes a stage needs: per decoder layer (weights + KV budget), embedding, LM head."""
+
+    model_id: str
+    num_layers: int
+    layer_bytes: int
+    embedding_bytes: int
+    head_bytes: int
+
+    def stage_bytes(self, start: int, end: int) -> int:
+        extra = (self.embedding_bytes if start == 0 else 0) + (
+            self.head_bytes if end == self.num_layers else 0
+        )
+        return (end - start) * self.layer_bytes + extra
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCapacity:
+    """What a node reported in its heartbeat that placement needs."""
+
+    node_id: str
+    memory_bytes: int
+    seconds_per_layer: float
+    backend: str = "torch"
+    device: str = "cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlacement:
+    node_id: str
+    start: int
+    end: int
+    memory_bytes: int
+    seconds_per_token: float
+
+    @property
+    def num_layers(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    model_id: str
+    stages: tuple[StagePlacement, ...]
+    reasons: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def bottleneck_seconds(self) -> float:
+        return max(s.seconds_per_token for s in self.stages)
+
+    def explain(self) -> str:
+        """A table of the stages and the reasons behind them, for operators."""
+        lines = [f"plan for {self.model_id}: {len(self.stages)} stage(s)"]
+        lines.append(f"{'stage':>5}  {'node':<16} {'layers':<10} {'memory MiB':>10} {'ms/token':>9}")
+        for index, s in enumerate(self.stages):
+            layers = f"[{s.start}, {s.end})"
+            mib = s.memory_bytes / 2**20
+            lines.append(
+                f"{index:>5}  {s.node_id:<16} {layers:<10} {mib:>10.1f} {s.seconds_per_token * 1e3:>9.2f}"
+            )
+        lines.extend(f"- {reason}" for reason in self.reasons)
+        return "\n".join(lines)
+
+
+_Best = tuple[float, int, tuple[StagePlacement, ...]]  # (bottleneck, number of stages, stages)
+
+
+def plan_placement(model: ModelFootprint, nodes: Sequence[NodeCapacity]) -> Plan:
+    """The placement with the smallest bottleneck that fits every node's memory (see module doc)."""
+    if not nodes:
+        raise PlanningError(f"no nodes to place {model.model_id} on")
+    ordered = sorted(nodes, key=lambda n: n.node_id)
+    whole = model.stage_bytes(0, model.num_layers)
+    single = [n for n in ordered if n.memory_bytes >= whole]
+    if single:
+        node = min(single, key=lambda n: (n.seconds_per_layer, n.node_id))
+        stage = _placement(model, node, 0, model.num_layers)
+        reason = (
+            f"{node.node_id} holds the whole model ({whole / 2**20:.1f} MiB of "
+            f"{node.memory_bytes / 2**20:.1f} MiB) and is the fastest node that can "
+            f"({node.seconds_per_layer * 1e3:.3f} ms/layer): one stage, no hops"
+        )
+        return Plan(model.model_id, (stage,), (reason,))
+    best = _split(model, ordered)
+    if best is None:
+        total = sum(n.memory_bytes for n in ordered)
+        raise PlanningError(
+            f"{model.model_id} needs {whole / 2**20:.1f} MiB split into contiguous ranges, and the "
+            f"{len(ordered)} node(s) ({total / 2**20:.1f} MiB in all) cannot hold it"
+        )
+    bottleneck, _, stages = best
+    slowest = max(stages, key=lambda s: s.seconds_per_token)
+    reasons = (
+        f"no single node holds the whole model ({whole / 2**20:.1f} MiB)",
+        f"split across {len(stages)} node(s) to minimise the slowest stage: {slowest.node_id} at "
+        f"{bottleneck * 1e3:.2f} ms/token; faster nodes take more layers, each within its memory",
+    )
+    return Plan(model.model_id, stages, reasons)
+
+
+def _placement(model: ModelFootprint, node: NodeCapacity, start: int, end: int) -> StagePlacement:
+    return StagePlacement(
+        node.node_id, start, end, model.stage_bytes(start, end), (end - start) * node.seconds_per_layer
+    )
+
+
+def _split(model: ModelFootprint, nodes: Sequence[NodeCapacity]) -> _Best | None:
+    num_layers = model.num_layers
+    # best[l]: the best way to place layers [0, l) on the nodes seen so far
+    best: list[_Best | None] = [(0.0, 0, ())] + [None] * num_layers
+    for node in nodes:
+        nxt = list(best)
+        for placed in range(num_layers + 1):
+            before = best[placed]
+            if before is None:
+                continue
+            for end in range(placed + 1, num_layers + 1):
+                if model.stage_bytes(placed, end) > node.memory_bytes:
+                    break
+                stage = _placement(model, node, placed, end)
+                candidate = (max(before[0], stage.seconds_per_token), before[1] + 1, (*before[2], stage))
+                current = nxt[end]
+                if current is None or candidate[:2] < current[:2]:
+                    nxt[end] = candidate
+        best = nxt
+    return best[num_layers]

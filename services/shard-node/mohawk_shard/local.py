@@ -9,7 +9,7 @@ import structlog
 
 from mohawk_common.errors import ConfigError
 from mohawk_common.model_store import ModelSource, open_model
-from mohawk_shard.backends.torch_backend import TorchBackend, resolve_device
+from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.config import EngineSettings
 from mohawk_shard.engine.block_manager import BlockManager
 from mohawk_shard.engine.llm_engine import LLMEngine
@@ -59,7 +59,6 @@ def build_local_engine(
         torch.set_num_threads(settings.num_threads)
     source = source or open_model(settings.model)
     config = source.config
-    resolve_device(settings.device)
     backends = []
     for start, end in layer_ranges(config.num_layers, split_points):
         backend = TorchBackend(source, start, end, device=settings.device, dtype=settings.dtype)

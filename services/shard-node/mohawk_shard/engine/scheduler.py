@@ -129,11 +129,11 @@ class Scheduler:
         return output
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int, output: SchedulerOutput) -> list[int] | None:
-        scheduled = {s.seq.seq_id for s in output.scheduled}
         while True:
             new_blocks = self.block_manager.allocate_slots(seq, num_new)
             if new_blocks is not None:
                 return new_blocks
+            scheduled = {s.seq.seq_id for s in output.scheduled}
             victims = [s for s in self.running if s.seq_id not in scheduled]
             victim = victims[-1]
             self._preempt(victim)

@@ -1,0 +1,43 @@
+"""Settings every service that talks to the bus shares (env MOHAWK_NATS_URL etc. reach them all)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from mohawk_common.bus.setup import BusLimits
+from mohawk_common.settings import MohawkSettings
+
+BUNDLED_MODEL_NAME = "smollm2-135m-instruct"
+
+
+class BusSettings(MohawkSettings):
+    nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated")
+    nats_replicas: int = Field(1, ge=1, le=5, description="JetStream replicas for streams and buckets")
+    max_queued_requests: int = Field(1024, ge=1, description="accepted, unfinished requests; past it: 429")
+    lease_ttl_s: float = Field(3.0, gt=0, description="coordinator leader lease")
+    node_ttl_s: float = Field(5.0, gt=0, description="a node silent this long leaves the registry")
+    served_model_name: str | None = Field(None, description="model name in the API; none = from the file")
+
+    @property
+    def nats_servers(self) -> list[str]:
+        return [u.strip() for u in self.nats_url.split(",") if u.strip()]
+
+    def bus_limits(self) -> BusLimits:
+        return BusLimits(
+            replicas=self.nats_replicas,
+            max_queued_requests=self.max_queued_requests,
+            lease_ttl_s=self.lease_ttl_s,
+            node_ttl_s=self.node_ttl_s,
+        )
+
+
+def served_model_name(model_path: str | None, override: str | None = None) -> str:
+    """The model's name in the API and in subjects: the override, the bundled name, or the file's stem."""
+    if override:
+        return override
+    if model_path is None:
+        return BUNDLED_MODEL_NAME
+    from pathlib import Path
+
+    path = Path(model_path)
+    return (path.stem if path.is_file() else path.name).lower()

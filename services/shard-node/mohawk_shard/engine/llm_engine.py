@@ -2,8 +2,9 @@
 
 Each `step()` asks the scheduler for the next batch, turns it into the stages' `StepBatch`, runs the
 stages in order, and turns the last stage's sampled tokens into `RequestOutput` events: appending
-the token, detokenizing incrementally, and ending the request on EOS, a stop token or string,
-`max_tokens` or the context length. Finished and cancelled requests free their KV blocks at once.
+the token and letting the `TokenEmitter` detokenize it and decide whether the request ends (EOS,
+a stop token or string, `max_tokens` or the context length). Finished and cancelled requests free
+their KV blocks at once.
 """
 
 from __future__ import annotations
@@ -14,20 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mohawk_common.errors import InvalidRequestError
-from mohawk_shard.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.request_output import RequestOutput
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from mohawk_shard.engine.sequence import Sequence as Seq
 from mohawk_shard.stage import SequenceSpec, SequenceStep, Stage, StepBatch
-
-
-@dataclass(slots=True)
-class _Request:
-    seq: Seq
-    detokenizer: IncrementalDetokenizer
-    stop_matcher: StopStringMatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +53,9 @@ class LLMEngine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
         self.max_model_len = scheduler.config.max_model_len
-        self._requests: dict[str, _Request] = {}
-        self._by_seq_id: dict[int, _Request] = {}
+        self.emitter = TokenEmitter(tokenizer, eos_token_ids, self.max_model_len)
+        self._requests: dict[str, Seq] = {}
+        self._by_seq_id: dict[int, Seq] = {}
         self._seq_ids = itertools.count()
         self._step_ids = itertools.count()
         self._batch_ids = itertools.count()
@@ -78,26 +73,24 @@ class LLMEngine:
         self._validate(request_id, prompt)
         seq_id = next(self._seq_ids)
         seq = Seq(seq_id, request_id, prompt, params)
-        request = _Request(
-            seq, IncrementalDetokenizer(self.tokenizer, prompt), StopStringMatcher(params.stop)
-        )
-        self._requests[request_id] = request
-        self._by_seq_id[seq_id] = request
+        self.emitter.track(seq_id, request_id, params, len(prompt), prompt)
+        self._requests[request_id] = seq
+        self._by_seq_id[seq_id] = seq
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> bool:
         """Cancel a request; its KV blocks are free when this returns. False if it was not running."""
-        request = self._requests.get(request_id)
-        if request is None:
+        seq = self._requests.get(request_id)
+        if seq is None:
             return False
-        self._finish(request)
+        self._finish(seq)
         return True
 
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
-        batch = self._step_batch(scheduled)
+        batch = to_step_batch(next(self._step_ids), scheduled)
         output = None
         hidden = None
         for stage in self.stages:
@@ -138,65 +131,37 @@ class LLMEngine:
         if min(prompt) < 0 or max(prompt) >= self.vocab_size:
             raise InvalidRequestError(f"prompt token ids must lie in [0, {self.vocab_size})")
 
-    def _step_batch(self, scheduled: SchedulerOutput) -> StepBatch:
-        return StepBatch(
-            next(self._step_ids),
-            tuple(self._sequence_step(s) for s in scheduled.scheduled),
-            tuple(scheduled.freed_seq_ids),
-        )
-
-    @staticmethod
-    def _sequence_step(s: ScheduledSequence) -> SequenceStep:
-        spec = None
-        if s.is_new:
-            spec = SequenceSpec(s.seq.num_prompt_tokens, s.seq.params, tuple(s.seq.output_token_ids))
-        return SequenceStep(
-            s.seq.seq_id, s.start_position, tuple(s.token_ids), tuple(s.new_block_ids), s.sample, spec
-        )
-
     def _on_token(self, seq_id: int, token: SampledToken) -> RequestOutput | None:
-        request = self._by_seq_id.get(seq_id)
-        if request is None or request.seq.is_finished:
+        seq = self._by_seq_id.get(seq_id)
+        if seq is None or seq.is_finished:
             return None  # cancelled while its step was in flight
-        seq = request.seq
         seq.append_token(token.token_id)
-        params = seq.params
-        reason = None
-        text = ""
-        stopped_by_string = False
-        if (
-            token.token_id in self.eos_token_ids and not params.ignore_eos
-        ) or token.token_id in params.stop_token_ids:
-            reason = "stop"
-        else:
-            text, stopped = request.stop_matcher.feed(request.detokenizer.add(token.token_id))
-            if stopped:
-                reason, stopped_by_string = "stop", True
-        if reason is None and (
-            (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens)
-            or seq.num_tokens >= self.max_model_len
-        ):
-            reason = "length"
-        if reason is not None and not stopped_by_string:
-            text += request.stop_matcher.flush()
-        if reason is not None:
-            self._finish(request)
-        return RequestOutput(
-            seq.request_id,
-            seq.num_output_tokens - 1,
-            token.token_id,
-            text,
-            seq.num_prompt_tokens,
-            seq.num_output_tokens,
-            token.logprob,
-            token.top_logprobs,
-            reason,
-        )
+        event = self.emitter.emit(seq_id, token)
+        if event is not None and event.finished:
+            self._finish(seq)
+        return event
 
-    def _finish(self, request: _Request) -> None:
-        self.scheduler.finish(request.seq)
-        self._requests.pop(request.seq.request_id, None)
-        self._by_seq_id.pop(request.seq.seq_id, None)
+    def _finish(self, seq: Seq) -> None:
+        self.scheduler.finish(seq)
+        self.emitter.drop(seq.seq_id)
+        self._requests.pop(seq.request_id, None)
+        self._by_seq_id.pop(seq.seq_id, None)
+
+
+def to_step_batch(step_id: int, scheduled: SchedulerOutput) -> StepBatch:
+    """The stages' view of one scheduler step: deltas per sequence, specs for sequences that (re)join."""
+    return StepBatch(
+        step_id, tuple(_sequence_step(s) for s in scheduled.scheduled), tuple(scheduled.freed_seq_ids)
+    )
+
+
+def _sequence_step(s: ScheduledSequence) -> SequenceStep:
+    spec = None
+    if s.is_new:
+        spec = SequenceSpec(s.seq.num_prompt_tokens, s.seq.params, tuple(s.seq.output_token_ids))
+    return SequenceStep(
+        s.seq.seq_id, s.start_position, tuple(s.token_ids), tuple(s.new_block_ids), s.sample, spec
+    )
 
 
 def _completion(request_id: str, prompt: list[int], events: list[RequestOutput]) -> Completion:

@@ -8,7 +8,11 @@ chunks. Waiting sequences are admitted in arrival order while the budget, the se
 free KV blocks allow (prefix-cache hits cost nothing); when the pool has no room for a running
 sequence's next tokens, the most recently admitted running sequence is preempted by recompute:
 its blocks are freed and it rejoins the head of the queue, to be re-prefilled from its prompt plus
-the tokens it has already produced. This module imports neither torch nor MLX.
+the tokens it has already produced. In a pipeline several steps are in flight at once: a sequence
+whose sampled token has not come back yet has nothing left to compute, so it sits out the next
+steps on its own and is never chosen for preemption; `max_seqs` caps a step's sequences so the
+running set splits into micro-batches that keep every stage busy. This module imports neither
+torch nor MLX.
 """
 
 from __future__ import annotations
@@ -93,14 +97,15 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         self._release(seq)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, max_seqs: int | None = None) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
+        seq_cap = max_seqs if max_seqs is not None else self.config.max_num_seqs
         output = SchedulerOutput()
         preempted = False
         decoding = [s for s in self.running if s.is_decoding]
         prefilling = [s for s in self.running if not s.is_decoding]
         for seq in decoding + prefilling:
-            if budget == 0:
+            if budget == 0 or len(output.scheduled) >= seq_cap:
                 break
             if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens == 0:
                 continue
@@ -111,7 +116,13 @@ class Scheduler:
                 continue
             budget -= num_new
             output.scheduled.append(self._take(seq, num_new, new_blocks))
-        while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
+        while (
+            self.waiting
+            and budget > 0
+            and not preempted
+            and len(self.running) < self.config.max_num_seqs
+            and len(output.scheduled) < seq_cap
+        ):
             seq = self.waiting[0]
             computed = self.block_manager.get_computed_blocks(seq)
             num_cached = len(computed) * self.block_manager.block_size
@@ -134,7 +145,11 @@ class Scheduler:
             if new_blocks is not None:
                 return new_blocks
             scheduled = {s.seq.seq_id for s in output.scheduled}
-            victims = [s for s in self.running if s.seq_id not in scheduled]
+            victims = [
+                s
+                for s in self.running
+                if s is seq or (s.seq_id not in scheduled and s.num_uncomputed_tokens > 0)
+            ]
             victim = victims[-1]
             self._preempt(victim)
             if victim is seq:

@@ -1,0 +1,103 @@
+"""`TokenEmitter`: sampled tokens in, token events out — text deltas, stop conditions, finish reasons.
+
+Whoever samples owns one: the in-process engine, or the last stage of a distributed pipeline, which
+publishes the events to the gateway and tells stage 0 only the token and whether the sequence
+ended. A sequence is tracked from its first sampled step to its end; a sequence that rejoins
+(after preemption, or on a new pipeline after recovery) brings the tokens it already emitted, so
+its events continue at the next index with text that joins up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mohawk_shard.engine.detokenizer import PROMPT_WINDOW, IncrementalDetokenizer, StopStringMatcher
+from mohawk_shard.engine.outputs import SampledToken
+from mohawk_shard.engine.request_output import RequestOutput
+from mohawk_shard.engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class _Tracked:
+    request_id: str
+    params: SamplingParams
+    num_prompt_tokens: int
+    num_output_tokens: int
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopStringMatcher
+
+
+class TokenEmitter:
+    def __init__(self, tokenizer: Any, eos_token_ids: Sequence[int], max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
+        self._tracked: dict[int, _Tracked] = {}
+
+    def is_tracking(self, seq_id: int) -> bool:
+        return seq_id in self._tracked
+
+    def track(
+        self,
+        seq_id: int,
+        request_id: str,
+        params: SamplingParams,
+        num_prompt_tokens: int,
+        prompt_tail: Sequence[int],
+        output_token_ids: Sequence[int] = (),
+    ) -> None:
+        """Start (or restart) tracking a sequence; `output_token_ids` were already emitted."""
+        context = [*prompt_tail, *output_token_ids][-PROMPT_WINDOW:]
+        self._tracked[seq_id] = _Tracked(
+            request_id,
+            params,
+            num_prompt_tokens,
+            len(output_token_ids),
+            IncrementalDetokenizer(self.tokenizer, context),
+            StopStringMatcher(params.stop),
+        )
+
+    def drop(self, seq_id: int) -> None:
+        self._tracked.pop(seq_id, None)
+
+    def emit(self, seq_id: int, token: SampledToken) -> RequestOutput | None:
+        """The event for one sampled token; a finished sequence stops being tracked. None if unknown."""
+        tracked = self._tracked.get(seq_id)
+        if tracked is None:
+            return None
+        tracked.num_output_tokens += 1
+        params = tracked.params
+        reason = None
+        text = ""
+        stopped_by_string = False
+        if (
+            token.token_id in self.eos_token_ids and not params.ignore_eos
+        ) or token.token_id in params.stop_token_ids:
+            reason = "stop"
+        else:
+            text, stopped = tracked.stop_matcher.feed(tracked.detokenizer.add(token.token_id))
+            if stopped:
+                reason, stopped_by_string = "stop", True
+        num_tokens = tracked.num_prompt_tokens + tracked.num_output_tokens
+        if reason is None and (
+            (params.max_tokens is not None and tracked.num_output_tokens >= params.max_tokens)
+            or num_tokens >= self.max_model_len
+        ):
+            reason = "length"
+        if reason is not None:
+            if not stopped_by_string:
+                text += tracked.stop_matcher.flush()
+            del self._tracked[seq_id]
+        return RequestOutput(
+            tracked.request_id,
+            tracked.num_output_tokens - 1,
+            token.token_id,
+            text,
+            tracked.num_prompt_tokens,
+            tracked.num_output_tokens,
+            token.logprob,
+            token.top_logprobs,
+            reason,
+        )

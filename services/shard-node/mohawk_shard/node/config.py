@@ -1,0 +1,29 @@
+"""Settings of a shard node: the engine's (section `shard:`) plus the bus and the node's identity."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+
+from mohawk_common.bus.config import BusSettings
+from mohawk_shard.config import EngineSettings
+
+
+def _default_node_id() -> str:
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())
+    return host or f"node-{os.getpid()}"
+
+
+class NodeSettings(BusSettings, EngineSettings):
+    node_id: str = Field(default_factory=_default_node_id, description="unique per node; default: hostname")
+    backend: str = Field("torch", description="torch (mlx comes later)")
+    memory_limit_mb: int | None = Field(
+        None, ge=1, description="memory offered for weights + KV; none = 80% of the device's"
+    )
+    max_inflight_steps: int | None = Field(
+        None, ge=1, description="pipeline steps in flight at stage 0; none = one per stage"
+    )
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    request_ack_wait_s: float = Field(30.0, gt=1, description="a request unacked this long is redelivered")

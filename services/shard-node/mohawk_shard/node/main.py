@@ -1,0 +1,71 @@
+"""`mohawk shard` / `python -m mohawk_shard`: run one shard node until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+
+from mohawk_common.errors import MohawkError
+from mohawk_common.logging import configure_logging, get_logger
+from mohawk_common.settings import load_settings
+from mohawk_shard.node.config import NodeSettings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node-id", help="unique node id (default: hostname)")
+    parser.add_argument("--nats-url", help="NATS server URL(s), comma-separated")
+    parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
+    parser.add_argument("--served-model-name", help="model name in the API")
+    parser.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    parser.add_argument("--memory-limit-mb", type=int, help="memory offered for weights + KV")
+    parser.add_argument("--num-threads", type=int, help="torch CPU threads")
+    parser.add_argument("--log-level", default="info", help="log level (default: info)")
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    configure_logging(args.log_level)
+    overrides = {
+        key: value
+        for key in (
+            "node_id",
+            "nats_url",
+            "model",
+            "served_model_name",
+            "device",
+            "dtype",
+            "memory_limit_mb",
+            "num_threads",
+        )
+        if (value := getattr(args, key, None)) is not None
+    }
+    try:
+        settings = load_settings(NodeSettings, overrides)
+    except MohawkError as exc:
+        get_logger("mohawk.shard").error("bad settings", error=str(exc))
+        return 2
+    return asyncio.run(_serve(settings))
+
+
+async def _serve(settings: NodeSettings) -> int:
+    from mohawk_shard.node.service import ShardNode
+
+    node = ShardNode(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, node.stop)
+    try:
+        await node.run()
+    except MohawkError as exc:
+        get_logger("mohawk.shard").error("shard node failed", error=str(exc))
+        return 1
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m mohawk_shard", description="Run one Mohawk shard node.")
+    add_arguments(parser)
+    return run(parser.parse_args())

@@ -1,0 +1,250 @@
+"""A shard node's life: connect, measure itself, heartbeat, follow the plan, serve whatever stage it holds.
+
+The node publishes a heartbeat every second (what it offers the planner, and which plan version it
+has loaded). It watches the plan key: a new version that names this node makes it load exactly its
+layer range (reusing the weights it holds when the range is unchanged) with the plan's KV block
+count, and serve it — a stage-1+ worker subscribes at once so no frame is missed, while stage 0
+starts pulling requests only once the plan is active, that is, once every stage reported loaded.
+A version that leaves the node out stops its stage and frees the memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+from nats.aio.client import Client
+
+from mohawk_common.bus import names
+from mohawk_common.bus.config import served_model_name
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.control import decode_json, encode_json
+from mohawk_common.bus.setup import ensure_buckets, ensure_streams
+from mohawk_common.model_store import open_model
+from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.backends.torch_backend import TorchBackend
+from mohawk_shard.engine.block_manager import BlockManager
+from mohawk_shard.engine.emitter import TokenEmitter
+from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
+from mohawk_shard.node.capacity import Capacity, measure_capacity
+from mohawk_shard.node.config import NodeSettings
+from mohawk_shard.node.head import HeadDriver
+from mohawk_shard.node.tokens import TokenPublisher
+from mohawk_shard.node.worker import StageWorker
+from mohawk_shard.stage import Stage
+
+log = structlog.get_logger("mohawk.shard")
+
+
+class ShardNode:
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        self.node_id = names.check_id("node id", settings.node_id)
+        self.model = served_model_name(settings.model, settings.served_model_name)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mohawk-compute")
+        self._log = log.bind(node_id=self.node_id)
+        self._started_at_ms = int(time.time() * 1000)
+        self._plan: bus_pb2.Plan | None = None
+        self._stage_index = -1
+        self._loaded = False
+        self._backend: TorchBackend | None = None
+        self._role: HeadDriver | StageWorker | None = None
+        self._head_started = False
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.settings.num_threads is not None:
+            import torch
+
+            torch.set_num_threads(self.settings.num_threads)
+        self.source = await loop.run_in_executor(self.executor, open_model, self.settings.model)
+        self.tokenizer = await loop.run_in_executor(self.executor, self.source.load_tokenizer)
+        self.capacity: Capacity = await loop.run_in_executor(self.executor, self._measure)
+        self._log.info(
+            "node measured",
+            device=self.capacity.device,
+            seconds_per_layer=round(self.capacity.seconds_per_layer, 6),
+            memory_limit_mb=self.capacity.memory_limit_bytes >> 20,
+        )
+        self.nc: Client = await connect(self.settings.nats_servers, name=f"shard-{self.node_id}")
+        self.js = self.nc.jetstream()
+        limits = self.settings.bus_limits()
+        await ensure_streams(self.js, limits)
+        self.buckets = await ensure_buckets(self.js, limits)
+        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        watcher = asyncio.create_task(self._watch_plan())
+        self._log.info("node up", model=self.model, nats=self.settings.nats_url)
+        await self._stop.wait()
+        for task in (heartbeat, watcher):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._stop_role()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _measure(self) -> Capacity:
+        s = self.settings
+        return measure_capacity(
+            self.source,
+            device=s.device,
+            dtype=s.dtype,
+            block_size=s.block_size,
+            memory_limit_mb=s.memory_limit_mb,
+            kv_cache_memory_mb=s.kv_cache_memory_mb,
+        )
+
+    # -- heartbeat -------------------------------------------------------------------------------
+
+    def heartbeat(self) -> bus_pb2.Heartbeat:
+        c = self.capacity
+        return bus_pb2.Heartbeat(
+            node_id=self.node_id,
+            role="shard",
+            model=self.model,
+            backend=self.settings.backend,
+            device=c.device,
+            total_memory_bytes=c.total_memory_bytes,
+            free_memory_bytes=c.free_memory_bytes(),
+            memory_limit_bytes=c.memory_limit_bytes,
+            kv_cache_bytes=c.kv_cache_bytes,
+            kv_block_bytes_per_layer=c.kv_block_bytes_per_layer,
+            seconds_per_layer=c.seconds_per_layer,
+            plan_version=self._plan.version if self._plan is not None and self._stage_index >= 0 else 0,
+            stage=self._stage_index,
+            loaded=self._loaded,
+            sent_at=time.time(),
+            started_at_ms=self._started_at_ms,
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        subject = names.heartbeat_subject(self.node_id)
+        while True:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(subject, encode_json(self.heartbeat()))
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+
+    # -- plan ------------------------------------------------------------------------------------
+
+    async def _watch_plan(self) -> None:
+        watcher = await self.buckets.plan.watch(names.PLAN_KEY)
+        async for entry in watcher:
+            if entry is None or not entry.value:
+                continue
+            try:
+                plan = decode_json(bus_pb2.Plan, entry.value)
+            except Exception as exc:
+                self._log.warning("unreadable plan ignored", error=str(exc))
+                continue
+            if plan.model != self.model:
+                continue
+            try:
+                await self._follow(plan)
+            except Exception:
+                self._log.exception("could not follow plan", plan=plan.version)
+
+    async def _follow(self, plan: bus_pb2.Plan) -> None:
+        current = self._plan
+        if current is not None and plan.version < current.version:
+            return
+        if current is None or plan.version != current.version:
+            await self._stop_role()
+            self._plan = plan
+            self._stage_index = next((i for i, s in enumerate(plan.stages) if s.node_id == self.node_id), -1)
+            if self._stage_index < 0:
+                self._backend = None
+                self._log.info("not in plan", plan=plan.version)
+                return
+            await self._start_role(plan)
+        else:
+            self._plan = plan
+        if plan.state == "active" and isinstance(self._role, HeadDriver) and not self._head_started:
+            self._head_started = True
+            await self._role.start()
+
+    async def _start_role(self, plan: bus_pb2.Plan) -> None:
+        placement = plan.stages[self._stage_index]
+        loop = asyncio.get_running_loop()
+        stage, backend = await loop.run_in_executor(
+            self.executor, self._load, placement.start, placement.end, plan
+        )
+        is_last = self._stage_index == len(plan.stages) - 1
+        tokens = None
+        if is_last:
+            emitter = TokenEmitter(self.tokenizer, self.source.config.eos_token_ids, plan.max_model_len)
+            tokens = TokenPublisher(self.nc, emitter)
+        if self._stage_index == 0:
+            scheduler = Scheduler(
+                SchedulerConfig(
+                    self.settings.max_num_seqs, self.settings.max_num_batched_tokens, plan.max_model_len
+                ),
+                BlockManager(
+                    plan.num_kv_blocks,
+                    plan.block_size,
+                    enable_prefix_caching=self.settings.enable_prefix_caching,
+                ),
+            )
+            self._role = HeadDriver(
+                nc=self.nc,
+                js=self.js,
+                plan=plan,
+                stage=stage,
+                scheduler=scheduler,
+                executor=self.executor,
+                vocab_size=self.source.config.vocab_size,
+                tokens=tokens,
+                max_inflight_steps=self.settings.max_inflight_steps,
+                ack_wait_s=self.settings.request_ack_wait_s,
+            )
+            self._head_started = False
+        else:
+            self._role = StageWorker(
+                nc=self.nc,
+                plan=plan,
+                stage_index=self._stage_index,
+                stage=stage,
+                executor=self.executor,
+                device=backend.torch_device,
+                tokens=tokens,
+            )
+            await self._role.start()
+        self._loaded = True
+        self._log.info(
+            "stage loaded",
+            plan=plan.version,
+            stage=self._stage_index,
+            layers=f"[{placement.start}, {placement.end})",
+            weight_mb=round(backend.weight_bytes / 2**20, 1),
+            num_kv_blocks=plan.num_kv_blocks,
+        )
+
+    def _load(self, start: int, end: int, plan: bus_pb2.Plan) -> tuple[Stage, TorchBackend]:
+        backend = self._backend
+        if backend is None or (backend.start, backend.end) != (start, end):
+            self._backend = None  # let the old weights go before the new ones load
+            backend = TorchBackend(
+                self.source, start, end, device=self.settings.device, dtype=self.settings.dtype
+            )
+        backend.allocate_kv_cache(plan.num_kv_blocks, plan.block_size)
+        self._backend = backend
+        return Stage(backend, plan.block_size), backend
+
+    async def _stop_role(self) -> None:
+        role, self._role = self._role, None
+        self._loaded = False
+        if role is None:
+            return
+        if isinstance(role, HeadDriver):
+            if self._head_started:
+                await role.stop()
+            self._head_started = False
+        else:
+            await role.stop()

@@ -1,0 +1,85 @@
+"""The sampling end of a pipeline: sampled tokens become token events for the gateway and results for stage 0.
+
+The last stage publishes each event on `mohawk.v1.tok.<request>` (core NATS, captured by the
+MOHAWK_TOKENS stream, which is also the record a new stage 0 replays after a recovery) and hands
+back to stage 0 only what the scheduler needs: the token and whether the sequence ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from nats.aio.client import Client
+
+from mohawk_common.bus import names
+from mohawk_proto.v1 import bus_pb2, engine_pb2
+from mohawk_shard.engine.emitter import TokenEmitter
+from mohawk_shard.engine.outputs import SampledToken
+from mohawk_shard.engine.request_output import RequestOutput
+from mohawk_shard.stage import StepBatch
+
+
+def token_event(event: RequestOutput) -> engine_pb2.TokenEvent:
+    message = engine_pb2.TokenEvent(
+        request_id=event.request_id,
+        index=event.index,
+        token_id=event.token_id if event.token_id is not None else 0,
+        text=event.text,
+        finish_reason=event.finish_reason or "",
+    )
+    if event.logprob is not None:
+        message.logprob = event.logprob
+        message.top_logprobs.extend(
+            engine_pb2.TopLogprob(token_id=t, logprob=p) for t, p in event.top_logprobs
+        )
+    if event.finish_reason is not None:
+        message.usage.CopyFrom(
+            engine_pb2.Usage(
+                prompt_tokens=event.num_prompt_tokens,
+                completion_tokens=event.num_output_tokens,
+                total_tokens=event.num_prompt_tokens + event.num_output_tokens,
+            )
+        )
+    return message
+
+
+async def publish_error(nc: Client, request_id: str, message: str, status: int) -> None:
+    """End a request with an error the gateway turns into an OpenAI error body."""
+    event = engine_pb2.TokenEvent(
+        request_id=request_id, index=0, finish_reason="error", error=message, error_status=status
+    )
+    await nc.publish(names.token_subject(request_id), event.SerializeToString())
+
+
+class TokenPublisher:
+    def __init__(self, nc: Client, emitter: TokenEmitter) -> None:
+        self.nc = nc
+        self.emitter = emitter
+
+    def follow(self, batch: StepBatch, joining: Mapping[int, tuple[str, Sequence[int]]]) -> None:
+        """Drop freed sequences and start tracking the ones that join in `batch`."""
+        for seq_id in batch.freed_seq_ids:
+            self.emitter.drop(seq_id)
+        for step in batch.sequences:
+            spec = step.new_sequence
+            if spec is not None and step.seq_id in joining:
+                request_id, tail = joining[step.seq_id]
+                self.emitter.track(
+                    step.seq_id, request_id, spec.params, spec.num_prompt_tokens, tail, spec.output_token_ids
+                )
+
+    async def publish(self, sampled: Sequence[tuple[int, SampledToken]]) -> list[bus_pb2.SampledResult]:
+        results = []
+        for seq_id, token in sampled:
+            event = self.emitter.emit(seq_id, token)
+            if event is None:
+                continue
+            await self.nc.publish(
+                names.token_subject(event.request_id), token_event(event).SerializeToString()
+            )
+            results.append(
+                bus_pb2.SampledResult(
+                    seq_id=seq_id, token_id=token.token_id, finish_reason=event.finish_reason or ""
+                )
+            )
+        return results

@@ -1,0 +1,124 @@
+"""Engine messages ↔ their protobuf form on the bus, and hidden states ↔ raw little-endian bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from mohawk_proto.v1 import engine_pb2
+from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def sampling_to_proto(params: SamplingParams) -> engine_pb2.SamplingParams:
+    message = engine_pb2.SamplingParams(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_tokens=params.min_tokens,
+        stop=list(params.stop),
+        stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+    )
+    if params.seed is not None:
+        message.seed = params.seed
+    if params.max_tokens is not None:
+        message.max_tokens = params.max_tokens
+    if params.logprobs is not None:
+        message.logprobs = params.logprobs
+    return message
+
+
+def sampling_from_proto(message: engine_pb2.SamplingParams) -> SamplingParams:
+    """Validated parameters; raises InvalidRequestError on values the engine cannot honour."""
+    kwargs: dict[str, object] = {
+        "temperature": message.temperature,
+        "top_p": message.top_p,
+        "top_k": message.top_k,
+        "min_tokens": message.min_tokens,
+        "stop": tuple(message.stop),
+        "stop_token_ids": tuple(message.stop_token_ids),
+        "ignore_eos": message.ignore_eos,
+        "presence_penalty": message.presence_penalty,
+        "frequency_penalty": message.frequency_penalty,
+    }
+    for optional in ("seed", "max_tokens", "logprobs"):
+        if message.HasField(optional):
+            kwargs[optional] = getattr(message, optional)
+    return SamplingParams.create(**kwargs)
+
+
+def step_batch_to_proto(
+    batch: StepBatch, specs: Mapping[int, tuple[str, Sequence[int]]], *, with_token_ids: bool
+) -> engine_pb2.StepBatch:
+    """`specs` maps seq_id → (request id, prompt tail) for sequences that join in this step."""
+    message = engine_pb2.StepBatch(step_id=batch.step_id, finished_seq_ids=list(batch.freed_seq_ids))
+    for step in batch.sequences:
+        item = message.sequences.add(
+            seq_id=step.seq_id,
+            start_position=step.start_position,
+            num_new_tokens=step.num_new_tokens,
+            new_block_ids=list(step.new_block_ids),
+            sample=step.sample,
+        )
+        if with_token_ids:
+            item.token_ids.extend(step.token_ids)
+        if step.new_sequence is not None:
+            spec = step.new_sequence
+            request_id, tail = specs[step.seq_id]
+            item.new_sequence.CopyFrom(
+                engine_pb2.SequenceSpec(
+                    num_prompt_tokens=spec.num_prompt_tokens,
+                    output_token_ids=list(spec.output_token_ids),
+                    sampling=sampling_to_proto(spec.params),
+                    request_id=request_id,
+                    prompt_tail=list(tail),
+                )
+            )
+    return message
+
+
+def step_batch_from_proto(
+    message: engine_pb2.StepBatch,
+) -> tuple[StepBatch, dict[int, tuple[str, tuple[int, ...]]]]:
+    """The step, and (request id, prompt tail) of each sequence joining in it."""
+    steps = []
+    joining: dict[int, tuple[str, tuple[int, ...]]] = {}
+    for item in message.sequences:
+        spec = None
+        if item.HasField("new_sequence"):
+            s = item.new_sequence
+            params = sampling_from_proto(s.sampling)
+            spec = SequenceSpec(s.num_prompt_tokens, params, tuple(s.output_token_ids))
+            joining[item.seq_id] = (s.request_id, tuple(s.prompt_tail))
+        token_ids = tuple(item.token_ids) or (0,) * item.num_new_tokens
+        steps.append(
+            SequenceStep(
+                item.seq_id, item.start_position, token_ids, tuple(item.new_block_ids), item.sample, spec
+            )
+        )
+    return StepBatch(message.step_id, tuple(steps), tuple(message.finished_seq_ids)), joining
+
+
+def tensor_to_bytes(tensor: torch.Tensor) -> tuple[str, list[int], bytes]:
+    """(dtype name, shape, raw little-endian bytes) of a CPU or GPU tensor, with no Python lists."""
+    name = _NAMES.get(tensor.dtype)
+    if name is None:
+        raise ValueError(f"hidden states of dtype {tensor.dtype} cannot cross the wire")
+    flat = tensor.detach().contiguous().to("cpu").reshape(-1)
+    return name, list(tensor.shape), flat.view(torch.uint8).numpy().tobytes()
+
+
+def tensor_from_bytes(dtype: str, shape: Sequence[int], data: bytes, device: torch.device) -> torch.Tensor:
+    torch_dtype = _DTYPES.get(dtype)
+    if torch_dtype is None:
+        raise ValueError(f"unknown hidden-state dtype {dtype!r}")
+    raw = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+    return raw.view(torch_dtype).reshape(tuple(shape)).to(device)

@@ -150,3 +150,35 @@ def test_shared_prefix_is_computed_once() -> None:
     (sb,) = sch.schedule().scheduled
     assert sb.start_position == 12 and sb.token_ids == [1, 2]
     assert b.block_ids[:3] == a.block_ids[:3] and b.num_cached_tokens == 12
+
+
+def test_micro_batches_in_a_pipeline_take_turns() -> None:
+    """Two steps in flight: a sequence awaiting its token sits out; max_seqs splits the running set."""
+    sch = make(budget=64, max_seqs=8)
+    seqs = [seq(i, 3) for i in range(4)]
+    for s in seqs:
+        sch.add(s)
+    first = sch.schedule(max_seqs=2)
+    assert [s.seq.seq_id for s in first.scheduled] == [0, 1]
+    second = sch.schedule(max_seqs=2)  # the first step is still in flight
+    assert [s.seq.seq_id for s in second.scheduled] == [2, 3]
+    assert sch.schedule(max_seqs=2).is_empty  # everyone awaits a token
+    seqs[0].append_token(7)
+    seqs[1].append_token(7)
+    assert [s.seq.seq_id for s in sch.schedule(max_seqs=2).scheduled] == [0, 1]
+
+
+def test_a_sequence_awaiting_its_token_is_never_preempted() -> None:
+    sch = make(num_blocks=3, block_size=4, budget=64, max_seqs=8)
+    a, b = seq(0, 4), seq(1, 4)
+    sch.add(a)
+    sch.add(b)
+    sch.schedule()  # both fill one block each; their tokens are in flight
+    a.append_token(7)  # a's token came back; b's has not
+    out = sch.schedule()  # a needs a new block: 1 free, fine
+    assert [s.seq.seq_id for s in out.scheduled] == [0]
+    for _ in range(4):
+        a.append_token(7)
+    a.num_computed_tokens = a.num_tokens - 1  # 8 computed: its next token opens a third block
+    out = sch.schedule()  # a needs a third block: none free; b awaits its token, so a preempts itself
+    assert out.scheduled == [] and b.status is SequenceStatus.RUNNING and a.status is SequenceStatus.WAITING

@@ -7,6 +7,7 @@ The CLI is the one place that reaches into services, and it does so lazily, per 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -51,20 +52,44 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     _add_engine_flags(gen)
-    for name, text in [
-        ("chat", "talk to the model in the terminal"),
-        ("up", "start Mohawk locally on the bundled model (for now: the terminal chat on a 2-stage split)"),
-    ]:
-        chat = commands.add_parser(name, help=text)
-        chat.add_argument("--max-tokens", type=int, default=512)
-        chat.add_argument("--temperature", type=float, default=0.7)
-        _add_engine_flags(chat)
+    chat = commands.add_parser("chat", help="talk to the model in the terminal (in-process engine)")
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--temperature", type=float, default=0.7)
+    _add_engine_flags(chat)
+    from mohawk_cli import up
+
+    up.add_arguments(
+        commands.add_parser("up", help="start a whole local cluster: NATS, coordinator, shards, gateway")
+    )
+    for name, module, text in _SERVICES:
+        service = commands.add_parser(name, help=text)
+        importlib.import_module(module).add_arguments(service)
     return parser
+
+
+# name, module with add_arguments(parser) and run(args), help
+_SERVICES = [
+    ("gateway", "mohawk_gateway.main", "run the OpenAI-compatible HTTP gateway"),
+    (
+        "coordinator",
+        "mohawk_coordinator.main",
+        "run a coordinator replica (leader election, registry, plans)",
+    ),
+    ("shard", "mohawk_shard.node.main", "run one shard node"),
+    ("plan", "mohawk_coordinator.explain", "print the current placement plan (--explain: and why)"),
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = build_parser().parse_args(argv)
+    for name, module, _text in _SERVICES:
+        if args.command == name:
+            return int(importlib.import_module(module).run(args))
+    if args.command == "up":
+        from mohawk_cli.up import run_up
+
+        return run_up(args)
     from mohawk_common.logging import configure_logging
 
     configure_logging(args.log_level)
@@ -75,8 +100,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_generate(args)
         from mohawk_cli.generate import run_chat
 
-        if args.command == "up" and not args.split:
-            args.split = [15]
         return run_chat(args)
     except MohawkError as exc:
         print(f"mohawk: error: {exc}", file=sys.stderr)

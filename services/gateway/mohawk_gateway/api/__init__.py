@@ -1,0 +1,1 @@
+"""The HTTP surface: routes per resource, dependencies, error handlers."""

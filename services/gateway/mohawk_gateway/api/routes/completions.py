@@ -1,0 +1,47 @@
+"""POST /v1/completions (a string prompt, or token ids)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from mohawk_gateway.api.deps import GatewayDep
+from mohawk_gateway.api.respond import encode_in_thread, respond
+from mohawk_gateway.errors import invalid
+from mohawk_gateway.handlers import Submission
+from mohawk_gateway.render.common import new_request_id, now
+from mohawk_gateway.render.completions import CompletionRenderer
+from mohawk_gateway.sampling import build_sampling
+from mohawk_gateway.schemas.completions import CompletionCreate
+
+router = APIRouter(tags=["completions"])
+
+
+@router.post("/v1/completions", response_model=None)
+async def create_completion(body: CompletionCreate, request: Request, gateway: GatewayDep) -> Response:
+    gateway.check_model(body.model)
+    codec = gateway.ready_codec()
+    if isinstance(body.prompt, str):
+        prompt = await encode_in_thread(gateway, codec.encode_text, body.prompt, "prompt")
+    else:
+        prompt = list(body.prompt)
+        outside = [t for t in prompt if t >= codec.vocab_size]
+        if outside:
+            raise invalid(
+                f"invalid value for 'prompt': token id {outside[0]} is outside the vocabulary "
+                f"(size {codec.vocab_size})",
+                "prompt",
+            )
+    sampling = build_sampling(body, max_tokens=body.max_tokens, logprobs=body.logprobs)
+    request_id = new_request_id("cmpl")
+    renderer = CompletionRenderer(
+        codec,
+        request_id=request_id,
+        model=gateway.model_name,
+        created=now(),
+        num_prompt_tokens=len(prompt),
+        logprobs=body.logprobs,
+        include_usage=body.include_usage,
+    )
+    submission = Submission(request_id, "completions", prompt, sampling, "prompt")
+    return await respond(request, gateway, submission, renderer, stream=bool(body.stream))

@@ -1,0 +1,79 @@
+"""`create_app`: the gateway's FastAPI application, wired from settings (nothing built at import time)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+
+import structlog
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from mohawk_gateway.api.errors import install_error_handlers
+from mohawk_gateway.api.routes import chat, completions, health, metrics, models
+from mohawk_gateway.bus import BusClient
+from mohawk_gateway.config import GatewaySettings
+from mohawk_gateway.handlers import Gateway
+from mohawk_gateway.metrics import GatewayMetrics
+from mohawk_gateway.middleware import BodyLimitMiddleware, MetricsMiddleware
+from mohawk_gateway.tokenizer import PromptCodec, Tokenizer, load_tokenizer
+
+log = structlog.get_logger("mohawk.gateway")
+
+ROUTERS = (chat.router, completions.router, models.router, health.router, metrics.router)
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    tokenizer: Tokenizer | None = None,
+    registry: CollectorRegistry | None = None,
+) -> FastAPI:
+    """The gateway app. Its lifespan connects to NATS in the background and loads the model's
+    tokenizer in a thread (unless `tokenizer` is given), so /health answers from the start."""
+    gateway_metrics = GatewayMetrics(registry)
+    bus = BusClient(settings)
+    gateway = Gateway(settings, bus, gateway_metrics)
+    if tokenizer is not None:
+        gateway.codec = PromptCodec(tokenizer)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        bus.start()
+        loader = None if gateway.codec is not None else asyncio.create_task(_load_codec(gateway))
+        log.info("gateway starting", model=gateway.model_name, nats=settings.nats_url)
+        try:
+            yield
+        finally:
+            if loader is not None:
+                loader.cancel()
+                with suppress(asyncio.CancelledError):
+                    await loader
+            await bus.close()
+            log.info("gateway stopped")
+
+    app = FastAPI(
+        title="Mohawk gateway", summary="OpenAI-compatible API over the Mohawk bus", lifespan=lifespan
+    )
+    app.state.gateway = gateway
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    paths = (str(getattr(route, "path", "")) for router in ROUTERS for route in router.routes)
+    endpoints = frozenset(path for path in paths if path and "{" not in path)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=gateway_metrics, endpoints=endpoints)
+    return app
+
+
+async def _load_codec(gateway: Gateway) -> None:
+    model = gateway.settings.model
+    try:
+        tokenizer = await asyncio.to_thread(load_tokenizer, model)
+        gateway.codec = PromptCodec(tokenizer)
+    except Exception as exc:  # the gateway stays up and /ready says why
+        gateway.tokenizer_error = f"the model's tokenizer could not be loaded: {exc}"
+        log.error("tokenizer not loaded", model=model or "bundled", error=str(exc))
+        return
+    log.info("tokenizer loaded", model=model or "bundled", vocab_size=gateway.codec.vocab_size)

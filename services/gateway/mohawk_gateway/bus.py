@@ -1,0 +1,210 @@
+"""`BusClient`: the gateway's one NATS connection — the plan it serves, submitting and cancelling.
+
+Connecting runs in the background (one log line per failed attempt), so the HTTP server is up and
+answers /health while NATS is away; until the connection, the streams and buckets are there and an
+active plan for this model is known, the client reports why it is not ready and requests get 503.
+The plan is watched on its KV key and also re-read every `plan_refresh_s`, so a watcher lost in a
+NATS restart cannot leave the gateway believing in a stale plan for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+
+import nats.errors
+import structlog
+from google.protobuf.json_format import ParseError
+from google.protobuf.message import DecodeError
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, NotFoundError
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from mohawk_common.bus import names
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.control import decode_json, read_plan
+from mohawk_common.bus.setup import ensure_buckets, ensure_streams
+from mohawk_gateway.config import GatewaySettings
+from mohawk_gateway.errors import GatewayError, overloaded, unavailable
+from mohawk_proto.v1 import bus_pb2, engine_pb2
+
+log = structlog.get_logger("mohawk.gateway")
+
+ACTIVE = "active"
+_SETUP_RETRY_S = 1.0
+_MAX_REPLAYED_EVENTS = 1_000_000
+
+
+class BusClient:
+    """Owns the NATS connection; `start()` returns at once, `close()` drains and stops."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self._settings = settings
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.plan: bus_pb2.Plan | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="gateway-bus")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._task
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None and not nc.is_closed:
+            try:
+                async with asyncio.timeout(5.0):
+                    await nc.drain()
+            except Exception as exc:  # closing anyway; a failed drain is only worth a line
+                log.warning("nats drain failed", error=str(exc) or type(exc).__name__)
+
+    @property
+    def connected(self) -> bool:
+        return self._js is not None and self._nc is not None and self._nc.is_connected
+
+    def not_ready_reason(self, model: str) -> str | None:
+        """Why requests for `model` cannot be served now, or None when they can."""
+        if not self.connected:
+            return "not connected to NATS"
+        plan = self.plan
+        if plan is None:
+            return "no placement plan has been published yet"
+        if plan.model and names.subject_token(plan.model) != names.subject_token(model):
+            return f"the active plan serves model {plan.model!r}, not {model!r}"
+        if plan.state != ACTIVE:
+            return f"plan version {plan.version} is {plan.state or 'not active'}, not active"
+        return None
+
+    async def subscribe_tokens(
+        self, request_id: str, on_message: Callable[[Msg], Awaitable[None]]
+    ) -> Subscription:
+        """Core-NATS subscription to the request's token events (make it before publishing)."""
+        return await self._client().subscribe(names.token_subject(request_id), cb=on_message)
+
+    async def publish_request(self, request: bus_pb2.GenerateRequest) -> None:
+        """Put the request on the durable REQUESTS stream; 429 when the stream is full."""
+        js = self._jetstream()
+        data = request.SerializeToString()
+        headers = {"Nats-Msg-Id": request.request_id}
+        try:
+            await js.publish(names.request_subject(request.model), data, headers=headers)
+        except APIError as exc:
+            reason = exc.description or "the request queue is full"
+            raise overloaded(
+                f"request queue refused the request ({reason}); retry later", self._retry
+            ) from exc
+        except nats.errors.MaxPayloadError as exc:
+            raise GatewayError(413, "the prompt is too large to send to the model") from exc
+        except (nats.errors.Error, TimeoutError) as exc:
+            reason = str(exc) or type(exc).__name__
+            raise unavailable(f"NATS did not accept the request: {reason}", self._retry) from exc
+
+    async def cancel(self, request_id: str) -> None:
+        """Tell stage 0 to drop the request and free its KV blocks (best effort, never raises)."""
+        nc = self._nc
+        if nc is None or nc.is_closed:
+            log.warning("cannot cancel: no NATS connection", request_id=request_id)
+            return
+        try:
+            await nc.publish(names.cancel_subject(request_id), b"")
+        except nats.errors.Error as exc:
+            log.warning("cancel not sent", request_id=request_id, error=str(exc) or type(exc).__name__)
+
+    async def replay_tokens(self, request_id: str) -> list[engine_pb2.TokenEvent]:
+        """Every token event of the request still kept in the TOKENS stream, oldest first."""
+        js = self._jetstream()
+        subject = names.token_subject(request_id)
+        events: list[engine_pb2.TokenEvent] = []
+        seq = 1
+        while len(events) < _MAX_REPLAYED_EVENTS:
+            try:
+                msg = await js.get_msg(names.TOKENS_STREAM, seq=seq, subject=subject, next=True)
+            except NotFoundError:
+                break
+            with suppress(DecodeError):
+                events.append(engine_pb2.TokenEvent.FromString(msg.data or b""))
+            seq = (msg.seq or seq) + 1
+        return events
+
+    @property
+    def _retry(self) -> int:
+        return self._settings.retry_after_s
+
+    def _client(self) -> Client:
+        if self._nc is None or not self.connected:
+            raise unavailable("not connected to NATS", self._retry)
+        return self._nc
+
+    def _jetstream(self) -> JetStreamContext:
+        self._client()
+        if self._js is None:
+            raise unavailable("not connected to NATS", self._retry)
+        return self._js
+
+    async def _run(self) -> None:
+        settings = self._settings
+        nc = await connect(settings.nats_servers, name="mohawk-gateway")
+        self._nc = nc
+        js = nc.jetstream(timeout=settings.publish_timeout_s)
+        failures = 0
+        while True:
+            try:
+                await ensure_streams(js, settings.bus_limits())
+                buckets = await ensure_buckets(js, settings.bus_limits())
+                self._js = js
+                failures = 0
+                await self._watch_plan(buckets.plan)
+            except (nats.errors.Error, TimeoutError) as exc:
+                failures += 1
+                level = log.warning if failures == 1 else log.debug
+                level("bus setup or plan watch failed, retrying", error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(_SETUP_RETRY_S)
+
+    async def _watch_plan(self, kv: KeyValue) -> None:
+        watcher = await kv.watch(names.PLAN_KEY)
+        try:
+            while True:
+                try:
+                    entry = await watcher.updates(timeout=self._settings.plan_refresh_s)
+                except nats.errors.TimeoutError:
+                    self._set_plan(await read_plan(kv))
+                    continue
+                if entry is None:  # "initial values delivered" marker
+                    continue
+                deleted = entry.operation in (KV_DEL, KV_PURGE) or not entry.value
+                self._set_plan(None if deleted else _decode_plan(entry.value or b""))
+        finally:
+            with suppress(Exception):
+                await watcher.stop()
+
+    def _set_plan(self, plan: bus_pb2.Plan | None) -> None:
+        old = self.plan
+        self.plan = plan
+        if plan is None:
+            if old is not None:
+                log.warning("plan withdrawn")
+            return
+        if old is None or (old.version, old.state, old.model) != (plan.version, plan.state, plan.model):
+            log.info(
+                "plan",
+                version=plan.version,
+                state=plan.state,
+                model=plan.model,
+                max_model_len=plan.max_model_len,
+                stages=len(plan.stages),
+            )
+
+
+def _decode_plan(value: bytes) -> bus_pb2.Plan | None:
+    try:
+        return decode_json(bus_pb2.Plan, value)
+    except ParseError as exc:
+        log.error("unreadable plan ignored", error=str(exc))
+        return None

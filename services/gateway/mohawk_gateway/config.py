@@ -1,0 +1,34 @@
+"""Settings of the gateway (section `gateway:` of config/mohawk.yaml, env MOHAWK_*, CLI flags on top)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from mohawk_common.bus.config import BusSettings, served_model_name
+
+MIB = 1024 * 1024
+
+
+class GatewaySettings(BusSettings):
+    yaml_section: ClassVar[str] = "gateway"
+
+    host: str = Field("127.0.0.1", description="address the HTTP server listens on")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = any free port)")
+    model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")
+    log_level: str = Field("info", description="debug, info, warning, error, critical")
+    request_timeout_s: float = Field(600.0, gt=0, description="longest a request may run, end to end")
+    publish_timeout_s: float = Field(5.0, gt=0, description="wait for JetStream to accept a request")
+    max_body_bytes: int = Field(4 * MIB, ge=1024, description="largest request body; past it: 413")
+    max_in_flight: int = Field(1024, ge=1, description="requests this gateway runs at once; past it: 429")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After of 429 and 503 answers")
+    plan_refresh_s: float = Field(5.0, gt=0, description="re-read the plan this often besides watching it")
+    token_gap_wait_s: float = Field(0.5, gt=0, description="a missing token index this old is replayed")
+    token_idle_probe_s: float = Field(5.0, gt=0, description="no token event this long: replay the stream")
+    drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, wait this long for open requests")
+
+    @property
+    def model_name(self) -> str:
+        """The model's name in the API and in subjects."""
+        return served_model_name(self.model, self.served_model_name)

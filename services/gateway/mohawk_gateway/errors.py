@@ -1,0 +1,70 @@
+"""`GatewayError`: every failure the gateway answers on purpose, with its HTTP status and OpenAI body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mohawk_common.errors import MohawkError
+
+_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
+
+
+def error_type(status: int) -> str:
+    """OpenAI's `error.type` for a status: invalid_request_error for 4xx, server_error for 5xx."""
+    return _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+class GatewayError(MohawkError):
+    """A request ends with `status` and an OpenAI error body; the message is fit to show the client."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """`{"error": {"message", "type", "param", "code"}}`, as OpenAI writes it."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": error_type(self.status),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> GatewayError:
+    return GatewayError(400, message, param=param, code=code)
+
+
+def unavailable(reason: str, retry_after_s: int) -> GatewayError:
+    return GatewayError(503, reason, code="service_unavailable", headers=_retry_after(retry_after_s))
+
+
+def overloaded(reason: str, retry_after_s: int) -> GatewayError:
+    return GatewayError(429, reason, code="rate_limit_exceeded", headers=_retry_after(retry_after_s))
+
+
+def _retry_after(seconds: int) -> dict[str, str]:
+    return {"Retry-After": str(seconds)}

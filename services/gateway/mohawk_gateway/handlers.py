@@ -1,0 +1,244 @@
+"""The request flow every generation endpoint shares: admit, submit on the bus, read tokens, cancel.
+
+A request is admitted only when the gateway is ready (NATS connected, an active plan for this
+model, the tokenizer loaded), its prompt fits the plan's context, and fewer than `max_in_flight`
+requests run here; otherwise it is refused with 503, 400 or 429 before anything reaches the bus.
+`Generation.submit` subscribes to the request's token subject first and only then publishes the
+request to the durable REQUESTS stream (message id = request id, so a retried publish is stored
+once); a stream at its `max_msgs` refuses the publish, which becomes 429 with Retry-After. Token
+events come back through a `TokenStream` (ordered, each index once) and every wait is bounded by
+the request's deadline. `close` is called exactly once per submitted request, however it ended:
+when the request did not finish (client gone, timeout, server shutdown) it publishes the cancel
+that makes stage 0 free the request's KV blocks at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import anyio
+import structlog
+from nats.aio.subscription import Subscription
+
+from mohawk_gateway.bus import BusClient
+from mohawk_gateway.config import GatewaySettings
+from mohawk_gateway.errors import GatewayError, invalid, overloaded, unavailable
+from mohawk_gateway.metrics import GatewayMetrics
+from mohawk_gateway.tokenizer import PromptCodec
+from mohawk_gateway.tokens import TokenStream
+from mohawk_proto.v1 import bus_pb2, engine_pb2
+
+log = structlog.get_logger("mohawk.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What a route asks the pipeline for."""
+
+    request_id: str
+    endpoint: str  # metrics label: chat | completions
+    prompt_token_ids: list[int]
+    sampling: engine_pb2.SamplingParams
+    prompt_param: str  # the body field that holds the prompt, for error messages
+
+
+class Gateway:
+    """Runtime state shared by every route: settings, the bus, the tokenizer, metrics."""
+
+    def __init__(self, settings: GatewaySettings, bus: BusClient, metrics: GatewayMetrics) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.metrics = metrics
+        self.model_name = settings.model_name
+        self.created = int(time.time())
+        self.codec: PromptCodec | None = None
+        self.tokenizer_error: str | None = None
+        self.num_in_flight = 0
+        self._tokenize_limiter: anyio.CapacityLimiter | None = None
+
+    @property
+    def tokenize_limiter(self) -> anyio.CapacityLimiter:
+        """Prompts are tokenized one at a time, off the event loop."""
+        if self._tokenize_limiter is None:
+            self._tokenize_limiter = anyio.CapacityLimiter(1)
+        return self._tokenize_limiter
+
+    def not_ready_reason(self) -> str | None:
+        if self.codec is None:
+            return self.tokenizer_error or "the tokenizer is still loading"
+        return self.bus.not_ready_reason(self.model_name)
+
+    @property
+    def max_model_len(self) -> int | None:
+        plan = self.bus.plan
+        return plan.max_model_len if plan is not None and plan.max_model_len > 0 else None
+
+    def check_model(self, model: str | None) -> None:
+        """404 unless `model` (None = the default) is the one this gateway serves."""
+        if model is not None and model != self.model_name:
+            raise GatewayError(
+                404, f"the model '{model}' does not exist", param="model", code="model_not_found"
+            )
+
+    def ready_codec(self) -> PromptCodec:
+        """The prompt codec, once every part of the pipeline is ready; else 503 with the reason."""
+        reason = self.not_ready_reason()
+        if reason is not None or self.codec is None:
+            raise unavailable(f"not ready: {reason}", self.settings.retry_after_s)
+        return self.codec
+
+    async def start(self, submission: Submission) -> Generation:
+        """Admit and submit a request; the caller must `close()` the returned generation."""
+        self.ready_codec()
+        self._check_context(submission)
+        if self.num_in_flight >= self.settings.max_in_flight:
+            raise overloaded("too many requests in flight; retry later", self.settings.retry_after_s)
+        self.num_in_flight += 1  # held from here, so requests admitted at once cannot overshoot
+        generation = Generation(self, submission)
+        try:
+            await generation.submit()
+        except BaseException:
+            self.num_in_flight -= 1
+            raise
+        return generation
+
+    def _check_context(self, submission: Submission) -> None:
+        limit = self.max_model_len
+        if limit is None:
+            return
+        num_prompt = len(submission.prompt_token_ids)
+        if num_prompt >= limit:
+            raise invalid(
+                f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                f"{num_prompt} tokens. Please shorten your prompt.",
+                param=submission.prompt_param,
+                code="context_length_exceeded",
+            )
+        sampling = submission.sampling
+        if sampling.HasField("max_tokens") and num_prompt + sampling.max_tokens > limit:
+            raise invalid(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{num_prompt + sampling.max_tokens} tokens ({num_prompt} in the prompt, "
+                f"{sampling.max_tokens} for the completion). Please reduce the prompt or max_tokens.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+
+
+class Generation:
+    """One submitted request: read `next_event()` until an event has a finish_reason, then `close()`."""
+
+    def __init__(self, gateway: Gateway, submission: Submission) -> None:
+        self.gateway = gateway
+        self.submission = submission
+        self.request_id = submission.request_id
+        loop = asyncio.get_running_loop()
+        self._arrived = loop.time()
+        self._deadline = self._arrived + gateway.settings.request_timeout_s
+        self.num_tokens = 0
+        self.finished = False
+        self._closed = True
+        self._cancel_reason = "disconnect"
+        self._subscription: Subscription | None = None
+        metrics = gateway.metrics
+        self._stream = TokenStream(
+            self.request_id,
+            gateway.bus.replay_tokens,
+            gap_wait_s=gateway.settings.token_gap_wait_s,
+            idle_probe_s=gateway.settings.token_idle_probe_s,
+            on_duplicate=metrics.duplicate_events.inc,
+            on_replay=metrics.replays.inc,
+        )
+        self._log = log.bind(request_id=self.request_id)
+
+    async def submit(self) -> None:
+        bus = self.gateway.bus
+        subscription = await bus.subscribe_tokens(self.request_id, self._stream.on_message)
+        request = bus_pb2.GenerateRequest(
+            request_id=self.request_id,
+            model=self.gateway.model_name,
+            prompt_token_ids=self.submission.prompt_token_ids,
+            sampling=self.submission.sampling,
+            created=time.time(),
+        )
+        try:
+            await bus.publish_request(request)
+        except BaseException:
+            await _unsubscribe(subscription)
+            raise
+        self._subscription = subscription
+        self._closed = False
+        endpoint = self.submission.endpoint
+        self.gateway.metrics.in_flight.labels(endpoint=endpoint).inc()
+        self.gateway.metrics.prompt_tokens.labels(endpoint=endpoint).inc(len(request.prompt_token_ids))
+        self._log.info("request submitted", num_prompt_tokens=len(request.prompt_token_ids))
+
+    async def next_event(self) -> engine_pb2.TokenEvent:
+        """The next token event, in order; raises `GatewayError` for an engine error or the deadline."""
+        try:
+            event = await self._stream.next(self._deadline)
+        except TimeoutError:
+            self._cancel_reason = "timeout"
+            timeout = self.gateway.settings.request_timeout_s
+            raise GatewayError(
+                504, f"the request did not finish within {timeout:g} s", code="timeout"
+            ) from None
+        if event.error:
+            self.finished = True
+            status = event.error_status if 400 <= event.error_status <= 599 else 500
+            raise GatewayError(status, event.error, code="engine_error" if status >= 500 else None)
+        if _carries_token(event):
+            self._count_token()
+        if event.finish_reason:
+            self.finished = True
+        return event
+
+    async def collect(self) -> list[engine_pb2.TokenEvent]:
+        """Every event up to and including the one that finishes the request."""
+        events = [await self.next_event()]
+        while not events[-1].finish_reason:
+            events.append(await self.next_event())
+        return events
+
+    async def close(self) -> None:
+        """Cancel on the bus unless finished, unsubscribe, account; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            if not self.finished:
+                await self.gateway.bus.cancel(self.request_id)
+                self.gateway.metrics.cancelled.labels(reason=self._cancel_reason).inc()
+                self._log.info("request cancelled", reason=self._cancel_reason, num_tokens=self.num_tokens)
+            await _unsubscribe(self._subscription)
+        self.gateway.num_in_flight -= 1
+        metrics = self.gateway.metrics
+        metrics.in_flight.labels(endpoint=self.submission.endpoint).dec()
+        if self.finished:
+            elapsed = asyncio.get_running_loop().time() - self._arrived
+            metrics.request_duration.labels(endpoint=self.submission.endpoint).observe(elapsed)
+
+    def _count_token(self) -> None:
+        metrics = self.gateway.metrics
+        endpoint = self.submission.endpoint
+        if self.num_tokens == 0:
+            elapsed = asyncio.get_running_loop().time() - self._arrived
+            metrics.time_to_first_token.labels(endpoint=endpoint).observe(elapsed)
+        self.num_tokens += 1
+        metrics.generated_tokens.labels(endpoint=endpoint).inc()
+
+
+def _carries_token(event: engine_pb2.TokenEvent) -> bool:
+    """A final event may carry no token (a cancel, a stop found in held-back text)."""
+    return not event.finish_reason or bool(event.text) or event.HasField("logprob") or event.token_id != 0
+
+
+async def _unsubscribe(subscription: Subscription | None) -> None:
+    if subscription is None:
+        return
+    try:
+        await subscription.unsubscribe()
+    except Exception as exc:  # a closed connection has no subscription left to remove
+        log.debug("unsubscribe failed", error=str(exc) or type(exc).__name__)

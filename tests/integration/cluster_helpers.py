@@ -1,0 +1,81 @@
+"""Helpers for tests that run a whole local cluster: bus reads, HTTP streaming, reference generations."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from mohawk_common.bus import names
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.control import read_plan
+from mohawk_common.bus.setup import ensure_buckets
+from mohawk_proto.v1 import bus_pb2
+
+
+async def _with_buckets(url: str, fn: Any) -> Any:
+    nc = await connect(url, name="test-probe", attempts=5)
+    try:
+        return await fn(await ensure_buckets(nc.jetstream()))
+    finally:
+        await nc.close()
+
+
+def current_plan(nats_url: str) -> bus_pb2.Plan | None:
+    return asyncio.run(_with_buckets(nats_url, lambda b: read_plan(b.plan)))
+
+
+def current_leader(nats_url: str) -> str | None:
+    async def read(buckets: Any) -> str | None:
+        try:
+            entry = await buckets.leader.get(names.LEADER_KEY)
+        except Exception:
+            return None
+        return entry.value.decode() if entry.value else None
+
+    return asyncio.run(_with_buckets(nats_url, read))
+
+
+def chat_body(prompt: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        **extra,
+    }
+
+
+def chat(base_url: str, prompt: str, max_tokens: int = 24) -> dict[str, Any]:
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=chat_body(prompt, max_tokens), timeout=120)
+    response.raise_for_status()
+    return dict(response.json())
+
+
+async def stream_chat(client: httpx.AsyncClient, prompt: str, max_tokens: int = 24) -> tuple[str, str | None]:
+    """The streamed text and finish reason of one greedy chat completion."""
+    parts: list[str] = []
+    finish = None
+    body = chat_body(prompt, max_tokens, stream=True)
+    async with client.stream("POST", "/v1/chat/completions", json=body, timeout=300) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            for choice in chunk.get("choices", []):
+                parts.append(choice.get("delta", {}).get("content") or "")
+                finish = choice.get("finish_reason") or finish
+    return "".join(parts), finish
+
+
+def stream_many(base_url: str, prompts: Sequence[str], max_tokens: int) -> list[tuple[str, str | None]]:
+    async def run() -> list[tuple[str, str | None]]:
+        limits = httpx.Limits(max_connections=len(prompts) + 4)
+        async with httpx.AsyncClient(base_url=base_url, limits=limits) as client:
+            return list(await asyncio.gather(*(stream_chat(client, p, max_tokens) for p in prompts)))
+
+    return asyncio.run(run())

@@ -70,3 +70,33 @@ def test_impossible_placement_is_a_clear_error() -> None:
         plan_placement(MODEL, [node("a", 100), node("b", 100)])
     with pytest.raises(PlanningError, match="no nodes"):
         plan_placement(MODEL, [])
+
+
+def test_spread_gives_every_node_a_share_even_when_one_could_hold_all() -> None:
+    nodes = [node("a", 4096), node("b", 4096), node("c", 4096)]
+    assert ranges(plan_placement(MODEL, nodes)) == [("a", 0, 30)]  # pack is the default
+    plan = plan_placement(MODEL, nodes, "spread")
+    assert ranges(plan) == [("a", 0, 10), ("b", 10, 20), ("c", 20, 30)]
+    assert "spread" in plan.explain()
+
+
+def test_spread_minimises_the_slowest_stage() -> None:
+    plan = plan_placement(MODEL, [node("a", 4096, 1.0), node("b", 4096, 2.0)], "spread")
+    assert ranges(plan) == [("a", 0, 20), ("b", 20, 30)]
+
+
+def test_spread_leaves_out_nodes_that_cannot_hold_one_layer() -> None:
+    plan = plan_placement(MODEL, [node("a", 4096), node("b", 10), node("c", 4096)], "spread")
+    assert ranges(plan) == [("a", 0, 15), ("c", 15, 30)]
+    assert any("left out" in reason and "b" in reason for reason in plan.reasons)
+
+
+def test_spread_with_more_nodes_than_layers_packs() -> None:
+    tiny = ModelFootprint("tiny", num_layers=2, layer_bytes=MIB, embedding_bytes=MIB, head_bytes=MIB)
+    plan = plan_placement(tiny, [node(n, 100) for n in "abc"], "spread")
+    assert len(plan.stages) == 1 and "fewest hops" in plan.reasons[0]
+
+
+def test_unknown_policy_is_refused() -> None:
+    with pytest.raises(PlanningError, match="unknown placement policy"):
+        plan_placement(MODEL, [node("a", 4096)], "round-robin")  # type: ignore[arg-type]

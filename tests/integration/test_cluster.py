@@ -48,6 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         data_dir=tmp_path_factory.mktemp("cluster"),
         threads_per_node=1,
         env={"MOHAWK_LEASE_TTL_S": str(LEASE_TTL_S)},
+        max_payload=256 * 1024,  # a 512-token step's activations (1.2 MB) cross in chunks
     )
     with LocalCluster(spec) as running:
         running.wait_ready(timeout=240)
@@ -80,7 +81,7 @@ def test_plan_spreads_the_layers_over_three_nodes(cluster: LocalCluster) -> None
 def test_greedy_chat_equals_mohawk_generate(cluster: LocalCluster, reference: dict[str, str]) -> None:
     prompt = PROMPTS[0]
     cli = subprocess.run(
-        [sys.executable, "-m", "mohawk_cli.main", "generate", "--prompt", prompt, "--max-tokens", "24"],
+        [str(Path(sys.executable).parent / "mohawk"), "generate", "--prompt", prompt, "--max-tokens", "24"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -7,17 +7,26 @@ a node may also hold nothing. Each stage must fit its node's memory: its layers'
 their share of the KV budget, plus the embedding on the first stage and the LM head on the last.
 This is a dynamic programme over (node, layers placed so far), O(N·L²). Ties go to fewer stages
 (fewer hops), then to the earlier node order, so the same inputs always give the same plan.
-When one node can hold the whole model, the plan is that node alone (the fastest such node):
-splitting a model that fits buys no speed at batch 1 and pays every hop. Every plan carries the
-reasons it was chosen, for `mohawk plan --explain`.
+Two policies decide what happens when nodes could hold more than they must. `pack` (fewest
+hops): when one node can hold the whole model, the plan is that node alone (the fastest such node),
+since splitting a model that fits buys no speed at batch 1 and pays every hop; otherwise the DP
+above, where a node may be left out. `spread` (as exo does): every node takes a share, so the DP
+must give each node at least one layer, which spreads memory and KV pressure over the cluster
+and puts every node to work; nodes that cannot hold even one layer are left out, and when there
+are more nodes than layers the `pack` split is used. Every plan carries the reasons it was
+chosen, for `mohawk plan --explain`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from mohawk_common.errors import MohawkError
+
+Placement = Literal["pack", "spread"]
+PLACEMENTS: tuple[Placement, ...] = ("pack", "spread")
 
 
 class PlanningError(MohawkError):
@@ -92,11 +101,24 @@ class Plan:
 _Best = tuple[float, int, tuple[StagePlacement, ...]]  # (bottleneck, number of stages, stages)
 
 
-def plan_placement(model: ModelFootprint, nodes: Sequence[NodeCapacity]) -> Plan:
+def plan_placement(model: ModelFootprint, nodes: Sequence[NodeCapacity], policy: Placement = "pack") -> Plan:
     """The placement with the smallest bottleneck that fits every node's memory (see module doc)."""
     if not nodes:
         raise PlanningError(f"no nodes to place {model.model_id} on")
+    if policy not in PLACEMENTS:
+        raise PlanningError(f"unknown placement policy {policy!r} (known: {', '.join(PLACEMENTS)})")
     ordered = sorted(nodes, key=lambda n: n.node_id)
+    if policy == "pack":
+        return _pack(model, ordered)
+    spread = _spread(model, ordered)
+    if spread is not None:
+        return spread
+    packed = _pack(model, ordered)
+    fallback = "placement policy spread: not every node can take a share of the layers, so the fewest hops"
+    return Plan(packed.model_id, packed.stages, (fallback, *packed.reasons))
+
+
+def _pack(model: ModelFootprint, ordered: Sequence[NodeCapacity]) -> Plan:
     whole = model.stage_bytes(0, model.num_layers)
     single = [n for n in ordered if n.memory_bytes >= whole]
     if single:
@@ -108,21 +130,46 @@ def plan_placement(model: ModelFootprint, nodes: Sequence[NodeCapacity]) -> Plan
             f"({node.seconds_per_layer * 1e3:.3f} ms/layer): one stage, no hops"
         )
         return Plan(model.model_id, (stage,), (reason,))
-    best = _split(model, ordered)
+    best = _split(model, ordered, every_node=False)
     if best is None:
         total = sum(n.memory_bytes for n in ordered)
         raise PlanningError(
             f"{model.model_id} needs {whole / 2**20:.1f} MiB split into contiguous ranges, and the "
             f"{len(ordered)} node(s) ({total / 2**20:.1f} MiB in all) cannot hold it"
         )
-    bottleneck, _, stages = best
+    reasons = (f"no single node holds the whole model ({whole / 2**20:.1f} MiB)", _split_reason(best[2]))
+    return Plan(model.model_id, best[2], reasons)
+
+
+def _spread(model: ModelFootprint, ordered: Sequence[NodeCapacity]) -> Plan | None:
+    """Every node that can hold a layer takes a share; None when that is impossible."""
+    able = [n for n in ordered if _fits_one_layer(model, n)]
+    if not able or len(able) > model.num_layers:
+        return None
+    best = _split(model, able, every_node=True)
+    if best is None:
+        return None
+    stages = best[2]
+    reasons = [f"placement policy spread: each of the {len(stages)} node(s) takes a share of the layers"]
+    left_out = [n.node_id for n in ordered if n not in able]
+    if left_out:
+        reasons.append(f"left out, too little memory for one layer: {', '.join(left_out)}")
+    reasons.append(_split_reason(stages))
+    return Plan(model.model_id, stages, tuple(reasons))
+
+
+def _fits_one_layer(model: ModelFootprint, node: NodeCapacity) -> bool:
+    """Whether the node can hold at least one layer in the middle of the pipeline."""
+    return node.memory_bytes >= model.layer_bytes
+
+
+def _split_reason(stages: tuple[StagePlacement, ...]) -> str:
     slowest = max(stages, key=lambda s: s.seconds_per_token)
-    reasons = (
-        f"no single node holds the whole model ({whole / 2**20:.1f} MiB)",
+    return (
         f"split across {len(stages)} node(s) to minimise the slowest stage: {slowest.node_id} at "
-        f"{bottleneck * 1e3:.2f} ms/token; faster nodes take more layers, each within its memory",
+        f"{slowest.seconds_per_token * 1e3:.2f} ms/token; faster nodes take more layers, each within "
+        "its memory"
     )
-    return Plan(model.model_id, stages, reasons)
 
 
 def _placement(model: ModelFootprint, node: NodeCapacity, start: int, end: int) -> StagePlacement:
@@ -131,12 +178,13 @@ def _placement(model: ModelFootprint, node: NodeCapacity, start: int, end: int) 
     )
 
 
-def _split(model: ModelFootprint, nodes: Sequence[NodeCapacity]) -> _Best | None:
+def _split(model: ModelFootprint, nodes: Sequence[NodeCapacity], *, every_node: bool) -> _Best | None:
     num_layers = model.num_layers
     # best[l]: the best way to place layers [0, l) on the nodes seen so far
     best: list[_Best | None] = [(0.0, 0, ())] + [None] * num_layers
     for node in nodes:
-        nxt = list(best)
+        # a node may hold nothing (keep `best`) unless every node must take a share
+        nxt: list[_Best | None] = [None] * (num_layers + 1) if every_node else list(best)
         for placed in range(num_layers + 1):
             before = best[placed]
             if before is None:

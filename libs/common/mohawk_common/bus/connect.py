@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-import nats
 import structlog
 from nats.aio.client import Client
 
@@ -16,7 +15,7 @@ _MAX_RETRY_S = 5.0
 
 
 async def connect(
-    servers: str | Sequence[str], *, name: str, attempts: int | None = None, connect_timeout: float = 2.0
+    servers: str | Sequence[str], *, name: str, attempts: int | None = None, connect_timeout: int = 2
 ) -> Client:
     """Connect to `servers`, retrying with backoff (forever unless `attempts` is set).
 
@@ -28,17 +27,20 @@ async def connect(
     while True:
         attempt += 1
         try:
-            return await nats.connect(
+            nc = Client()
+            await nc.connect(
                 urls,
                 name=name,
                 connect_timeout=connect_timeout,
                 allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
+                max_reconnect_attempts=1,  # the first connect tries the pool once, then our backoff
+                reconnect_time_wait=1,
                 error_cb=_on_error,
                 disconnected_cb=_on_disconnected,
                 reconnected_cb=_on_reconnected,
             )
+            nc.options["max_reconnect_attempts"] = -1  # once connected, reconnect forever
+            return nc
         except Exception as exc:  # nats-py raises several unrelated types for "no server"
             if attempts is not None and attempt >= attempts:
                 reason = str(exc) or type(exc).__name__

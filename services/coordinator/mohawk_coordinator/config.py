@@ -1,0 +1,47 @@
+"""Settings of a coordinator replica (section `coordinator:` of config/mohawk.yaml, env MOHAWK_*)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import ClassVar
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from mohawk_common.bus.config import BusSettings, served_model_name
+from mohawk_coordinator.planner import Placement
+
+
+def default_coordinator_id() -> str:
+    """`<hostname>-<pid>`: unique per replica, and readable in `nats kv get mohawk_leader coordinator`."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class CoordinatorSettings(BusSettings):
+    yaml_section: ClassVar[str] = "coordinator"
+
+    coordinator_id: str = Field(default_factory=default_coordinator_id, min_length=1, max_length=256)
+    model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")
+    placement: Placement = Field("spread", description="spread: every node takes layers; pack: fewest hops")
+    block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block (every stage uses it)")
+    max_model_len: int | None = Field(None, ge=2, description="context cap; none = the model's and KV's")
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="how often shard nodes heartbeat")
+    node_timeout_s: float = Field(3.0, gt=0, description="a node silent this long is dead (3 heartbeats)")
+    plan_settle_s: float = Field(
+        1.5, ge=0, description="re-plan once the set of live nodes has been unchanged this long"
+    )
+
+    @field_validator("node_timeout_s")
+    @classmethod
+    def _spans_a_heartbeat(cls, value: float, info: ValidationInfo) -> float:
+        interval = info.data.get("heartbeat_interval_s")
+        if interval is not None and value < interval:
+            raise ValueError(
+                f"must be at least heartbeat_interval_s ({interval}), or nodes flap between live and dead"
+            )
+        return value
+
+    @property
+    def served_model(self) -> str:
+        """The model name nodes heartbeat and plans carry."""
+        return served_model_name(self.model, self.served_model_name)

@@ -1,0 +1,276 @@
+"""One coordinator replica: registry always, and while it holds the lease, the plan.
+
+Design. Every replica listens to heartbeats and campaigns for the lease; the replica that holds it
+reconciles on each heartbeat and every quarter heartbeat interval: it mirrors the live nodes into
+KV, and keeps one plan for the served model. It plans afresh only when the set of live node ids
+serving the model changes (or there is no plan), never because speeds wobble; a new plan whose
+placement equals the current one is not published, so nodes reload only when something they do
+changes. A replica that becomes leader first adopts the stored plan when all its stages are still
+live and no node would change it, so a coordinator failover alone never makes the cluster
+reload. Each write is fenced twice: the lease is checked just before, and the plan key is written
+by compare-and-set on the revision this leader last read or wrote, so a deposed leader's write
+fails instead of overwriting its successor's. A plan is published `loading`, and re-published with
+the same version as `active` once every stage's node heartbeats that version loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+
+from mohawk_common.bus import names
+from mohawk_common.bus.setup import Buckets
+from mohawk_coordinator.config import CoordinatorSettings
+from mohawk_coordinator.election import LeaderElection
+from mohawk_coordinator.planner import PlanningError
+from mohawk_coordinator.planning import ACTIVE, ModelShape, build_plan, is_serving, same_placement
+from mohawk_coordinator.publisher import PlanConflictError, PlanStore
+from mohawk_coordinator.registry import NodeMirror, NodeRecord, NodeRegistry
+from mohawk_proto.v1 import bus_pb2
+
+log = structlog.get_logger("mohawk.coordinator")
+
+TICKS_PER_HEARTBEAT = 4
+WARMUP_HEARTBEATS = 1.5  # a new replica hears every live node before it plans
+
+
+@dataclass(slots=True)
+class _Term:
+    """What the leader knows during one term; thrown away when leadership is lost or regained."""
+
+    number: int
+    mirror: NodeMirror
+    has_read: bool = False
+    plan: bus_pb2.Plan | None = None
+    revision: int = 0
+    version: int = 0
+    planned_ids: frozenset[str] | None = None  # live node ids the current plan was decided for
+    complaints: set[str] = field(default_factory=set)  # problems already logged this term
+
+
+class Coordinator:
+    """Runs one replica until `stop()`; `model` is the served model's shape, or an awaitable of it."""
+
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        nc: Client,
+        buckets: Buckets,
+        model: ModelShape | Awaitable[ModelShape],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.nc = nc
+        self.buckets = buckets
+        self.registry = NodeRegistry(settings.node_timeout_s, clock=clock)
+        self.store = PlanStore(buckets.plan)
+        self._clock = clock
+        self.election = self._new_election(settings.lease_ttl_s)
+        self._shape: ModelShape | None = model if isinstance(model, ModelShape) else None
+        self._model_source: Awaitable[ModelShape] | None = None if isinstance(model, ModelShape) else model
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._term: _Term | None = None
+        self._listening_since = 0.0
+        self._seen_ids: frozenset[str] = frozenset()  # the live set, and since when it is unchanged
+        self._seen_since = 0.0
+        self._log = log.bind(coordinator_id=settings.coordinator_id)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.election.is_leader
+
+    def stop(self) -> None:
+        """Finish the current step, give up the lease and return from `run` (graceful shutdown)."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Serve until `stop()`. Cancelling instead is a crash: the lease is left to expire."""
+        await self._adopt_bucket_ttl()
+        subscription = await self.nc.subscribe(names.HEARTBEAT_WILDCARD, cb=self._on_heartbeat)
+        self._listening_since = self._clock()
+        self._seen_since = self._clock()
+        election = asyncio.create_task(self.election.run(), name="election")
+        model = None if self._model_source is None else asyncio.ensure_future(self._model_source)
+        self._log.info(
+            "coordinator started", model=self.settings.served_model, placement=self.settings.placement
+        )
+        try:
+            await self._loop(model)
+        except asyncio.CancelledError:
+            await _halt(election, model, subscription)
+            raise
+        except BaseException:
+            await _halt(election, model, subscription)
+            await self.election.release()
+            raise
+        await _halt(election, model, subscription)
+        await self.election.release()
+        self._log.info("coordinator stopped")
+
+    async def _loop(self, model: asyncio.Future[ModelShape] | None) -> None:
+        tick = self.settings.heartbeat_interval_s / TICKS_PER_HEARTBEAT
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=tick)
+            self._wake.clear()
+            if self._stopping:
+                return
+            if self._shape is None and model is not None and model.done():
+                self._shape = model.result()  # a model that cannot be read ends the replica here
+            self.registry.expire()
+            if not self.election.is_leader:
+                self._term = None
+                continue
+            try:
+                await self._lead()
+            except (NatsError, TimeoutError) as exc:
+                self._log.warning("leader step failed, retrying", error=str(exc) or type(exc).__name__)
+
+    async def _lead(self) -> None:
+        term = self._term
+        if term is None or term.number != self.election.term:
+            term = self._term = _Term(self.election.term, NodeMirror(self.buckets.nodes))
+        await term.mirror.sync(self.registry.live())
+        if self._shape is None:
+            self._complain_once(term, "waiting for the model's config before planning")
+            return
+        if self._clock() - self._listening_since < WARMUP_HEARTBEATS * self.settings.heartbeat_interval_s:
+            return
+        if not term.has_read:
+            stored = await self.store.read()
+            term.plan, term.revision, term.version = stored.plan, stored.revision, stored.version
+            term.has_read = True
+        live = {node_id: r.heartbeat for node_id, r in self.registry.live(self.settings.served_model).items()}
+        live_ids = frozenset(live)
+        if term.planned_ids is None and self._can_adopt(term.plan, live):
+            term.planned_ids = live_ids
+            self._log.info(
+                "adopted the stored plan", version=term.version, state=term.plan and term.plan.state
+            )
+        if live_ids != self._seen_ids:
+            self._seen_ids, self._seen_since = live_ids, self._clock()
+        settled = self._clock() - self._seen_since >= self.settings.plan_settle_s
+        if term.planned_ids != live_ids and settled:
+            await self._replan(term, self._shape, live)
+        if term.plan is not None and term.plan.state != ACTIVE and is_serving(term.plan, live):
+            active = bus_pb2.Plan()
+            active.CopyFrom(term.plan)
+            active.state = ACTIVE
+            await self._publish(term, active)
+
+    def _can_adopt(self, stored: bus_pb2.Plan | None, live: dict[str, bus_pb2.Heartbeat]) -> bool:
+        """Whether a new leader may keep the stored plan: same model, stages live, nothing to gain."""
+        shape = self._shape
+        if stored is None or shape is None or stored.model != self.settings.served_model:
+            return False
+        if stored.model_id != shape.footprint.model_id or stored.num_layers != shape.footprint.num_layers:
+            return False
+        stage_ids = {s.node_id for s in stored.stages}
+        if not stage_ids or not stage_ids <= live.keys():
+            return False
+        if stage_ids == live.keys():
+            return True
+        try:
+            return same_placement(stored, build_plan(shape, live.values(), self.settings))
+        except PlanningError:
+            return True
+
+    async def _replan(self, term: _Term, shape: ModelShape, live: dict[str, bus_pb2.Heartbeat]) -> None:
+        term.planned_ids = frozenset(live)
+        if not live:
+            keeping = "keeping the last plan" if term.plan is not None else "nothing to plan yet"
+            self._log.warning(
+                f"no live nodes serve the model; {keeping}",
+                model=self.settings.served_model,
+                version=term.version,
+            )
+            return
+        try:
+            plan = build_plan(shape, live.values(), self.settings)
+        except PlanningError as exc:
+            self._log.error("no plan for the live nodes", nodes=sorted(live), error=str(exc))
+            return
+        if term.plan is not None and same_placement(term.plan, plan):
+            self._log.info("nodes changed, placement did not", nodes=sorted(live), version=term.version)
+            return
+        plan.version = term.version + 1
+        await self._publish(term, plan)
+
+    async def _publish(self, term: _Term, plan: bus_pb2.Plan) -> None:
+        if not await self.election.verify():
+            return
+        plan.leader = self.settings.coordinator_id
+        plan.created = plan.created or time.time()
+        try:
+            revision = await self.store.write(plan, term.revision)
+        except PlanConflictError as exc:
+            self._log.warning("plan write lost a compare-and-set", error=str(exc))
+            if await self.election.verify():  # still ours: someone else wrote it; re-read next step
+                term.has_read, term.planned_ids = False, None
+            return
+        term.plan, term.revision, term.version = plan, revision, plan.version
+        self._log.info(
+            "plan published",
+            version=plan.version,
+            state=plan.state,
+            stages=[f"{s.node_id}[{s.start},{s.end})" for s in plan.stages],
+            num_kv_blocks=plan.num_kv_blocks,
+            max_model_len=plan.max_model_len,
+        )
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        record: NodeRecord | None = self.registry.observe(msg.data, msg.subject)
+        if record is not None:
+            self._wake.set()
+
+    def _wake_up(self, _leading: bool) -> None:
+        self._wake.set()
+
+    def _complain_once(self, term: _Term, problem: str) -> None:
+        if problem not in term.complaints:
+            term.complaints.add(problem)
+            self._log.info(problem)
+
+    def _new_election(self, ttl_s: float) -> LeaderElection:
+        settings = self.settings
+        return LeaderElection(
+            self.buckets.leader, settings.coordinator_id, ttl_s, on_change=self._wake_up, clock=self._clock
+        )
+
+    async def _adopt_bucket_ttl(self) -> None:
+        """The lease lasts as long as the bucket keeps values, whatever this replica was told."""
+        try:
+            ttl = (await self.buckets.leader.status()).ttl
+        except (NatsError, TimeoutError):
+            return
+        if ttl and abs(ttl - self.election.ttl_s) > 1e-3:
+            self._log.warning(
+                "lease bucket has another ttl than configured; using the bucket's",
+                bucket_ttl_s=ttl,
+                configured_s=self.election.ttl_s,
+            )
+            self.election = self._new_election(ttl)
+
+
+async def _halt(
+    election: asyncio.Task[None], model: asyncio.Future[ModelShape] | None, subscription: Subscription
+) -> None:
+    election.cancel()
+    if model is not None:
+        model.cancel()
+    with contextlib.suppress(asyncio.CancelledError, NatsError, TimeoutError):
+        await election
+    with contextlib.suppress(NatsError, TimeoutError):
+        await subscription.unsubscribe()

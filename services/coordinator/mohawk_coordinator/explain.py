@@ -1,0 +1,134 @@
+"""`mohawk plan [--explain]`: the current placement plan, as JSON or as a table with its reasons.
+
+Reads only: the plan from the `mohawk_plan` bucket and the live nodes the leader mirrors into
+`mohawk_nodes`; it creates nothing on the bus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
+
+from mohawk_common.bus import names
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.control import decode_json, encode_json, read_plan
+from mohawk_common.errors import ConfigError
+from mohawk_common.logging import LEVELS, configure_logging
+from mohawk_common.settings import load_settings
+from mohawk_coordinator.config import CoordinatorSettings
+from mohawk_proto.v1 import bus_pb2
+
+CONNECT_ATTEMPTS = 3
+CONNECT_TIMEOUT_S = 1
+CONNECT_DEADLINE_S = 4.0  # nats-py retries an unreachable server forever; give up after this
+NO_PLAN = "no plan has been published yet (is a coordinator running, and are shard nodes heartbeating?)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--explain", action="store_true", help="a table of stages and the plan's reasons")
+    parser.add_argument("--nats-url", help="NATS server URL(s), comma-separated")
+    parser.add_argument("--log-level", default="error", choices=LEVELS, help="default: error")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plan; 1 when NATS is unreachable or no plan exists, 2 on bad settings."""
+    try:
+        settings = load_settings(CoordinatorSettings, {"nats_url": args.nats_url})
+        configure_logging(args.log_level)
+    except ConfigError as exc:
+        print(f"mohawk plan: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        plan, nodes = asyncio.run(fetch(settings.nats_servers))
+    except ConnectionError as exc:
+        print(f"mohawk plan: error: {exc}", file=sys.stderr)
+        return 1
+    if plan is None:
+        print(f"mohawk plan: {NO_PLAN}", file=sys.stderr)
+        return 1
+    if args.explain:
+        print(render(plan, nodes))
+    else:
+        print(json.dumps(json.loads(encode_json(plan)), indent=2))
+    return 0
+
+
+async def fetch(servers: list[str]) -> tuple[bus_pb2.Plan | None, dict[str, bus_pb2.Heartbeat]]:
+    """The current plan and the mirrored live nodes; ConnectionError when NATS cannot be reached."""
+    attempt = connect(
+        servers, name="mohawk-plan", attempts=CONNECT_ATTEMPTS, connect_timeout=CONNECT_TIMEOUT_S
+    )
+    try:
+        nc = await asyncio.wait_for(attempt, timeout=CONNECT_DEADLINE_S)
+    except TimeoutError:
+        raise ConnectionError(
+            f"cannot reach NATS at {', '.join(servers)} within {CONNECT_DEADLINE_S:.0f} s"
+        ) from None
+    try:
+        js = nc.jetstream()
+        return await _read_plan(js), await _read_nodes(js)
+    finally:
+        await nc.close()
+
+
+async def _read_plan(js: JetStreamContext) -> bus_pb2.Plan | None:
+    try:
+        kv = await js.key_value(names.PLAN_BUCKET)
+    except NotFoundError:
+        return None
+    return await read_plan(kv)
+
+
+async def _read_nodes(js: JetStreamContext) -> dict[str, bus_pb2.Heartbeat]:
+    try:
+        kv = await js.key_value(names.NODES_BUCKET)
+        keys = await kv.keys()
+    except (NotFoundError, NoKeysError):
+        return {}
+    nodes = {}
+    for key in sorted(keys):
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:  # expired between listing and reading
+            continue
+        if entry.value:
+            nodes[key] = decode_json(bus_pb2.Heartbeat, entry.value)
+    return nodes
+
+
+def render(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> str:
+    """The plan as operators read it: header, one row per stage, live nodes left out, reasons."""
+    created = datetime.fromtimestamp(plan.created, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    lines = [
+        f"plan version {plan.version} ({plan.state}) for {plan.model} [{plan.model_id}], "
+        f"written by leader {plan.leader} at {created}",
+        f"{plan.num_layers} layers in {len(plan.stages)} stage(s); {plan.num_kv_blocks} KV blocks of "
+        f"{plan.block_size} tokens; max_model_len {plan.max_model_len}",
+        "",
+        f"{'stage':>5}  {'node':<20} {'layers':<10} {'backend':<8} {'device':<8} "
+        f"{'memory MiB':>10} {'KV MiB':>8} {'s/layer':>9}  loaded",
+    ]
+    for index, stage in enumerate(plan.stages):
+        layers = f"[{stage.start}, {stage.end})"
+        node = nodes.get(stage.node_id)
+        if node is None:
+            lines.append(f"{index:>5}  {stage.node_id:<20} {layers:<10} (no heartbeat: node not live)")
+            continue
+        loaded = "yes" if node.loaded and node.plan_version == plan.version else f"no (v{node.plan_version})"
+        lines.append(
+            f"{index:>5}  {stage.node_id:<20} {layers:<10} {node.backend:<8} {node.device:<8} "
+            f"{node.memory_limit_bytes / 2**20:>10.1f} {node.kv_cache_bytes / 2**20:>8.1f} "
+            f"{node.seconds_per_layer:>9.2g}  {loaded}"
+        )
+    idle = sorted(set(nodes) - {s.node_id for s in plan.stages})
+    if idle:
+        lines.append(f"live nodes without a stage: {', '.join(idle)}")
+    lines += ["", "reasons:", *(f"- {reason}" for reason in plan.reasons)]
+    return "\n".join(lines)

@@ -1,0 +1,165 @@
+"""From live heartbeats to a `bus_pb2.Plan`: the model's footprint, node capacities, KV blocks.
+
+Design. Bytes are counted as the model store hands weights out, float32 (`ModelConfig.
+weight_bytes_per_layer`; embedding and LM head are vocab × hidden each, the head counted in full
+even when tied to the embedding, since the last stage holds its own copy), which over-counts for
+nodes that keep bf16/fp16 weights and so errs on the safe side.
+
+How KV enters the footprint: it does not enter `layer_bytes`. A node sizes its KV pool itself and
+reports it as `kv_cache_bytes`, part of `memory_limit_bytes`; so the planner places weights only,
+in what is left (`memory_limit_bytes - kv_cache_bytes`), and the pool of each stage is then shared
+by the layers it got: `num_kv_blocks = min over stages of kv_cache_bytes // (num_layers ×
+kv_block_bytes_per_layer)`, the same block count on every stage because stage 0 hands out block
+ids for all of them. The plan's reasons name the stage that limits it. A node that does not report
+`kv_block_bytes_per_layer` is assumed to keep float32 KV.
+
+Speeds are rounded to two significant digits before planning so that measurement noise cannot
+flip a plan; a node that has not measured yet is taken to be as slow as the slowest one that has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from mohawk_common.model_store import ModelConfig, open_model
+from mohawk_coordinator.config import CoordinatorSettings
+from mohawk_coordinator.planner import ModelFootprint, NodeCapacity, PlanningError, plan_placement
+from mohawk_proto.v1 import bus_pb2
+
+FP32_BYTES = 4
+INT32_MAX = 2**31 - 1
+UNMEASURED_SECONDS_PER_LAYER = 1e-3  # when no node has measured its speed yet
+LOADING = "loading"
+ACTIVE = "active"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What the coordinator needs to know of the served model."""
+
+    footprint: ModelFootprint
+    max_position_embeddings: int
+    kv_bytes_per_token_per_layer: int  # K and V of one token in one layer, float32
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> ModelShape:
+        matrix = config.vocab_size * config.hidden_size * FP32_BYTES
+        footprint = ModelFootprint(
+            config.model_id,
+            num_layers=config.num_layers,
+            layer_bytes=config.weight_bytes_per_layer,
+            embedding_bytes=matrix,
+            head_bytes=matrix + config.hidden_size * FP32_BYTES,
+        )
+        kv_per_token = 2 * config.num_kv_heads * config.head_dim * FP32_BYTES
+        return cls(footprint, config.max_position_embeddings, kv_per_token)
+
+
+def load_model_shape(model_path: str | None) -> ModelShape:
+    """Read the served model's config (slow: the model store imports transformers)."""
+    return ModelShape.from_config(open_model(model_path).config)
+
+
+def quantize_seconds(seconds: float) -> float:
+    """`seconds` to two significant digits (0.0012345 → 0.0012)."""
+    return float(f"{seconds:.2g}") if seconds > 0 else 0.0
+
+
+def node_capacities(heartbeats: Iterable[bus_pb2.Heartbeat]) -> list[NodeCapacity]:
+    """What each node offers the planner: weight memory (KV pool excluded) and rounded speed."""
+    beats = list(heartbeats)
+    measured = [quantize_seconds(hb.seconds_per_layer) for hb in beats if hb.seconds_per_layer > 0]
+    unmeasured = max(measured, default=UNMEASURED_SECONDS_PER_LAYER)
+    return [
+        NodeCapacity(
+            hb.node_id,
+            max(0, hb.memory_limit_bytes - hb.kv_cache_bytes),
+            quantize_seconds(hb.seconds_per_layer) or unmeasured,
+            hb.backend,
+            hb.device,
+        )
+        for hb in beats
+    ]
+
+
+def build_plan(
+    shape: ModelShape, heartbeats: Iterable[bus_pb2.Heartbeat], settings: CoordinatorSettings
+) -> bus_pb2.Plan:
+    """The plan for these nodes (version, leader and time left for the publisher to fill in).
+
+    Raises `PlanningError` when the nodes cannot hold the model or a stage has no room for KV.
+    """
+    nodes = {hb.node_id: hb for hb in heartbeats}
+    placement = plan_placement(shape.footprint, node_capacities(nodes.values()), settings.placement)
+    stages = [bus_pb2.PlanStage(node_id=s.node_id, start=s.start, end=s.end) for s in placement.stages]
+    num_kv_blocks, kv_reason = kv_blocks(shape, stages, nodes, settings.block_size)
+    max_model_len, len_reason = context_length(shape, settings, num_kv_blocks)
+    footprint = shape.footprint
+    return bus_pb2.Plan(
+        model=settings.served_model,
+        model_id=footprint.model_id,
+        num_layers=footprint.num_layers,
+        stages=stages,
+        num_kv_blocks=num_kv_blocks,
+        block_size=settings.block_size,
+        max_model_len=max_model_len,
+        state=LOADING,
+        reasons=[*placement.reasons, kv_reason, len_reason],
+    )
+
+
+def kv_blocks(
+    shape: ModelShape,
+    stages: Iterable[bus_pb2.PlanStage],
+    nodes: Mapping[str, bus_pb2.Heartbeat],
+    block_size: int,
+) -> tuple[int, str]:
+    """Blocks every stage can hold (the smallest stage pool decides) and the reason, for explain."""
+    per_stage = []
+    for stage in stages:
+        node = nodes[stage.node_id]
+        per_layer = node.kv_block_bytes_per_layer or block_size * shape.kv_bytes_per_token_per_layer
+        per_stage.append((node.kv_cache_bytes // ((stage.end - stage.start) * per_layer), stage, node))
+    num_blocks, stage, node = min(per_stage, key=lambda item: (item[0], item[1].start))
+    budget = f"{node.kv_cache_bytes / 2**20:.1f} MiB of KV for {stage.end - stage.start} layer(s)"
+    if num_blocks < 1:
+        raise PlanningError(f"{node.node_id} has no room for one KV block: {budget}")
+    num_blocks = min(num_blocks, INT32_MAX)
+    return num_blocks, f"{num_blocks} KV blocks of {block_size} tokens, set by {node.node_id} ({budget})"
+
+
+def context_length(shape: ModelShape, settings: CoordinatorSettings, num_kv_blocks: int) -> tuple[int, str]:
+    """max_model_len: the least of the model's own, the setting, and what the KV blocks hold."""
+    limits = [(shape.max_position_embeddings, "the model's max_position_embeddings")]
+    if settings.max_model_len is not None:
+        limits.append((settings.max_model_len, "the max_model_len setting"))
+    limits.append((num_kv_blocks * settings.block_size, "the KV blocks"))
+    length, why = min(limits, key=lambda item: item[0])
+    return min(length, INT32_MAX), f"max_model_len {min(length, INT32_MAX)}, limited by {why}"
+
+
+def same_placement(a: bus_pb2.Plan, b: bus_pb2.Plan) -> bool:
+    """Whether two plans ask the same of every node (version, state, leader and time aside)."""
+
+    def key(plan: bus_pb2.Plan) -> tuple[object, ...]:
+        stages = tuple((s.node_id, s.start, s.end) for s in plan.stages)
+        return (
+            plan.model,
+            plan.model_id,
+            plan.num_layers,
+            stages,
+            plan.num_kv_blocks,
+            plan.block_size,
+            plan.max_model_len,
+        )
+
+    return key(a) == key(b)
+
+
+def is_serving(plan: bus_pb2.Plan, live: Mapping[str, bus_pb2.Heartbeat]) -> bool:
+    """Whether every stage's node is live and reports this plan version loaded."""
+    return bool(plan.stages) and all(
+        (hb := live.get(stage.node_id)) is not None and hb.plan_version == plan.version and hb.loaded
+        for stage in plan.stages
+    )

@@ -1,0 +1,125 @@
+"""The node registry: which shard nodes are live, as their heartbeats on mohawk.v1.hb.<node> say.
+
+Every coordinator replica keeps its own registry (so a standby that takes over already knows the
+cluster); a node is live until `node_timeout_s` passes without a heartbeat from it, measured on
+this replica's monotonic clock, never the sender's. The leader mirrors the live nodes into the KV
+bucket `mohawk_nodes` (key = node id, value = the heartbeat's JSON) so `nats kv ls mohawk_nodes`
+and `mohawk plan --explain` can see them; the bucket's TTL clears what a dead leader left behind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+from google.protobuf.json_format import ParseError
+from nats.js.errors import NoKeysError
+from nats.js.kv import KeyValue
+
+from mohawk_common.bus import names
+from mohawk_common.bus.control import decode_json
+from mohawk_proto.v1 import bus_pb2
+
+log = structlog.get_logger("mohawk.coordinator.registry")
+
+SHARD_ROLES = ("", "shard")
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """A live node's latest heartbeat, its bytes as sent, and when this replica received it."""
+
+    heartbeat: bus_pb2.Heartbeat
+    raw: bytes
+    seen_at: float
+
+    @property
+    def node_id(self) -> str:
+        return self.heartbeat.node_id
+
+
+class NodeRegistry:
+    """Live shard nodes by id; pure bookkeeping (the coordinator feeds it and asks it)."""
+
+    def __init__(self, node_timeout_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.node_timeout_s = node_timeout_s
+        self._clock = clock
+        self._nodes: dict[str, NodeRecord] = {}
+
+    def observe(self, raw: bytes, subject: str | None = None) -> NodeRecord | None:
+        """Record one heartbeat; None (and a warning) when it is malformed or not from a shard node."""
+        try:
+            heartbeat = decode_json(bus_pb2.Heartbeat, raw)
+            names.check_id("node id", heartbeat.node_id)
+        except (ParseError, ValueError) as exc:
+            log.warning("heartbeat dropped", subject=subject, error=str(exc).splitlines()[0])
+            return None
+        if subject is not None and subject != names.heartbeat_subject(heartbeat.node_id):
+            log.warning("heartbeat dropped: node id does not match subject", subject=subject)
+            return None
+        if heartbeat.role not in SHARD_ROLES:
+            return None
+        record = NodeRecord(heartbeat, raw, self._clock())
+        if heartbeat.node_id not in self._nodes:
+            log.info(
+                "node joined",
+                node_id=heartbeat.node_id,
+                model=heartbeat.model,
+                backend=heartbeat.backend,
+                device=heartbeat.device,
+                memory_limit_mib=heartbeat.memory_limit_bytes >> 20,
+            )
+        self._nodes[heartbeat.node_id] = record
+        return record
+
+    def expire(self) -> list[str]:
+        """Forget nodes silent for `node_timeout_s`; their ids."""
+        cutoff = self._clock() - self.node_timeout_s
+        dead = [node_id for node_id, record in self._nodes.items() if record.seen_at <= cutoff]
+        for node_id in dead:
+            silent = self._clock() - self._nodes.pop(node_id).seen_at
+            log.warning("node left (heartbeats stopped)", node_id=node_id, silent_s=round(silent, 2))
+        return dead
+
+    def live(self, model: str | None = None) -> dict[str, NodeRecord]:
+        """Live nodes (serving `model`, when given), by id."""
+        self.expire()
+        return {
+            node_id: record
+            for node_id, record in sorted(self._nodes.items())
+            if model is None or record.heartbeat.model == model
+        }
+
+
+class NodeMirror:
+    """The leader's copy of the live registry in the `mohawk_nodes` bucket, for operators and tools."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+        self._written: dict[str, float] = {}  # node id -> seen_at of the heartbeat last written
+        self._cleaned = False
+
+    async def sync(self, live: Mapping[str, NodeRecord]) -> None:
+        """Write heartbeats newer than what the bucket holds; delete nodes no longer live."""
+        if not self._cleaned:
+            await self._delete_stale(live)
+            self._cleaned = True
+        for node_id, record in live.items():
+            if self._written.get(node_id) != record.seen_at:
+                await self.kv.put(node_id, record.raw)
+                self._written[node_id] = record.seen_at
+        for node_id in [n for n in self._written if n not in live]:
+            await self.kv.delete(node_id)
+            del self._written[node_id]
+
+    async def _delete_stale(self, live: Mapping[str, NodeRecord]) -> None:
+        """Entries an earlier leader wrote for nodes that are gone (the TTL would clear them later)."""
+        try:
+            keys = await self.kv.keys()
+        except NoKeysError:
+            return
+        for key in keys:
+            if key not in live:
+                await self.kv.delete(key)

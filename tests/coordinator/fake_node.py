@@ -1,0 +1,84 @@
+"""A test double of a shard node's heartbeat: real `Heartbeat` JSON on mohawk.v1.hb.<node>."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from nats.aio.client import Client
+
+from mohawk_common.bus import names
+from mohawk_common.bus.control import encode_json
+from mohawk_proto.v1 import bus_pb2
+
+MIB = 2**20
+MODEL = "smollm2-135m-instruct"
+
+
+class FakeNode:
+    """Heartbeats every `interval_s` until stopped; tests change its fields between beats."""
+
+    def __init__(
+        self,
+        nc: Client,
+        node_id: str,
+        *,
+        model: str = MODEL,
+        memory_limit_bytes: int = 2048 * MIB,
+        kv_cache_bytes: int = 256 * MIB,
+        seconds_per_layer: float = 1e-3,
+        kv_block_bytes_per_layer: int = 16 * 1536,
+        interval_s: float = 0.2,
+    ) -> None:
+        self.nc = nc
+        self.interval_s = interval_s
+        self.started_at_ms = int(time.time() * 1000)
+        self.heartbeat = bus_pb2.Heartbeat(
+            node_id=node_id,
+            model=model,
+            backend="torch",
+            device="cpu",
+            total_memory_bytes=8192 * MIB,
+            free_memory_bytes=4096 * MIB,
+            memory_limit_bytes=memory_limit_bytes,
+            kv_cache_bytes=kv_cache_bytes,
+            seconds_per_layer=seconds_per_layer,
+            plan_version=0,
+            stage=-1,
+            loaded=False,
+            started_at_ms=self.started_at_ms,
+            kv_block_bytes_per_layer=kv_block_bytes_per_layer,
+            role="shard",
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def node_id(self) -> str:
+        return self.heartbeat.node_id
+
+    def report_loaded(self, plan_version: int, stage: int, loaded: bool = True) -> None:
+        self.heartbeat.plan_version = plan_version
+        self.heartbeat.stage = stage
+        self.heartbeat.loaded = loaded
+
+    async def beat(self) -> None:
+        self.heartbeat.sent_at = time.time()
+        await self.nc.publish(names.heartbeat_subject(self.node_id), encode_json(self.heartbeat))
+
+    async def start(self) -> FakeNode:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        """Stop heartbeating, like a node that died."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await self.beat()
+            await asyncio.sleep(self.interval_s)

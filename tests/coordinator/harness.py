@@ -1,0 +1,101 @@
+"""Coordinators in this process against a real nats-server, with a small synthetic model."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client
+
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.control import read_plan
+from mohawk_common.bus.setup import Buckets, ensure_buckets
+from mohawk_coordinator.config import CoordinatorSettings
+from mohawk_coordinator.coordinator import Coordinator
+from mohawk_coordinator.planner import ModelFootprint
+from mohawk_coordinator.planning import ModelShape
+from mohawk_proto.v1 import bus_pb2
+
+MIB = 2**20
+TTL_S = 1.5
+# SmolLM2-135M-like: 30 layers of 13.5 MiB, 108 MiB embedding and head, fp32 KV of 3 heads × 64
+SHAPE = ModelShape(
+    ModelFootprint("tiny-llama", 30, int(13.5 * MIB), 108 * MIB, 108 * MIB),
+    max_position_embeddings=8192,
+    kv_bytes_per_token_per_layer=2 * 3 * 64 * 4,
+)
+
+
+def settings(url: str, coordinator_id: str, **overrides: Any) -> CoordinatorSettings:
+    values: dict[str, Any] = {
+        "nats_url": url,
+        "coordinator_id": coordinator_id,
+        "lease_ttl_s": TTL_S,
+        "heartbeat_interval_s": 0.2,
+        "node_timeout_s": 0.6,
+        "placement": "spread",
+        # explicit, so neither MOHAWK_* variables nor config/mohawk.yaml change what tests expect
+        "model": None,
+        "served_model_name": None,
+        "block_size": 16,
+        "max_model_len": None,
+    }
+    return CoordinatorSettings(**(values | overrides))
+
+
+@dataclass
+class Replica:
+    coordinator: Coordinator
+    task: asyncio.Task[None]
+    nc: Client
+
+    async def crash(self) -> None:
+        """Like kill -9: stop everything at once, leave the lease to expire."""
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        await self.nc.close()
+
+    async def stop(self) -> None:
+        self.coordinator.stop()
+        await asyncio.wait_for(self.task, 5)
+        await self.nc.close()
+
+
+async def start_replica(url: str, coordinator_id: str, **overrides: Any) -> Replica:
+    nc = await connect(url, name=coordinator_id)
+    config = settings(url, coordinator_id, **overrides)
+    buckets = await ensure_buckets(nc.jetstream(), config.bus_limits())
+    coordinator = Coordinator(config, nc, buckets, SHAPE)
+    return Replica(coordinator, asyncio.create_task(coordinator.run()), nc)
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll `condition` every 10 ms; the seconds it took."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+async def wait_for_plan(
+    buckets: Buckets, condition: Callable[[bus_pb2.Plan], bool], timeout: float, what: str
+) -> bus_pb2.Plan:
+    deadline = time.monotonic() + timeout
+    while True:
+        plan = await read_plan(buckets.plan)
+        if plan is not None and condition(plan):
+            return plan
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}; plan is {plan}")
+        await asyncio.sleep(0.02)
+
+
+def stage_ranges(plan: bus_pb2.Plan) -> list[tuple[str, int, int]]:
+    return [(s.node_id, s.start, s.end) for s in plan.stages]

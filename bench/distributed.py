@@ -4,8 +4,10 @@ For each setup: batch-1 time to first token and decode tokens/s, aggregate outpu
 concurrent streaming requests, and the inter-token gaps of the batch-1 stream. The clusters are
 measured end to end through the gateway's streaming `/v1/chat/completions` (HTTP, JetStream,
 activation frames, token events); the single-process engine runs in this process with no HTTP.
-The latency a pipeline hop adds is the batch-1 inter-token gap of an N-stage cluster minus the
-1-stage cluster's, divided by the N-1 hops the request crosses (median, and p99 of the gaps).
+Per-hop latency is measured where it happens: every activation frame and step result carries its
+publish time, and the receiving node reports the median and p99 of its last 1,000 hops (publish to
+frame complete) in its heartbeat; the table gives the median over nodes of their medians and the
+worst p99, after the batch-1 runs (an idle pipeline) and after the 32-stream runs (a busy one).
 Every figure is the median of --repeats runs with its min–max. `python bench/distributed.py` runs
 the short form (CI, `make test`); `--full` the full form (`make bench`).
 """
@@ -35,9 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine import TOPICS, Stat
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
+from mohawk_common.bus import names
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.control import decode_json
 from mohawk_common.bus.server import free_port
 from mohawk_common.chat import encode_chat
 from mohawk_common.logging import configure_logging
+from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.config import EngineSettings
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.local import build_local_engine
@@ -109,6 +115,29 @@ class ClusterSetup:
     def close(self) -> None:
         self.cluster.stop()
 
+    def hop_stats(self) -> tuple[float, float] | None:
+        """(median of the nodes' hop medians, worst p99) in ms, from one round of heartbeats."""
+
+        async def collect() -> dict[str, bus_pb2.Heartbeat]:
+            nc = await connect(self.cluster.nats.url, name="bench", attempts=3)
+            sub = await nc.subscribe(names.HEARTBEAT_WILDCARD)
+            seen: dict[str, bus_pb2.Heartbeat] = {}
+            deadline = time.monotonic() + 2.5
+            while time.monotonic() < deadline:
+                try:
+                    msg = await sub.next_msg(timeout=max(0.05, deadline - time.monotonic()))
+                except Exception:
+                    break
+                heartbeat = decode_json(bus_pb2.Heartbeat, msg.data)
+                seen[heartbeat.node_id] = heartbeat
+            await nc.close()
+            return seen
+
+        nodes = [h for h in asyncio.run(collect()).values() if h.num_hops > 0]
+        if not nodes:
+            return None
+        return statistics.median(h.hop_ms_p50 for h in nodes), max(h.hop_ms_p99 for h in nodes)
+
     async def _stream(self, client: httpx.AsyncClient, question: str, num_tokens: int) -> list[float]:
         body = {
             "model": MODEL,
@@ -160,9 +189,14 @@ def measure(setup: Any, form: Form) -> dict[str, Any]:
         ttft.append(b1.ttft_s * 1000)
         decode.append(b1.decode_tps)
         gaps += b1.gaps_s
+    hops_idle = setup.hop_stats() if hasattr(setup, "hop_stats") else None
+    for _ in range(form.repeats):
         concurrent.append(setup.concurrent(qs, form.concurrent_tokens))
+    hops_busy = setup.hop_stats() if hasattr(setup, "hop_stats") else None
     gaps.sort()
     return {
+        "hops_idle_ms": hops_idle,
+        "hops_busy_ms": hops_busy,
         "ttft_ms": Stat.of(ttft),
         "decode_tps": Stat.of(decode),
         "concurrent_tps": Stat.of(concurrent),
@@ -186,22 +220,6 @@ def run(form: Form) -> dict[str, dict[str, Any]]:
     return results
 
 
-def hop_latency(results: dict[str, dict[str, Any]]) -> dict[str, tuple[float, float]]:
-    """Per setup with N > 1 stages: (median, p99) ms a hop adds to the batch-1 inter-token gap."""
-    base = results.get("mohawk up --nodes 1")
-    out = {}
-    if base is None:
-        return out
-    for name, r in results.items():
-        stages = r.get("stages", 1)
-        if stages > 1:
-            out[name] = (
-                (r["gap_median_ms"] - base["gap_median_ms"]) / (stages - 1),
-                (r["gap_p99_ms"] - base["gap_p99_ms"]) / (stages - 1),
-            )
-    return out
-
-
 def report(results: dict[str, dict[str, Any]], form: Form) -> str:
     single = results["single process"]["concurrent_tps"].median
     lines = [
@@ -209,18 +227,21 @@ def report(results: dict[str, dict[str, Any]], form: Form) -> str:
         f"{form.concurrent_tokens} tokens; medians (min–max) of {form.repeats} run(s)",
         "",
         "| setup | TTFT ms | batch-1 decode tok/s | 32-stream aggregate tok/s | × single "
-        "| gap median / p99 ms |",
-        "|---|---|---|---|---|---|",
+        "| token gap median / p99 ms | hop idle median / p99 ms | hop busy median / p99 ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         ratio = r["concurrent_tps"].median / single
         lines.append(
             f"| {name} | {r['ttft_ms']} | {r['decode_tps']} | {r['concurrent_tps']} | {ratio:.2f} | "
-            f"{r['gap_median_ms']:.1f} / {r['gap_p99_ms']:.1f} |"
+            f"{r['gap_median_ms']:.1f} / {r['gap_p99_ms']:.1f} | {_hops(r['hops_idle_ms'])} | "
+            f"{_hops(r['hops_busy_ms'])} |"
         )
-    for name, (median, p99) in hop_latency(results).items():
-        lines.append(f"\nper-hop added latency, {name}: median {median:.2f} ms, p99 {p99:.2f} ms")
     return "\n".join(lines)
+
+
+def _hops(stats: tuple[float, float] | None) -> str:
+    return "–" if stats is None else f"{stats[0]:.2f} / {stats[1]:.2f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

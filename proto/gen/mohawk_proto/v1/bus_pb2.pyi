@@ -22,7 +22,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_engine_pb2.SamplingParams, _Mapping]] = ..., created: _Optional[float] = ...) -> None: ...
 
 class ActivationHeader(_message.Message):
-    __slots__ = ("plan_version", "stage", "step", "dtype", "shape", "chunk_index", "num_chunks")
+    __slots__ = ("plan_version", "stage", "step", "dtype", "shape", "chunk_index", "num_chunks", "sent_at")
     PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class ActivationHeader(_message.Message):
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
     plan_version: int
     stage: int
     step: _engine_pb2.StepBatch
@@ -37,7 +38,8 @@ class ActivationHeader(_message.Message):
     shape: _containers.RepeatedScalarFieldContainer[int]
     chunk_index: int
     num_chunks: int
-    def __init__(self, plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., step: _Optional[_Union[_engine_pb2.StepBatch, _Mapping]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., chunk_index: _Optional[int] = ..., num_chunks: _Optional[int] = ...) -> None: ...
+    sent_at: float
+    def __init__(self, plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., step: _Optional[_Union[_engine_pb2.StepBatch, _Mapping]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., chunk_index: _Optional[int] = ..., num_chunks: _Optional[int] = ..., sent_at: _Optional[float] = ...) -> None: ...
 
 class SampledResult(_message.Message):
     __slots__ = ("seq_id", "token_id", "finish_reason")
@@ -50,17 +52,19 @@ class SampledResult(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., token_id: _Optional[int] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("plan_version", "step_id", "results")
+    __slots__ = ("plan_version", "step_id", "results", "sent_at")
     PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
     plan_version: int
     step_id: int
     results: _containers.RepeatedCompositeFieldContainer[SampledResult]
-    def __init__(self, plan_version: _Optional[int] = ..., step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SampledResult, _Mapping]]] = ...) -> None: ...
+    sent_at: float
+    def __init__(self, plan_version: _Optional[int] = ..., step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SampledResult, _Mapping]]] = ..., sent_at: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role")
+    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role", "hop_ms_p50", "hop_ms_p99", "num_hops")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +81,9 @@ class Heartbeat(_message.Message):
     STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCK_BYTES_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    HOP_MS_P50_FIELD_NUMBER: _ClassVar[int]
+    HOP_MS_P99_FIELD_NUMBER: _ClassVar[int]
+    NUM_HOPS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     model: str
     backend: str
@@ -93,7 +100,10 @@ class Heartbeat(_message.Message):
     started_at_ms: int
     kv_block_bytes_per_layer: int
     role: str
-    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
+    hop_ms_p50: float
+    hop_ms_p99: float
+    num_hops: int
+    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ..., hop_ms_p50: _Optional[float] = ..., hop_ms_p99: _Optional[float] = ..., num_hops: _Optional[int] = ...) -> None: ...
 
 class PlanStage(_message.Message):
     __slots__ = ("node_id", "start", "end")

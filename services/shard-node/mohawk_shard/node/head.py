@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import math
+import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.llm_engine import to_step_batch
 from mohawk_shard.engine.scheduler import Scheduler
 from mohawk_shard.engine.sequence import Sequence as Seq
+from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.recovery import read_emitted
 from mohawk_shard.node.tokens import TokenPublisher, publish_error
 from mohawk_shard.node.wire import sampling_from_proto, step_batch_to_proto, tensor_to_bytes
@@ -85,6 +87,7 @@ class HeadDriver:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_acks: set[asyncio.Task[None]] = set()
+        self.hops = HopStats()
         self._subs: list[Any] = []
         self._log = log.bind(plan=plan.version)
 
@@ -245,6 +248,7 @@ class HeadDriver:
             step=step_batch_to_proto(batch, specs, with_token_ids=False),
             dtype=dtype,
             shape=shape,
+            sent_at=time.time(),
         )
         subject = names.activation_subject(self.plan.version, 1)
         for frame in encode_frames(header, data, self.nc.max_payload):
@@ -265,6 +269,7 @@ class HeadDriver:
         result = bus_pb2.StepResult.FromString(msg.data)
         if result.plan_version != self.plan.version:
             return
+        self.hops.record(result.sent_at)
         self._num_inflight = max(0, self._num_inflight - 1)
         for sampled in result.results:
             self._apply(sampled)

@@ -106,7 +106,7 @@ class ShardNode:
 
     def heartbeat(self) -> bus_pb2.Heartbeat:
         c = self.capacity
-        return bus_pb2.Heartbeat(
+        heartbeat = bus_pb2.Heartbeat(
             node_id=self.node_id,
             role="shard",
             model=self.model,
@@ -124,6 +124,12 @@ class ShardNode:
             sent_at=time.time(),
             started_at_ms=self._started_at_ms,
         )
+        if self._role is not None:
+            hops = self._role.hops
+            heartbeat.hop_ms_p50 = hops.percentile_ms(0.5)
+            heartbeat.hop_ms_p99 = hops.percentile_ms(0.99)
+            heartbeat.num_hops = hops.num_hops
+        return heartbeat
 
     async def _heartbeat_loop(self) -> None:
         subject = names.heartbeat_subject(self.node_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from concurrent.futures import Executor
 from typing import Any
 
@@ -23,6 +24,7 @@ from nats.aio.msg import Msg
 from mohawk_common.bus import names
 from mohawk_common.bus.frames import FrameAssembler, FrameError, encode_frames
 from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.wire import step_batch_from_proto, tensor_from_bytes, tensor_to_bytes
 from mohawk_shard.stage import Stage, StepBatch
@@ -47,6 +49,7 @@ class StageWorker:
         self.tokens = tokens  # set on the last stage
         self._inbox: asyncio.Queue[Msg] = asyncio.Queue()
         self._assembler = FrameAssembler()
+        self.hops = HopStats()
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
         self._log = log.bind(plan=plan.version, stage=stage_index)
@@ -75,6 +78,7 @@ class StageWorker:
                 self._log.warning("bad activation frame dropped", reason=str(exc))
                 continue
             if frame is not None:
+                self.hops.record(frame[0].sent_at)
                 try:
                     await self._handle(*frame)
                 except Exception:
@@ -93,6 +97,7 @@ class StageWorker:
             output = await loop.run_in_executor(self.executor, self.stage.step, batch, hidden)
             result = bus_pb2.StepResult(plan_version=self.plan.version, step_id=batch.step_id)
             result.results.extend(await self.tokens.publish(output.sampled))
+            result.sent_at = time.time()
             await self.nc.publish(names.activation_subject(self.plan.version, 0), result.SerializeToString())
             return
         dtype, shape, out = await loop.run_in_executor(self.executor, self._forward, batch, hidden)
@@ -100,6 +105,7 @@ class StageWorker:
         header.dtype = dtype
         del header.shape[:]
         header.shape.extend(shape)
+        header.sent_at = time.time()
         subject = names.activation_subject(self.plan.version, self.stage_index + 1)
         for frame in encode_frames(header, out, self.nc.max_payload):
             await self.nc.publish(subject, frame)

@@ -1,0 +1,30 @@
+"""Latency of the hops into a stage: publish time (in the frame header) to frame complete here.
+
+Sender and receiver read the wall clock, so across hosts the figure includes their clock offset;
+on one host (and with NTP, roughly across hosts) it is the time a hop adds. Nodes report the
+median and p99 of their last frames in heartbeats.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+_WINDOW = 1000
+
+
+class HopStats:
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque(maxlen=_WINDOW)
+        self.num_hops = 0
+
+    def record(self, sent_at: float) -> None:
+        if sent_at > 0:
+            self._recent.append(max(0.0, time.time() - sent_at))
+            self.num_hops += 1
+
+    def percentile_ms(self, q: float) -> float:
+        if not self._recent:
+            return 0.0
+        ordered = sorted(self._recent)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000

@@ -39,6 +39,7 @@ bench: setup
 	$(PY) bench/matmul_floor.py
 	$(PY) bench/engine.py --full --dtype float32 --json bench/results/engine-cpu-float32.json
 	$(PY) bench/engine.py --full --dtype bfloat16 --json bench/results/engine-cpu-bfloat16.json
+	$(PY) bench/distributed.py --full --json bench/results/distributed-cpu.json
 
 # Generated code is committed: run this after editing anything under proto/mohawk.
 # protoc writes mohawk/v1/x_pb2.py (the proto package path); it is moved to mohawk_proto/v1/ and

@@ -28,6 +28,11 @@ async def connect(
         attempt += 1
         try:
             nc = Client()
+
+            async def _on_disconnected(nc: Client = nc) -> None:
+                if not (nc.is_closed or nc.is_draining):  # our own close is not news
+                    log.warning("nats disconnected")
+
             await nc.connect(
                 urls,
                 name=name,
@@ -57,10 +62,6 @@ async def connect(
 
 async def _on_error(exc: Exception) -> None:
     log.warning("nats error", error=str(exc) or type(exc).__name__)
-
-
-async def _on_disconnected() -> None:
-    log.warning("nats disconnected")
 
 
 async def _on_reconnected() -> None:

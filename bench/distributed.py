@@ -24,10 +24,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -50,6 +50,9 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.local import build_local_engine
 
 MODEL = "smollm2-135m-instruct"
+
+
+F = TypeVar("F")  # a benchmark's Form
 
 
 @dataclass(frozen=True)
@@ -105,10 +108,18 @@ class EngineSetup:
 
 
 class ClusterSetup:
-    def __init__(self, num_nodes: int, data_dir: Path) -> None:
+    def __init__(
+        self, num_nodes: int, data_dir: Path, *, secure: bool = True, backends: Sequence[str] = ()
+    ) -> None:
         self.name = f"mohawk up --nodes {num_nodes}"
         spec = ClusterSpec(
-            nodes=num_nodes, port=free_port(), nats_port=free_port(), data_dir=data_dir, log_level="warning"
+            nodes=num_nodes,
+            port=free_port(),
+            nats_port=free_port(),
+            data_dir=data_dir,
+            log_level="warning",
+            secure=secure,
+            backends=tuple(backends),
         )
         self.cluster = LocalCluster(spec).start()
         self.cluster.wait_ready(timeout=300)
@@ -245,13 +256,20 @@ def _hops(stats: tuple[float, float] | None) -> str:
     return "–" if stats is None else f"{stats[0]:.2f} / {stats[1]:.2f}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cluster_bench_main(
+    argv: Sequence[str] | None,
+    doc: str,
+    forms: tuple[F, F],
+    run: Callable[[F], dict[str, dict[str, Any]]],
+    report: Callable[[dict[str, dict[str, Any]], F], str],
+) -> int:
+    """The command line of a cluster benchmark: `--full` picks the second form, `--json` a file."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the full form (make bench)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     configure_logging("warning")
-    form = FULL if args.full else SHORT
+    form = forms[1] if args.full else forms[0]
     results = run(form)
     print(report(results, form))
     if args.json:
@@ -262,6 +280,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps({"form": form.__dict__, "results": plain}, indent=2))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cluster_bench_main(argv, __doc__ or "", (SHORT, FULL), run, report)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ POLL_S = TTL_S / 10
 
 def start(url: str, coordinator_id: str, log: Path) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "mohawk_coordinator", "--coordinator-id", coordinator_id]
-    args += ["--nats-url", url, "--lease-ttl", str(TTL_S), "--log-level", "info"]
+    args += ["--nats-url", url, "--lease-ttl", str(TTL_S), "--log-level", "info", "--insecure"]
     env = {**os.environ, "MOHAWK_HEARTBEAT_INTERVAL_S": "0.2", "MOHAWK_NODE_TIMEOUT_S": "0.6"}
     env["PYTHONFAULTHANDLER"] = "1"  # a hung process dumps its threads on SIGABRT
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=env)
@@ -68,7 +68,8 @@ def test_kill_9_fails_over_and_sigterm_releases_the_lease(nats_server: NatsServe
         failover = time.monotonic() - killed
         processes[survivor].send_signal(signal.SIGTERM)
         stopped = time.monotonic()
-        assert exit_code(processes[survivor], tmp_path / f"{survivor[-1]}.log") == 0
+        # generous: on a loaded 2-core machine the lease release and NATS drain can take seconds
+        assert exit_code(processes[survivor], tmp_path / f"{survivor[-1]}.log", timeout=30) == 0
         shutdown = time.monotonic() - stopped
         assert await holder(kv) is None  # released, not left to expire
         await nc.close()
@@ -96,7 +97,7 @@ def test_sigterm_while_nats_is_unreachable_exits_cleanly(tmp_path: Path) -> None
 
 def test_a_model_that_cannot_be_read_ends_the_replica(nats_server: NatsServer, tmp_path: Path) -> None:
     log = tmp_path / "c.log"
-    args = [sys.executable, "-m", "mohawk_coordinator", "--nats-url", nats_server.url]
+    args = [sys.executable, "-m", "mohawk_coordinator", "--nats-url", nats_server.url, "--insecure"]
     args += ["--model", str(tmp_path / "missing.gguf")]
     process = subprocess.run(args, stderr=log.open("wb"), timeout=30, check=False)
     assert process.returncode == 1

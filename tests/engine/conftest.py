@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from mohawk_common.model_store import ModelSource, bundled_model_path, open_model
+from mohawk_shard.backends import make_backend
+from mohawk_shard.backends.base import Backend
 from mohawk_shard.backends.batch import ForwardBatch
-from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.config import EngineSettings
 from mohawk_shard.engine.llm_engine import LLMEngine
 from mohawk_shard.local import build_local_engine, layer_ranges
@@ -33,26 +35,42 @@ def reference(bundled: ModelSource) -> Any:
 
 @pytest.fixture(scope="session")
 def engine_factory(bundled: ModelSource) -> Callable[..., LLMEngine]:
-    def make(split: Sequence[int] = (), source: ModelSource | None = None, **settings: Any) -> LLMEngine:
+    def make(
+        split: Sequence[int] = (),
+        source: ModelSource | None = None,
+        backends: Sequence[str] = (),
+        **settings: Any,
+    ) -> LLMEngine:
         settings.setdefault("num_kv_blocks", 1024)
-        return build_local_engine(EngineSettings(**settings), split, source or bundled)
+        return build_local_engine(EngineSettings(**settings), split, source or bundled, backends)
 
     return make
 
 
 def full_logits(
-    source: ModelSource, token_ids: list[int], split: Sequence[int] = (), block_size: int = 16
+    source: ModelSource,
+    token_ids: list[int],
+    split: Sequence[int] = (),
+    block_size: int = 16,
+    backends: Sequence[str] = (),
 ) -> torch.Tensor:
-    """Logits at every position of one prompt, through stages built from `split`."""
+    """Logits at every position of one prompt, through stages built from `split` (on `backends`,
+    default torch; hidden states cross between backends as raw bytes, as on the wire)."""
     ranges = layer_ranges(source.config.num_layers, split)
     num_blocks = -(-len(token_ids) // block_size)
     batch = ForwardBatch.build([(token_ids, 0, list(range(num_blocks)), True)], block_size, all_logits=True)
-    hidden = None
-    for start, end in ranges:
-        backend = TorchBackend(source, start, end, device="cpu", dtype="float32")
+    hidden: Any = None
+    previous: Backend | None = None
+    for (start, end), name in zip(ranges, backends or ["torch"] * len(ranges), strict=True):
+        backend = make_backend(name, source, start, end, device="cpu", dtype="float32")
         backend.allocate_kv_cache(num_blocks, block_size)
+        if previous is not None and previous.name != backend.name:
+            hidden = backend.decode_hidden(*previous.encode_hidden(hidden))
         hidden = backend.forward(batch, hidden)
-    assert hidden is not None
+        previous = backend
+    assert previous is not None
+    if previous.name != "torch":
+        hidden = torch.from_numpy(np.array(hidden, copy=True))
     return hidden
 
 

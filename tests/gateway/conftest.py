@@ -56,6 +56,9 @@ def gateway_settings(nats_url: str, **overrides: Any) -> GatewaySettings:
         "token_idle_probe_s": 1.0,
         "max_body_bytes": 64 * 1024,
         "plan_refresh_s": 1.0,
+        # these tests drive the HTTP layer against a scripted plaintext pipeline; the secured bus is
+        # tested end to end in tests/integration and tests/security
+        "insecure": True,
     }
     values.update(overrides)
     return GatewaySettings.model_validate(values)

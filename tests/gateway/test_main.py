@@ -52,11 +52,27 @@ def test_bad_settings_are_one_line_and_exit_2(
     assert "does not exist" in lines[1] and "Traceback" not in "".join(lines)
 
 
+def test_without_a_certificate_it_refuses_to_start_in_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOHAWK_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "mohawk_gateway", "--port", str(free_port()), "--pki-dir", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no valid gateway certificate" in lines[0] and "--insecure" in lines[0]
+
+
 def test_module_serves_health_while_nats_is_down_and_drains_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     not_a_model = tmp_path / "empty-model"
     not_a_model.mkdir()
     args = ["--port", str(port), "--nats-url", f"nats://127.0.0.1:{free_port()}", "--model", str(not_a_model)]
+    args.append("--insecure")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOHAWK_")}
     process = subprocess.Popen(
         [sys.executable, "-m", "mohawk_gateway", *args, "--log-level", "warning"],

@@ -10,10 +10,12 @@ import pytest
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
+from mohawk_common.bus.security import Security
 from mohawk_common.bus.server import NatsServer
 from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.tokens import TokenStream
+from mohawk_pqc.kem import CryptographyKem
 from mohawk_proto.v1 import engine_pb2
 
 RID = "req-1"
@@ -109,7 +111,8 @@ def test_gap_and_silence_are_filled_by_replay_and_the_deadline_holds() -> None:
 
 def test_bus_replay_reads_the_request_events_back_from_jetstream(nats_server: NatsServer) -> None:
     async def scenario() -> None:
-        bus = BusClient(GatewaySettings.model_validate({"nats_url": nats_server.url}))
+        settings = GatewaySettings.model_validate({"nats_url": nats_server.url, "insecure": True})
+        bus = BusClient(settings, Security(None, CryptographyKem(), role="gateway"))
         bus.start()
         while not bus.connected:
             await asyncio.sleep(0.02)

@@ -15,6 +15,31 @@ from mohawk_common.bus.control import read_plan
 from mohawk_common.bus.setup import ensure_buckets
 from mohawk_proto.v1 import bus_pb2
 
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Name three primary colours.",
+    "Explain gravity in one sentence.",
+    "What is 12 times 12?",
+    "Say hello in Spanish.",
+    "Give me a synonym for happy.",
+    "What do bees make?",
+]
+REFERENCE_TOKENS = 24
+
+
+def reference_texts() -> dict[str, str]:
+    """Greedy texts of PROMPTS from the single-process torch engine (what `mohawk generate` prints)."""
+    from mohawk_common.chat import encode_chat
+    from mohawk_shard.config import EngineSettings
+    from mohawk_shard.engine.sampling_params import SamplingParams
+    from mohawk_shard.local import build_local_engine
+
+    engine = build_local_engine(EngineSettings(num_threads=1))
+    prompts = [encode_chat(engine.tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
+    done = engine.generate(prompts, SamplingParams.create(temperature=0.0, max_tokens=REFERENCE_TOKENS))
+    return {p: c.text for p, c in zip(PROMPTS, done, strict=True)}
+
 
 async def _with_buckets(url: str, fn: Any) -> Any:
     nc = await connect(url, name="test-probe", attempts=5)

@@ -19,23 +19,17 @@ import openai
 import pytest
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
-from mohawk_common.chat import encode_chat
-from mohawk_shard.config import EngineSettings
-from mohawk_shard.engine.sampling_params import SamplingParams
-from mohawk_shard.local import build_local_engine
-from tests.integration.cluster_helpers import chat, current_leader, current_plan, stream_chat, stream_many
+from tests.integration.cluster_helpers import (
+    PROMPTS,
+    chat,
+    current_leader,
+    current_plan,
+    reference_texts,
+    stream_chat,
+    stream_many,
+)
 
 LEASE_TTL_S = 2.0
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Name three primary colours.",
-    "Explain gravity in one sentence.",
-    "What is 12 times 12?",
-    "Say hello in Spanish.",
-    "Give me a synonym for happy.",
-    "What do bees make?",
-]
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +51,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, str]:
-    """Greedy texts from the single-process engine (what `mohawk generate` prints)."""
-    engine = build_local_engine(EngineSettings(num_threads=1))
-    prompts = [encode_chat(engine.tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
-    done = engine.generate(prompts, SamplingParams.create(temperature=0.0, max_tokens=24))
-    return {p: c.text for p, c in zip(PROMPTS, done, strict=True)}
+    return reference_texts()
 
 
 def _free_port() -> int:

@@ -1,12 +1,27 @@
-"""Activation frames: header + raw bytes, chunked under max_payload, joined back exactly."""
+"""Frames between stages: header + body, chunked under max_payload, joined back exactly; in plaintext
+(insecure) and sealed on a channel, where the header is authenticated and sequence numbers are new."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mohawk_common.bus.frames import FrameAssembler, FrameError, decode_frame, encode_frames
-from mohawk_proto.v1 import bus_pb2, engine_pb2
+from mohawk_common.bus.channels import SecureChannel
+from mohawk_common.bus.frames import (
+    FrameAssembler,
+    FrameError,
+    FrameOpener,
+    activation_payload,
+    encode_frames,
+    read_activation_payload,
+    split_message,
+)
+from mohawk_common.bus.security import Security
+from mohawk_pqc.channel import FrameReceiver, FrameSender
+from mohawk_pqc.errors import AuthenticationError
+from mohawk_pqc.handshake import ChannelKeys
+from mohawk_pqc.kem import CryptographyKem
+from mohawk_proto.v1 import engine_pb2, security_pb2
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.node.wire import (
     sampling_from_proto,
@@ -19,32 +34,91 @@ from mohawk_shard.node.wire import (
 from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 
 
-def _header(step_id: int) -> bus_pb2.ActivationHeader:
-    return bus_pb2.ActivationHeader(
-        plan_version=3, stage=1, step=engine_pb2.StepBatch(step_id=step_id), dtype="float32", shape=[4, 8]
-    )
+def _header(step_id: int) -> security_pb2.FrameHeader:
+    return security_pb2.FrameHeader(plan_version=3, stage=1, step_id=step_id, dtype="float32", shape=[4, 8])
+
+
+def _join(frames: list[bytes], opener: FrameOpener) -> list[tuple[security_pb2.FrameHeader, bytes] | None]:
+    assembler = FrameAssembler()
+    return [assembler.add(*opener.open(f)) for f in frames]
+
+
+class _Channels:
+    """The one channel a receiving ChannelManager would hold (no NATS needed to test framing)."""
+
+    def __init__(self, channel: SecureChannel) -> None:
+        self.channel = channel
+
+    def receiving(self, channel_id: bytes) -> SecureChannel:
+        if channel_id != self.channel.channel_id:
+            raise AuthenticationError("unknown_channel")
+        return self.channel
+
+
+def _channel_pair() -> tuple[SecureChannel, FrameOpener]:
+    keys = ChannelKeys(b"c" * 16, b"k" * 32, b"k" * 32, security_pb2.CertificateBody(), 3)
+    sending = SecureChannel(keys, FrameSender(keys.send_key), FrameReceiver(keys.receive_key))
+    receiving = SecureChannel(keys, FrameSender(keys.send_key), FrameReceiver(keys.receive_key))
+    secure = Security(object(), CryptographyKem(), role="shard")  # type: ignore[arg-type]
+    return sending, FrameOpener(secure, _Channels(receiving))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("size", [0, 10, 5000, 50_000])
-def test_frames_fit_max_payload_and_join_back(size: int) -> None:
+@pytest.mark.parametrize("sealed", [False, True])
+def test_frames_fit_max_payload_and_join_back(size: int, sealed: bool) -> None:
     data = bytes(range(256)) * (size // 256) + bytes(size % 256)
-    frames = encode_frames(_header(7), data, max_payload=4096)
+    if sealed:
+        channel, opener = _channel_pair()
+    else:
+        channel, opener = None, FrameOpener(Security(None, CryptographyKem(), role="shard"), None)
+    frames = encode_frames(_header(7), data, 4096, channel)
     assert all(len(f) <= 4096 for f in frames)
-    assembler = FrameAssembler()
-    results = [assembler.add(f) for f in frames]
+    if sealed and size >= 5000:
+        assert data[:1000] not in b"".join(frames)
+    results = _join(frames, opener)
     assert all(r is None for r in results[:-1])
     last = results[-1]
     assert last is not None
     header, joined = last
-    assert joined == data and header.step.step_id == 7 and list(header.shape) == [4, 8]
+    assert joined == data and header.step_id == 7 and list(header.shape) == [4, 8]
+
+
+def test_sealed_frames_reject_tampering_replay_and_plaintext() -> None:
+    channel, opener = _channel_pair()
+    frames = encode_frames(_header(1), bytes(3000), 4096, channel)
+    header, _raw, body = split_message(frames[0])
+    forged = security_pb2.FrameHeader()
+    forged.CopyFrom(header)
+    forged.shape[0] = 5  # the header is authenticated data
+    head = forged.SerializeToString()
+    with pytest.raises(AuthenticationError) as tampered:
+        opener.open(len(head).to_bytes(4, "little") + head + body)
+    assert tampered.value.reason == "tampered"
+    opener.open(frames[0])
+    with pytest.raises(AuthenticationError) as replayed:
+        opener.open(frames[0])
+    assert replayed.value.reason == "replayed"
+    plaintext = encode_frames(_header(2), bytes(10), 4096, None)
+    with pytest.raises(AuthenticationError) as unencrypted:
+        opener.open(plaintext[0])
+    assert unencrypted.value.reason == "plaintext"
 
 
 def test_a_chunk_without_its_start_is_refused() -> None:
-    frames = encode_frames(_header(1), bytes(20_000), max_payload=4096)
+    opener = FrameOpener(Security(None, CryptographyKem(), role="shard"), None)
+    frames = encode_frames(_header(1), bytes(20_000), 4096, None)
     with pytest.raises(FrameError):
-        FrameAssembler().add(frames[1])
+        FrameAssembler().add(*opener.open(frames[1]))
     with pytest.raises(FrameError):
-        decode_frame(b"\xff\xff\xff\x00abc")
+        split_message(b"\xff\xff\xff\x00abc")
+
+
+def test_activation_payload_round_trip() -> None:
+    step = engine_pb2.StepBatch(step_id=9, finished_seq_ids=[1, 2])
+    back, hidden = read_activation_payload(activation_payload(step, b"\x01\x02"))
+    assert back == step and hidden == b"\x01\x02"
+    with pytest.raises(FrameError):
+        read_activation_payload(b"\xff\xff\x00\x00")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -68,7 +142,7 @@ def test_step_batches_and_sampling_survive_the_wire() -> None:
         ),
         (0,),
     )
-    message = step_batch_to_proto(batch, {1: ("req-1", [6, 7])}, with_token_ids=True)
+    message = step_batch_to_proto(batch, {1: ("req-1", [6, 7], b"k" * 32)}, with_token_ids=True)
     back, joining = step_batch_from_proto(engine_pb2.StepBatch.FromString(message.SerializeToString()))
     assert back == batch
-    assert joining == {1: ("req-1", (6, 7))}
+    assert joining == {1: ("req-1", (6, 7), b"k" * 32)}

@@ -20,8 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mohawk_common.bus.config import served_model_name
 from mohawk_common.bus.server import NatsServer, free_port
 from mohawk_common.errors import MohawkError
+from mohawk_pqc.pki_files import init_pki, issue_node
 
 _STOP_TIMEOUT_S = 15.0
 
@@ -43,6 +45,8 @@ class ClusterSpec:
     node_args: Sequence[str] = ()
     log_level: str = "info"
     max_payload: int | None = None
+    backends: Sequence[str] = ()  # one per node, in the order nodes start (default torch)
+    secure: bool = True  # issue development certificates under <data_dir>/pki; False: --insecure
 
 
 def _port_is_free(port: int) -> bool:
@@ -68,6 +72,8 @@ class LocalCluster:
             max_payload=spec.max_payload,
             log_file=self.log_dir / "nats.log",
         )
+        self.pki_dir = self.data_dir / "pki"
+        self.model_name = served_model_name(spec.model, spec.env.get("MOHAWK_SERVED_MODEL_NAME"))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._node_count = 0
         self._coordinator_count = 0
@@ -78,6 +84,8 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.spec.secure and not (self.pki_dir / "root.key").exists():
+            init_pki(self.pki_dir)
         self.nats.start()
         for _ in range(self.spec.coordinators):
             self.add_coordinator()
@@ -100,11 +108,22 @@ class LocalCluster:
         env.update(self.spec.env)
         return env
 
+    def credentials(self, name: str, role: str) -> list[str]:
+        """Flags that give process `name` its certificate (issued on first use), or run it insecure."""
+        if not self.spec.secure:
+            return ["--insecure"]
+        bundle = self.pki_dir / "nodes" / name
+        if not (bundle / "node.cert").exists():
+            bundle = issue_node(self.pki_dir, name, role, models=(self.model_name,), days=30)
+        return ["--pki-dir", str(bundle)]
+
     def _spawn(
         self, name: str, module: str, args: Sequence[str], env: Mapping[str, str] | None = None
     ) -> None:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
-        command = [sys.executable, "-m", module, "--log-level", self.spec.log_level, *args]
+        role = {"mohawk_shard": "shard", "mohawk_gateway": "gateway"}.get(module, "coordinator")
+        credentials = self.credentials(name, role)
+        command = [sys.executable, "-m", module, "--log-level", self.spec.log_level, *credentials, *args]
         self.processes[name] = subprocess.Popen(
             command, env={**self._env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT
         )
@@ -120,12 +139,16 @@ class LocalCluster:
         self._node_count += 1
         name = f"shard-{self._node_count}"
         threads = self.spec.threads_per_node or max(1, (os.cpu_count() or 1) // max(1, self.spec.nodes))
-        args = ["--node-id", name, "--num-threads", str(threads), *self.spec.node_args, *extra_args]
+        args = ["--node-id", name, "--num-threads", str(threads), *self.spec.node_args]
+        if self._node_count <= len(self.spec.backends):
+            args += ["--backend", self.spec.backends[self._node_count - 1]]
+        args += extra_args
         self._spawn(name, "mohawk_shard", args)
         return name
 
     def start_gateway(self) -> None:
-        self._spawn("gateway", "mohawk_gateway", ["--host", "127.0.0.1", "--port", str(self.spec.port)])
+        args = ["--host", "127.0.0.1", "--port", str(self.spec.port), "--gateway-id", "gateway"]
+        self._spawn("gateway", "mohawk_gateway", args)
 
     def wait_ready(self, timeout: float = 180.0, on_wait: object = None) -> None:
         """Block until the gateway's /ready answers 200 (a plan is active and every stage loaded)."""

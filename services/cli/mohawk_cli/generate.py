@@ -16,7 +16,7 @@ from mohawk_shard.local import build_local_engine
 
 def _engine(args: argparse.Namespace) -> LLMEngine:
     overrides = {"model": args.model, "device": args.device, "dtype": args.dtype}
-    return build_local_engine(load_settings(EngineSettings, overrides), args.split)
+    return build_local_engine(load_settings(EngineSettings, overrides), args.split, backends=args.backends)
 
 
 def _stream(engine: LLMEngine, request_id: str, prompt: list[int], params: SamplingParams) -> str:

@@ -34,6 +34,12 @@ def _split_points(text: str) -> list[int]:
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
     parser.add_argument("--split", type=_split_points, default=[], help="layer split points, e.g. 10,20")
+    parser.add_argument(
+        "--backends",
+        type=lambda text: [b.strip() for b in text.split(",") if b.strip()],
+        default=[],
+        help="one backend per stage, e.g. torch,mlx,torch (default torch)",
+    )
     parser.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtype", help="auto, float32, bfloat16, float16")
     parser.add_argument("--log-level", default="warning", help="log level on stderr (default: warning)")
@@ -77,6 +83,8 @@ _SERVICES = [
     ),
     ("shard", "mohawk_shard.node.main", "run one shard node"),
     ("plan", "mohawk_coordinator.explain", "print the current placement plan (--explain: and why)"),
+    ("pki", "mohawk_cli.pki", "operator PKI: init a root, issue node bundles, revoke, show"),
+    ("slice", "mohawk_cli.slices", "build (pack) and ship (push) signed, encrypted slice packages"),
 ]
 
 

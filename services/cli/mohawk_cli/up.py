@@ -14,6 +14,10 @@ from mohawk_common.bus.config import BUNDLED_MODEL_NAME
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=2, help="shard nodes splitting the layers (default 2)")
+    parser.add_argument(
+        "--backends",
+        help="one backend per node in stage order, comma-separated, e.g. torch,mlx,torch (default torch)",
+    )
     parser.add_argument("--coordinators", type=int, default=1, help="coordinator replicas (2 = a standby)")
     parser.add_argument("--port", type=int, default=8000, help="gateway port on 127.0.0.1 (default 8000)")
     parser.add_argument("--nats-port", type=int, help="nats-server port (default 4222, or a free one)")
@@ -23,11 +27,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    backends = tuple(b.strip() for b in (args.backends or "").split(",") if b.strip())
     if args.nodes < 1 or args.coordinators < 1:
         print("mohawk up: error: --nodes and --coordinators must be at least 1", file=sys.stderr)
         return 2
+    if backends and (len(backends) != args.nodes or not set(backends) <= {"torch", "mlx"}):
+        print(
+            f"mohawk up: error: --backends needs {args.nodes} names of torch or mlx, got {args.backends!r}",
+            file=sys.stderr,
+        )
+        return 2
     spec = ClusterSpec(
         nodes=args.nodes,
+        backends=backends,
         coordinators=args.coordinators,
         port=args.port,
         nats_port=args.nats_port,

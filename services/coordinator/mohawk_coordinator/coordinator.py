@@ -122,8 +122,9 @@ class Coordinator:
     async def _loop(self, model: asyncio.Future[ModelShape] | None) -> None:
         tick = self.settings.heartbeat_interval_s / TICKS_PER_HEARTBEAT
         while not self._stopping:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=tick)
+            with contextlib.suppress(TimeoutError):  # not wait_for: 3.11 may swallow a cancel
+                async with asyncio.timeout(tick):
+                    await self._wake.wait()
             self._wake.clear()
             if self._stopping:
                 return

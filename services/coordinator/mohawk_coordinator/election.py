@@ -203,5 +203,10 @@ class LeaderElection:
             self._on_change(leading)
 
     async def _call(self, operation: Awaitable[T]) -> T:
-        """A KV call bounded by one renewal interval, so a stalled server cannot outlast the lease."""
-        return await asyncio.wait_for(operation, timeout=self.renew_interval_s)
+        """A KV call bounded by one renewal interval, so a stalled server cannot outlast the lease.
+
+        `asyncio.timeout`, not `wait_for`: on Python 3.11 `wait_for` swallows a cancellation that
+        lands as the call completes, and the cancelled campaign loop then ran on, so a stopping
+        coordinator waited on it forever (seen as a SIGTERM that never ended the process)."""
+        async with asyncio.timeout(self.renew_interval_s):
+            return await operation

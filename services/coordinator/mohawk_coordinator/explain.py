@@ -17,7 +17,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 
 from mohawk_common.bus import names
-from mohawk_common.bus.connect import connect
+from mohawk_common.bus.connect import connect_or_give_up
 from mohawk_common.bus.control import decode_json, encode_json, read_plan
 from mohawk_common.errors import ConfigError
 from mohawk_common.logging import LEVELS, configure_logging
@@ -25,8 +25,6 @@ from mohawk_common.settings import load_settings
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_proto.v1 import bus_pb2
 
-CONNECT_ATTEMPTS = 3
-CONNECT_TIMEOUT_S = 1
 CONNECT_DEADLINE_S = 4.0  # nats-py retries an unreachable server forever; give up after this
 NO_PLAN = "no plan has been published yet (is a coordinator running, and are shard nodes heartbeating?)"
 
@@ -62,15 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def fetch(servers: list[str]) -> tuple[bus_pb2.Plan | None, dict[str, bus_pb2.Heartbeat]]:
     """The current plan and the mirrored live nodes; ConnectionError when NATS cannot be reached."""
-    attempt = connect(
-        servers, name="mohawk-plan", attempts=CONNECT_ATTEMPTS, connect_timeout=CONNECT_TIMEOUT_S
-    )
-    try:
-        nc = await asyncio.wait_for(attempt, timeout=CONNECT_DEADLINE_S)
-    except TimeoutError:
-        raise ConnectionError(
-            f"cannot reach NATS at {', '.join(servers)} within {CONNECT_DEADLINE_S:.0f} s"
-        ) from None
+    nc = await connect_or_give_up(servers, name="mohawk-plan", deadline_s=CONNECT_DEADLINE_S)
     try:
         js = nc.jetstream()
         return await _read_plan(js), await _read_nodes(js)

@@ -21,6 +21,7 @@ from typing import TypeVar
 import structlog
 
 from mohawk_common.bus.connect import connect
+from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets
 from mohawk_common.errors import ConfigError, MohawkError
 from mohawk_common.logging import LEVELS, configure_logging
@@ -43,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", help="model name nodes heartbeat (default: from the file)")
     parser.add_argument("--placement", choices=PLACEMENTS, help="spread (default) or pack")
     parser.add_argument("--lease-ttl", type=float, help="leader lease in seconds (failover time)")
+    parser.add_argument("--pki-dir", help="certificate bundle (default: .mohawk/pki/nodes/<coordinator id>)")
+    parser.add_argument(
+        "--insecure", action="store_true", default=None, help="no certificate (development only)"
+    )
     parser.add_argument("--log-level", default="info", choices=LEVELS, help="default: info")
 
 
@@ -55,10 +60,15 @@ def run(args: argparse.Namespace) -> int:
         "served_model_name": args.served_model_name,
         "placement": args.placement,
         "lease_ttl_s": args.lease_ttl,
+        "pki_dir": getattr(args, "pki_dir", None),
+        "insecure": getattr(args, "insecure", None),
     }
     try:
         settings = load_settings(CoordinatorSettings, overrides)
         configure_logging(args.log_level)
+        # The coordinator carries no prompt or activation, but it decides who serves: it starts
+        # only as a certified coordinator, like every other service.
+        Security.for_service(settings, role="coordinator", process_id=settings.coordinator_id)
     except ConfigError as exc:
         print(f"mohawk coordinator: error: {exc}", file=sys.stderr)
         return 2
@@ -71,9 +81,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("coordinator failed", error=str(exc))
         code = 1
     if any(t.name == MODEL_THREAD and t.is_alive() for t in threading.enumerate()):
-        # Stopped while transformers is still importing on the loader thread: interpreter shutdown
-        # would wait for that import (torch's exit hooks import its modules). The lease is released
-        # and NATS closed by now, so leave at once.
+        # failed (code 1) while the loader thread still imports: leave without waiting for it
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -105,9 +113,21 @@ async def serve(settings: CoordinatorSettings) -> None:
             await coordinator.run()
         finally:
             await nc.close()
+        _exit_now_if_loading()
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+
+
+def _exit_now_if_loading() -> None:
+    """Stopped (lease released, NATS closed) while the loader thread still imports transformers and
+    torch: leave now. Tearing the event loop and the interpreter down would wait on that import
+    (its module locks, torch's exit hooks), for tens of seconds on a busy machine."""
+    if any(t.name == MODEL_THREAD and t.is_alive() for t in threading.enumerate()):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def in_background(work: Callable[[], T], *, name: str) -> asyncio.Future[T]:

@@ -13,8 +13,10 @@ since splitting a model that fits buys no speed at batch 1 and pays every hop; o
 above, where a node may be left out. `spread` (as exo does): every node takes a share, so the DP
 must give each node at least one layer, which spreads memory and KV pressure over the cluster
 and puts every node to work; nodes that cannot hold even one layer are left out, and when there
-are more nodes than layers the `pack` split is used. Every plan carries the reasons it was
-chosen, for `mohawk plan --explain`.
+are more nodes than layers the `pack` split is used. A node provisioned with a slice package
+(no model on its disk) can hold only layers inside its slice: the DP never gives it others, and
+such nodes take their place in the order by their slice's first layer. Every plan carries the
+reasons it was chosen, for `mohawk plan --explain`.
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ class NodeCapacity:
     seconds_per_layer: float
     backend: str = "torch"
     device: str = "cpu"
+    held: tuple[int, int] | None = None  # a node provisioned with one slice can serve only [start, end)
+
+    def can_hold(self, start: int, end: int) -> bool:
+        return self.held is None or (self.held[0] <= start and end <= self.held[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +113,8 @@ def plan_placement(model: ModelFootprint, nodes: Sequence[NodeCapacity], policy:
         raise PlanningError(f"no nodes to place {model.model_id} on")
     if policy not in PLACEMENTS:
         raise PlanningError(f"unknown placement policy {policy!r} (known: {', '.join(PLACEMENTS)})")
-    ordered = sorted(nodes, key=lambda n: n.node_id)
+    # nodes holding a fixed slice sit in the pipeline where their layers are
+    ordered = sorted(nodes, key=lambda n: (n.held[0] if n.held is not None else 0, n.node_id))
     if policy == "pack":
         return _pack(model, ordered)
     spread = _spread(model, ordered)
@@ -120,7 +127,7 @@ def plan_placement(model: ModelFootprint, nodes: Sequence[NodeCapacity], policy:
 
 def _pack(model: ModelFootprint, ordered: Sequence[NodeCapacity]) -> Plan:
     whole = model.stage_bytes(0, model.num_layers)
-    single = [n for n in ordered if n.memory_bytes >= whole]
+    single = [n for n in ordered if n.memory_bytes >= whole and n.can_hold(0, model.num_layers)]
     if single:
         node = min(single, key=lambda n: (n.seconds_per_layer, n.node_id))
         stage = _placement(model, node, 0, model.num_layers)
@@ -192,6 +199,8 @@ def _split(model: ModelFootprint, nodes: Sequence[NodeCapacity], *, every_node: 
             for end in range(placed + 1, num_layers + 1):
                 if model.stage_bytes(placed, end) > node.memory_bytes:
                     break
+                if not node.can_hold(placed, end):
+                    continue
                 stage = _placement(model, node, placed, end)
                 candidate = (max(before[0], stage.seconds_per_token), before[1] + 1, (*before[2], stage))
                 current = nxt[end]

@@ -78,6 +78,7 @@ def node_capacities(heartbeats: Iterable[bus_pb2.Heartbeat]) -> list[NodeCapacit
             quantize_seconds(hb.seconds_per_layer) or unmeasured,
             hb.backend,
             hb.device,
+            (hb.held_layer_start, hb.held_layer_end) if hb.held_layer_end > 0 else None,
         )
         for hb in beats
     ]

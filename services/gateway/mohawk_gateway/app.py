@@ -10,6 +10,7 @@ import structlog
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from mohawk_common.bus.security import Security
 from mohawk_gateway.api.errors import install_error_handlers
 from mohawk_gateway.api.routes import chat, completions, health, metrics, models
 from mohawk_gateway.bus import BusClient
@@ -29,11 +30,15 @@ def create_app(
     *,
     tokenizer: Tokenizer | None = None,
     registry: CollectorRegistry | None = None,
+    security: Security | None = None,
 ) -> FastAPI:
     """The gateway app. Its lifespan connects to NATS in the background and loads the model's
     tokenizer in a thread (unless `tokenizer` is given), so /health answers from the start."""
     gateway_metrics = GatewayMetrics(registry)
-    bus = BusClient(settings)
+    if security is None:
+        security = load_security(settings)
+    security.on_reject = lambda reason: gateway_metrics.security_rejections.labels(reason=reason).inc()
+    bus = BusClient(settings, security)
     gateway = Gateway(settings, bus, gateway_metrics)
     if tokenizer is not None:
         gateway.codec = PromptCodec(tokenizer)
@@ -65,6 +70,13 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=gateway_metrics, endpoints=endpoints)
     return app
+
+
+def load_security(settings: GatewaySettings) -> Security:
+    """The gateway's certificate bundle; ConfigError (refuse to start) unless run insecure."""
+    return Security.for_service(
+        settings, role="gateway", process_id=settings.gateway_id, models=(settings.model_name,)
+    )
 
 
 async def _load_codec(gateway: Gateway) -> None:

@@ -27,9 +27,13 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control import decode_json, read_plan
+from mohawk_common.bus.requests import cancel_tag, seal_request
+from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.errors import GatewayError, overloaded, unavailable
+from mohawk_pqc.errors import AuthenticationError
+from mohawk_pqc.seal import EventBox
 from mohawk_proto.v1 import bus_pb2, engine_pb2
 
 log = structlog.get_logger("mohawk.gateway")
@@ -42,8 +46,9 @@ _MAX_REPLAYED_EVENTS = 1_000_000
 class BusClient:
     """Owns the NATS connection; `start()` returns at once, `close()` drains and stops."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, security: Security) -> None:
         self._settings = settings
+        self.security = security
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._task: asyncio.Task[None] | None = None
@@ -91,8 +96,10 @@ class BusClient:
     async def publish_request(self, request: bus_pb2.GenerateRequest) -> None:
         """Put the request on the durable REQUESTS stream; 429 when the stream is full."""
         js = self._jetstream()
-        data = request.SerializeToString()
-        headers = {"Nats-Msg-Id": request.request_id}
+        try:
+            data, headers = seal_request(request, self.security)
+        except AuthenticationError as exc:
+            raise unavailable(f"cannot seal the request: {exc.detail}", self._retry) from exc
         try:
             await js.publish(names.request_subject(request.model), data, headers=headers)
         except APIError as exc:
@@ -106,19 +113,23 @@ class BusClient:
             reason = str(exc) or type(exc).__name__
             raise unavailable(f"NATS did not accept the request: {reason}", self._retry) from exc
 
-    async def cancel(self, request_id: str) -> None:
+    async def cancel(self, request_id: str, token_key: bytes = b"") -> None:
         """Tell stage 0 to drop the request and free its KV blocks (best effort, never raises)."""
         nc = self._nc
         if nc is None or nc.is_closed:
             log.warning("cannot cancel: no NATS connection", request_id=request_id)
             return
         try:
-            await nc.publish(names.cancel_subject(request_id), b"")
+            tag = cancel_tag(token_key, request_id) if token_key else b""
+            await nc.publish(names.cancel_subject(request_id), tag)
         except nats.errors.Error as exc:
             log.warning("cancel not sent", request_id=request_id, error=str(exc) or type(exc).__name__)
 
-    async def replay_tokens(self, request_id: str) -> list[engine_pb2.TokenEvent]:
-        """Every token event of the request still kept in the TOKENS stream, oldest first."""
+    async def replay_tokens(
+        self, request_id: str, box: EventBox | None = None
+    ) -> list[engine_pb2.TokenEvent]:
+        """Every token event of the request still kept in the TOKENS stream, oldest first (those that
+        do not open with the request's key are skipped)."""
         js = self._jetstream()
         subject = names.token_subject(request_id)
         events: list[engine_pb2.TokenEvent] = []
@@ -128,8 +139,9 @@ class BusClient:
                 msg = await js.get_msg(names.TOKENS_STREAM, seq=seq, subject=subject, next=True)
             except NotFoundError:
                 break
-            with suppress(DecodeError):
-                events.append(engine_pb2.TokenEvent.FromString(msg.data or b""))
+            with suppress(DecodeError, AuthenticationError):
+                data = msg.data or b""
+                events.append(engine_pb2.TokenEvent.FromString(data if box is None else box.open(data)))
             seq = (msg.seq or seq) + 1
         return events
 
@@ -160,7 +172,11 @@ class BusClient:
                 buckets = await ensure_buckets(js, settings.bus_limits())
                 self._js = js
                 failures = 0
-                await self._watch_plan(buckets.plan)
+                revocations = asyncio.create_task(self.security.follow_revocations(buckets.pki))
+                try:
+                    await self._watch_plan(buckets.plan)
+                finally:
+                    revocations.cancel()
             except (nats.errors.Error, TimeoutError) as exc:
                 failures += 1
                 level = log.warning if failures == 1 else log.debug

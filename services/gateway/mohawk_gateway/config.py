@@ -14,6 +14,7 @@ MIB = 1024 * 1024
 class GatewaySettings(BusSettings):
     yaml_section: ClassVar[str] = "gateway"
 
+    gateway_id: str = Field("gateway", description="this gateway's id: its certificate names it")
     host: str = Field("127.0.0.1", description="address the HTTP server listens on")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = any free port)")
     model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")

@@ -22,12 +22,14 @@ import anyio
 import structlog
 from nats.aio.subscription import Subscription
 
+from mohawk_common.bus.requests import new_token_key
 from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.errors import GatewayError, invalid, overloaded, unavailable
 from mohawk_gateway.metrics import GatewayMetrics
 from mohawk_gateway.tokenizer import PromptCodec
 from mohawk_gateway.tokens import TokenStream
+from mohawk_pqc.seal import EventBox
 from mohawk_proto.v1 import bus_pb2, engine_pb2
 
 log = structlog.get_logger("mohawk.gateway")
@@ -143,13 +145,18 @@ class Generation:
         self._cancel_reason = "disconnect"
         self._subscription: Subscription | None = None
         metrics = gateway.metrics
+        bus = gateway.bus
+        self.token_key = new_token_key() if bus.security.secure else b""
+        box = EventBox(self.token_key, self.request_id) if self.token_key else None
         self._stream = TokenStream(
             self.request_id,
-            gateway.bus.replay_tokens,
+            lambda request_id: bus.replay_tokens(request_id, box),
             gap_wait_s=gateway.settings.token_gap_wait_s,
             idle_probe_s=gateway.settings.token_idle_probe_s,
             on_duplicate=metrics.duplicate_events.inc,
             on_replay=metrics.replays.inc,
+            box=box,
+            on_reject=lambda exc: bus.security.reject(exc, request_id=self.request_id, what="token event"),
         )
         self._log = log.bind(request_id=self.request_id)
 
@@ -162,6 +169,7 @@ class Generation:
             prompt_token_ids=self.submission.prompt_token_ids,
             sampling=self.submission.sampling,
             created=time.time(),
+            token_key=self.token_key,
         )
         try:
             await bus.publish_request(request)
@@ -209,7 +217,7 @@ class Generation:
         self._closed = True
         with anyio.CancelScope(shield=True):
             if not self.finished:
-                await self.gateway.bus.cancel(self.request_id)
+                await self.gateway.bus.cancel(self.request_id, self.token_key)
                 self.gateway.metrics.cancelled.labels(reason=self._cancel_reason).inc()
                 self._log.info("request cancelled", reason=self._cancel_reason, num_tokens=self.num_tokens)
             await _unsubscribe(self._subscription)

@@ -21,7 +21,7 @@ import uvicorn
 from mohawk_common.errors import ConfigError, MohawkError
 from mohawk_common.logging import configure_logging, get_logger
 from mohawk_common.settings import load_settings
-from mohawk_gateway.app import create_app
+from mohawk_gateway.app import create_app, load_security
 from mohawk_gateway.config import GatewaySettings
 
 log = get_logger("mohawk.gateway")
@@ -35,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
     parser.add_argument("--served-model-name", help="the model's name in the API (default: from the file)")
     parser.add_argument("--log-level", help="debug, info, warning, error, critical (default info)")
+    parser.add_argument(
+        "--gateway-id", help="this gateway's id, as its certificate names it (default gateway)"
+    )
+    parser.add_argument("--pki-dir", help="certificate bundle (default: .mohawk/pki/nodes/<gateway id>)")
+    parser.add_argument(
+        "--insecure", action="store_true", default=None, help="no certificate, plaintext bus (development)"
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
@@ -45,6 +52,9 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         "model": getattr(args, "model", None),
         "served_model_name": getattr(args, "served_model_name", None),
         "log_level": getattr(args, "log_level", None),
+        "gateway_id": getattr(args, "gateway_id", None),
+        "pki_dir": getattr(args, "pki_dir", None),
+        "insecure": getattr(args, "insecure", None),
     }
     return load_settings(GatewaySettings, overrides)
 
@@ -56,11 +66,12 @@ def run(args: argparse.Namespace) -> int:
         configure_logging(settings.log_level)
         if settings.model is not None and not Path(settings.model).expanduser().exists():
             raise ConfigError(f"model path {settings.model} does not exist")
+        security = load_security(settings)
     except MohawkError as exc:
         sys.stderr.write(f"mohawk gateway: error: {exc}\n")
         return 2
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, security=security),
         host=settings.host,
         port=settings.port,
         log_config=None,

@@ -12,6 +12,12 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self.security_rejections = Counter(
+            "mohawk_security_rejections",
+            "messages, handshakes and packages rejected, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.requests = Counter(
             "mohawk_gateway_requests", "HTTP requests answered", ["endpoint", "status"], registry=r
         )

@@ -8,6 +8,8 @@ buffer. Core NATS drops what arrives while the gateway is reconnecting, so the s
 also read back from the TOKENS stream (JetStream keeps them for minutes) when a gap stays open for
 `gap_wait_s`, or when nothing arrives for `idle_probe_s` (the lost event may be the last one).
 An event with `error` set, or a finish for an index already delivered, ends the stream at once.
+Events of a sealed request are encrypted with its token key (`EventBox`); one that does not open
+is rejected (counted) and dropped, never shown.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import structlog
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 
+from mohawk_pqc.errors import AuthenticationError
+from mohawk_pqc.seal import EventBox
 from mohawk_proto.v1 import engine_pb2
 
 log = structlog.get_logger("mohawk.gateway")
@@ -38,6 +42,8 @@ class TokenStream:
         idle_probe_s: float,
         on_duplicate: Callable[[], None] | None = None,
         on_replay: Callable[[], None] | None = None,
+        box: EventBox | None = None,
+        on_reject: Callable[[AuthenticationError], None] | None = None,
     ) -> None:
         self.request_id = request_id
         self.next_index = 0
@@ -46,6 +52,8 @@ class TokenStream:
         self._idle_probe_s = idle_probe_s
         self._on_duplicate = on_duplicate
         self._on_replay = on_replay
+        self._box = box
+        self._on_reject = on_reject
         self._inbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._pending: dict[int, engine_pb2.TokenEvent] = {}
         self._terminal: engine_pb2.TokenEvent | None = None
@@ -109,7 +117,11 @@ class TokenStream:
 
     def _parse(self, data: bytes) -> engine_pb2.TokenEvent | None:
         try:
-            return engine_pb2.TokenEvent.FromString(data)
+            return engine_pb2.TokenEvent.FromString(data if self._box is None else self._box.open(data))
+        except AuthenticationError as exc:
+            if self._on_reject is not None:
+                self._on_reject(exc)
+            return None
         except DecodeError:
             log.warning("undecodable token event dropped", request_id=self.request_id, size=len(data))
             return None

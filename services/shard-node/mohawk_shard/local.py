@@ -9,7 +9,8 @@ import structlog
 
 from mohawk_common.errors import ConfigError
 from mohawk_common.model_store import ModelSource, open_model
-from mohawk_shard.backends.torch_backend import TorchBackend
+from mohawk_shard.backends import make_backend
+from mohawk_shard.backends.base import Backend
 from mohawk_shard.config import EngineSettings
 from mohawk_shard.engine.block_manager import BlockManager
 from mohawk_shard.engine.llm_engine import LLMEngine
@@ -33,7 +34,7 @@ def layer_ranges(num_layers: int, split_points: Sequence[int]) -> list[tuple[int
     return list(itertools.pairwise(bounds))
 
 
-def kv_block_count(settings: EngineSettings, backends: Sequence[TorchBackend]) -> int:
+def kv_block_count(settings: EngineSettings, backends: Sequence[Backend]) -> int:
     """Blocks that fit the KV budget when every stage in this process holds the same block ids."""
     if settings.num_kv_blocks is not None:
         return settings.num_kv_blocks
@@ -41,37 +42,46 @@ def kv_block_count(settings: EngineSettings, backends: Sequence[TorchBackend]) -
     budget_mb = settings.kv_cache_memory_mb
     if budget_mb is None:
         budget_mb = _CPU_KV_BUDGET_MB
-        device = backends[0].torch_device
-        if device.type == "cuda":
+        device = backends[0].device
+        if device.startswith("cuda"):
             import torch
 
-            free, _total = torch.cuda.mem_get_info(device)
+            free, _total = torch.cuda.mem_get_info(torch.device(device))
             budget_mb = int(free * _CUDA_KV_FRACTION) >> 20
     return max(1, (budget_mb << 20) // per_block)
 
 
 def build_local_engine(
-    settings: EngineSettings, split_points: Sequence[int] = (), source: ModelSource | None = None
+    settings: EngineSettings,
+    split_points: Sequence[int] = (),
+    source: ModelSource | None = None,
+    backends: Sequence[str] = (),
 ) -> LLMEngine:
+    """An engine over the stages cut at `split_points`; `backends` names each stage's backend
+    (default torch for all)."""
     if settings.num_threads is not None:
         import torch
 
         torch.set_num_threads(settings.num_threads)
     source = source or open_model(settings.model)
     config = source.config
-    backends = []
-    for start, end in layer_ranges(config.num_layers, split_points):
-        backend = TorchBackend(source, start, end, device=settings.device, dtype=settings.dtype)
+    ranges = layer_ranges(config.num_layers, split_points)
+    names = list(backends) or ["torch"] * len(ranges)
+    if len(names) != len(ranges):
+        raise ConfigError(f"{len(names)} backends named for {len(ranges)} stages")
+    stages: list[Backend] = []
+    for (start, end), name in zip(ranges, names, strict=True):
+        backend = make_backend(name, source, start, end, device=settings.device, dtype=settings.dtype)
         log.info(
             "stage loaded",
             layers=f"[{start}, {end})",
+            backend=name,
             device=backend.device,
-            dtype=str(backend.dtype).removeprefix("torch."),
             weight_mb=round(backend.weight_bytes / 2**20, 1),
         )
-        backends.append(backend)
-    num_blocks = kv_block_count(settings, backends)
-    for backend in backends:
+        stages.append(backend)
+    num_blocks = kv_block_count(settings, stages)
+    for backend in stages:
         backend.allocate_kv_cache(num_blocks, settings.block_size)
     max_model_len = min(
         config.max_position_embeddings, settings.max_model_len or config.max_position_embeddings
@@ -83,7 +93,7 @@ def build_local_engine(
         BlockManager(num_blocks, settings.block_size, enable_prefix_caching=settings.enable_prefix_caching),
     )
     return LLMEngine(
-        [Stage(b, settings.block_size) for b in backends],
+        [Stage(b, settings.block_size) for b in stages],
         scheduler,
         source.load_tokenizer(),
         eos_token_ids=config.eos_token_ids,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 
 from mohawk_common.bus.setup import BusLimits
@@ -17,10 +19,22 @@ class BusSettings(MohawkSettings):
     lease_ttl_s: float = Field(3.0, gt=0, description="coordinator leader lease")
     node_ttl_s: float = Field(5.0, gt=0, description="a node silent this long leaves the registry")
     served_model_name: str | None = Field(None, description="model name in the API; none = from the file")
+    pki_dir: Path | None = Field(
+        None, description="this process's certificate bundle; none = .mohawk/pki/nodes/<its id>"
+    )
+    dev_pki_dir: Path | None = Field(
+        None,
+        description="development only: a shared PKI root directory; a process with no bundle issues its own",
+    )
+    insecure: bool = Field(False, description="run with no certificate and a plaintext bus (development)")
+    kem_provider: str = Field("cryptography", description="ML-KEM provider: cryptography, oqs or auto")
 
     @property
     def nats_servers(self) -> list[str]:
         return [u.strip() for u in self.nats_url.split(",") if u.strip()]
+
+    def bundle_dir(self, process_id: str) -> Path:
+        return self.pki_dir if self.pki_dir is not None else Path(".mohawk") / "pki" / "nodes" / process_id
 
     def bus_limits(self) -> BusLimits:
         return BusLimits(

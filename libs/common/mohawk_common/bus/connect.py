@@ -60,6 +60,18 @@ async def connect(
             delay = min(delay * 2, _MAX_RETRY_S)
 
 
+async def connect_or_give_up(servers: Sequence[str], *, name: str, deadline_s: float) -> Client:
+    """For one-shot operator commands: three quick tries, and ConnectionError by `deadline_s` at
+    the latest (nats-py alone may keep retrying an unreachable server for a long time)."""
+    try:
+        async with asyncio.timeout(deadline_s):
+            return await connect(servers, name=name, attempts=3, connect_timeout=1)
+    except TimeoutError:
+        raise ConnectionError(
+            f"cannot reach NATS at {', '.join(servers)} within {deadline_s:.0f} s"
+        ) from None
+
+
 async def _on_error(exc: Exception) -> None:
     log.warning("nats error", error=str(exc) or type(exc).__name__)
 

@@ -8,10 +8,12 @@ shows the whole system and each entity can be filtered with one wildcard:
     mohawk.v1.act.<plan>.<stage>      activation frames into stage <stage> of plan version <plan>;
                                       stage 0 receives the last stage's step results here (core NATS)
     mohawk.v1.hb.<node>               node heartbeats, JSON (core NATS)
-    mohawk.v1.cancel.<request>        cancel a request (core NATS; empty body)
+    mohawk.v1.cancel.<request>        cancel a request (core NATS; a tag only the request's key makes)
+    mohawk.v1.hs.<node>               channel handshakes with <node> (core NATS request/reply)
 
 KV buckets: mohawk_leader (the coordinator lease), mohawk_nodes (live registry, TTL),
-mohawk_plan (the versioned placement plan under key `current`).
+mohawk_plan (the versioned placement plan under key `current`), mohawk_pki (the root-signed
+revocation list under key `crl`). Object store: mohawk_slices (signed, encrypted slice packages).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ LEADER_KEY = "coordinator"
 NODES_BUCKET = "mohawk_nodes"
 PLAN_BUCKET = "mohawk_plan"
 PLAN_KEY = "current"
+PKI_BUCKET = "mohawk_pki"
+CRL_KEY = "crl"
+SLICES_BUCKET = "mohawk_slices"
 
 _TOKEN_RE = re.compile(r"[^a-z0-9_-]+")
 _ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -75,3 +80,12 @@ def heartbeat_subject(node_id: str) -> str:
 def stage0_consumer(model: str) -> str:
     """The durable pull consumer stage-0 nodes of `model` share on MOHAWK_REQUESTS."""
     return f"stage0-{subject_token(model)}"
+
+
+def handshake_subject(node_id: str) -> str:
+    return f"{PREFIX}.hs.{check_id('node id', node_id)}"
+
+
+def slice_object_name(model: str, node_id: str) -> str:
+    """The object in SLICES_BUCKET that holds `node_id`'s slice package of `model`."""
+    return f"{subject_token(model)}/{check_id('node id', node_id)}"

@@ -45,6 +45,7 @@ class Buckets:
     leader: KeyValue
     nodes: KeyValue
     plan: KeyValue
+    pki: KeyValue
 
 
 async def ensure_streams(js: JetStreamContext, limits: BusLimits = BusLimits()) -> None:
@@ -84,7 +85,10 @@ async def ensure_buckets(js: JetStreamContext, limits: BusLimits = BusLimits()) 
     plan = await _ensure_bucket(
         js, KeyValueConfig(bucket=names.PLAN_BUCKET, history=16, replicas=limits.replicas)
     )
-    return Buckets(leader, nodes, plan)
+    pki = await _ensure_bucket(
+        js, KeyValueConfig(bucket=names.PKI_BUCKET, history=8, replicas=limits.replicas)
+    )
+    return Buckets(leader, nodes, plan, pki)
 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:

@@ -8,38 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "created")
+    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "created", "token_key")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_KEY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _engine_pb2.SamplingParams
     created: float
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_engine_pb2.SamplingParams, _Mapping]] = ..., created: _Optional[float] = ...) -> None: ...
-
-class ActivationHeader(_message.Message):
-    __slots__ = ("plan_version", "stage", "step", "dtype", "shape", "chunk_index", "num_chunks", "sent_at")
-    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
-    STAGE_FIELD_NUMBER: _ClassVar[int]
-    STEP_FIELD_NUMBER: _ClassVar[int]
-    DTYPE_FIELD_NUMBER: _ClassVar[int]
-    SHAPE_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
-    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
-    SENT_AT_FIELD_NUMBER: _ClassVar[int]
-    plan_version: int
-    stage: int
-    step: _engine_pb2.StepBatch
-    dtype: str
-    shape: _containers.RepeatedScalarFieldContainer[int]
-    chunk_index: int
-    num_chunks: int
-    sent_at: float
-    def __init__(self, plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., step: _Optional[_Union[_engine_pb2.StepBatch, _Mapping]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., chunk_index: _Optional[int] = ..., num_chunks: _Optional[int] = ..., sent_at: _Optional[float] = ...) -> None: ...
+    token_key: bytes
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_engine_pb2.SamplingParams, _Mapping]] = ..., created: _Optional[float] = ..., token_key: _Optional[bytes] = ...) -> None: ...
 
 class SampledResult(_message.Message):
     __slots__ = ("seq_id", "token_id", "finish_reason")
@@ -52,19 +34,28 @@ class SampledResult(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., token_id: _Optional[int] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("plan_version", "step_id", "results", "sent_at")
+    __slots__ = ("plan_version", "step_id", "results", "sent_at", "error")
     PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     plan_version: int
     step_id: int
     results: _containers.RepeatedCompositeFieldContainer[SampledResult]
     sent_at: float
-    def __init__(self, plan_version: _Optional[int] = ..., step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SampledResult, _Mapping]]] = ..., sent_at: _Optional[float] = ...) -> None: ...
+    error: str
+    def __init__(self, plan_version: _Optional[int] = ..., step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SampledResult, _Mapping]]] = ..., sent_at: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role", "hop_ms_p50", "hop_ms_p99", "num_hops")
+    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role", "hop_ms_p50", "hop_ms_p99", "num_hops", "security_rejections", "insecure", "held_layer_start", "held_layer_end")
+    class SecurityRejectionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +75,10 @@ class Heartbeat(_message.Message):
     HOP_MS_P50_FIELD_NUMBER: _ClassVar[int]
     HOP_MS_P99_FIELD_NUMBER: _ClassVar[int]
     NUM_HOPS_FIELD_NUMBER: _ClassVar[int]
+    SECURITY_REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    INSECURE_FIELD_NUMBER: _ClassVar[int]
+    HELD_LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    HELD_LAYER_END_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     model: str
     backend: str
@@ -103,7 +98,11 @@ class Heartbeat(_message.Message):
     hop_ms_p50: float
     hop_ms_p99: float
     num_hops: int
-    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ..., hop_ms_p50: _Optional[float] = ..., hop_ms_p99: _Optional[float] = ..., num_hops: _Optional[int] = ...) -> None: ...
+    security_rejections: _containers.ScalarMap[str, int]
+    insecure: bool
+    held_layer_start: int
+    held_layer_end: int
+    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ..., hop_ms_p50: _Optional[float] = ..., hop_ms_p99: _Optional[float] = ..., num_hops: _Optional[int] = ..., security_rejections: _Optional[_Mapping[str, int]] = ..., insecure: _Optional[bool] = ..., held_layer_start: _Optional[int] = ..., held_layer_end: _Optional[int] = ...) -> None: ...
 
 class PlanStage(_message.Message):
     __slots__ = ("node_id", "start", "end")

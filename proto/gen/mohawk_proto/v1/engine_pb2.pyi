@@ -35,18 +35,20 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class SequenceSpec(_message.Message):
-    __slots__ = ("num_prompt_tokens", "output_token_ids", "sampling", "request_id", "prompt_tail")
+    __slots__ = ("num_prompt_tokens", "output_token_ids", "sampling", "request_id", "prompt_tail", "token_key")
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TAIL_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_KEY_FIELD_NUMBER: _ClassVar[int]
     num_prompt_tokens: int
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     request_id: str
     prompt_tail: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, num_prompt_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_tail: _Optional[_Iterable[int]] = ...) -> None: ...
+    token_key: bytes
+    def __init__(self, num_prompt_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_tail: _Optional[_Iterable[int]] = ..., token_key: _Optional[bytes] = ...) -> None: ...
 
 class SequenceStep(_message.Message):
     __slots__ = ("seq_id", "start_position", "num_new_tokens", "token_ids", "new_block_ids", "sample", "new_sequence")

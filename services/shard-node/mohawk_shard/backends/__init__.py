@@ -1,0 +1,29 @@
+"""Backends: the array library a stage runs on; `make_backend` picks one by name (MLX loads only if asked)."""
+
+from __future__ import annotations
+
+from mohawk_common.errors import ConfigError
+from mohawk_common.model_store import ModelSource
+from mohawk_shard.backends.base import Backend
+
+BACKENDS = ("torch", "mlx")
+
+
+def make_backend(
+    name: str, source: ModelSource, start: int, end: int, *, device: str = "auto", dtype: str = "auto"
+) -> Backend:
+    """Layers [start, end) of `source` on backend `name` (torch: CPU or CUDA; mlx: Apple Silicon, or
+    a Linux CPU through the mlx-cpu wheel)."""
+    if name == "torch":
+        from mohawk_shard.backends.torch_backend import TorchBackend
+
+        return TorchBackend(source, start, end, device=device, dtype=dtype)
+    if name == "mlx":
+        try:
+            from mohawk_shard.backends.mlx_backend import MlxBackend
+        except ImportError as exc:
+            raise ConfigError(
+                f"the mlx backend needs MLX and mlx-lm: pip install 'mohawk[mlx]' ({exc})"
+            ) from exc
+        return MlxBackend(source, start, end, device=device, dtype=dtype)
+    raise ConfigError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")

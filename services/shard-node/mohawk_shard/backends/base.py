@@ -40,3 +40,11 @@ class Backend(Protocol):
     ) -> list[SampledToken]:
         """One token per logits row, each with its sequence's sampling params and output so far."""
         ...
+
+    def encode_hidden(self, hidden: Any) -> tuple[str, list[int], bytes]:
+        """Hidden states as (dtype name, shape, raw little-endian bytes): what crosses the wire."""
+        ...
+
+    def decode_hidden(self, dtype: str, shape: Sequence[int], data: bytes) -> Any:
+        """The backend's own array from what `encode_hidden` (of any backend) produced."""
+        ...

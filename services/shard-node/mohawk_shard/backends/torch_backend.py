@@ -19,6 +19,7 @@ from mohawk_shard.model.llama import LlamaStage
 from mohawk_shard.model.rope import RotaryTable
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 def resolve_device(device: str) -> torch.device:
@@ -104,3 +105,26 @@ class TorchBackend:
             raise ValueError("only the last stage samples")
         rows = [SamplingRow(p, o) for p, o in zip(params, outputs, strict=True)]
         return self.sampler.sample(logits, rows)
+
+    def encode_hidden(self, hidden: torch.Tensor) -> tuple[str, list[int], bytes]:
+        return tensor_to_bytes(hidden)
+
+    def decode_hidden(self, dtype: str, shape: Sequence[int], data: bytes) -> torch.Tensor:
+        return tensor_from_bytes(dtype, shape, data, self.torch_device)
+
+
+def tensor_to_bytes(tensor: torch.Tensor) -> tuple[str, list[int], bytes]:
+    """(dtype name, shape, raw little-endian bytes) of a CPU or GPU tensor, with no Python lists."""
+    name = _NAMES.get(tensor.dtype)
+    if name is None:
+        raise ValueError(f"hidden states of dtype {tensor.dtype} cannot cross the wire")
+    flat = tensor.detach().contiguous().to("cpu").reshape(-1)
+    return name, list(tensor.shape), flat.view(torch.uint8).numpy().tobytes()
+
+
+def tensor_from_bytes(dtype: str, shape: Sequence[int], data: bytes, device: torch.device) -> torch.Tensor:
+    torch_dtype = _DTYPES.get(dtype)
+    if torch_dtype is None:
+        raise ValueError(f"unknown hidden-state dtype {dtype!r}")
+    raw = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+    return raw.view(torch_dtype).reshape(tuple(shape)).to(device)

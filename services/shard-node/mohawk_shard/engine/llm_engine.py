@@ -93,9 +93,14 @@ class LLMEngine:
         batch = to_step_batch(next(self._step_ids), scheduled)
         output = None
         hidden = None
+        previous = None
         for stage in self.stages:
+            if previous is not None and hidden is not None and previous.name != stage.backend.name:
+                # another array library: hand over the raw bytes, as the wire does
+                hidden = stage.backend.decode_hidden(*previous.encode_hidden(hidden))
             output = stage.step(batch, hidden)
             hidden = output.hidden_states
+            previous = stage.backend
         sampled = output.sampled if output is not None else ()
         return [event for seq_id, token in sampled if (event := self._on_token(seq_id, token)) is not None]
 

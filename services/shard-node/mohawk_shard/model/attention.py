@@ -2,14 +2,14 @@
 
 Design. Each layer's cache is two tensors of shape [num_blocks × block_size, kv_heads, head_dim];
 a step writes its new keys and values into their slots with one `index_copy_`, then gathers
-every sequence's context through its block table into a padded [batch, kv_heads, context, head_dim]
-view and runs attention for the whole batch as two batched matmuls, query heads grouped over the
-KV head they share (no copies of K/V per query head). Everything that depends only on the batch
-shape (slots, masks, padding
-indices, rotary cos/sin) is built once per step in `AttentionMetadata` and shared by all layers.
-Three shapes keep the common cases cheap: a single fresh prompt attends causally to its own keys
-with no gather; a decode step (one query per sequence) needs no query padding; a mixed step with
-chunked prefills pads queries to the longest chunk and masks by absolute position.
+every sequence's context through its block table into a padded [batch, context, kv_heads, head_dim]
+view. Everything that depends only on the batch shape (slots, masks, padding indices, rotary
+cos/sin) is built once per step in `AttentionMetadata` and shared by all layers. Three shapes keep
+the common cases cheap: a single fresh prompt attends causally to its own keys with no gather
+(torch's fused SDPA); a decode step (one query per sequence) runs as two batched matmuls, query
+heads grouped over the KV head they share (no copies of K/V per query head); a mixed step with
+chunked prefills pads queries to the longest chunk, masks by absolute position and runs torch's
+fused SDPA, which never materialises the [query × context] scores.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class AttentionMetadata:
         query_pos = (batch.context_lens - batch.query_lens)[:, None] + row[None, :]
         mask = key_pos[None, None, :] <= query_pos[:, :, None]
         mask[:, :, 0] |= ~real  # padded query rows attend to slot 0 only, so no row is empty
-        meta.mask = additive_mask(tensor(mask[:, None, None, :, :]), rotary.cos.dtype)
+        meta.mask = additive_mask(tensor(mask[:, None, :, :]), rotary.cos.dtype)  # SDPA's [B, 1, Q, L]
         flat = np.arange(batch.num_seqs)[:, None] * max_q + row[None, :]
         token_index = np.full((batch.num_seqs, max_q), batch.num_tokens, dtype=np.int64)
         token_index[real] = np.arange(batch.num_tokens)
@@ -107,17 +107,21 @@ def paged_attention(
     values = cache.value.index_select(0, meta.context_slots.view(-1)).view(
         batch, context, num_kv_heads, head_dim
     )
-    if meta.max_query_len > 1:
-        if meta.query_pad_index is None or meta.query_unpad_index is None:
-            raise RuntimeError("attention metadata without padding indices for a mixed batch")
-        query = torch.cat((query, query.new_zeros(1, num_heads, head_dim))).index_select(
-            0, meta.query_pad_index
-        )
-    out = grouped_attention(
-        query.view(batch, meta.max_query_len, num_heads, head_dim), keys, values, meta.mask
+    if meta.max_query_len == 1:
+        out = grouped_attention(query.view(batch, 1, num_heads, head_dim), keys, values, meta.mask)
+        return out.reshape(batch, num_heads * head_dim)
+    if meta.query_pad_index is None or meta.query_unpad_index is None or meta.mask is None:
+        raise RuntimeError("attention metadata without padding indices or mask for a mixed batch")
+    query = torch.cat((query, query.new_zeros(1, num_heads, head_dim))).index_select(0, meta.query_pad_index)
+    out = F.scaled_dot_product_attention(
+        query.view(batch, meta.max_query_len, num_heads, head_dim).transpose(1, 2),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=meta.mask,
+        enable_gqa=True,
     )
-    out = out.reshape(batch * meta.max_query_len, num_heads * head_dim)
-    return out if meta.max_query_len == 1 else out.index_select(0, meta.query_unpad_index)  # type: ignore[arg-type]
+    out = out.transpose(1, 2).reshape(batch * meta.max_query_len, num_heads * head_dim)
+    return out.index_select(0, meta.query_unpad_index)
 
 
 def grouped_attention(

@@ -14,8 +14,9 @@ import psutil
 import torch
 
 from mohawk_common.model_store import ModelSource
+from mohawk_shard.backends import make_backend
+from mohawk_shard.backends.base import Backend
 from mohawk_shard.backends.batch import ForwardBatch
-from mohawk_shard.backends.torch_backend import TorchBackend
 
 _MEMORY_SHARE = 0.8
 _RUNS = 12
@@ -40,18 +41,21 @@ class Capacity:
 def measure_capacity(
     source: ModelSource,
     *,
+    backend: str = "torch",
     device: str,
     dtype: str,
     block_size: int,
     memory_limit_mb: int | None,
     kv_cache_memory_mb: int | None,
+    held: tuple[int, int] | None = None,
 ) -> Capacity:
+    """`held`: the only layers the node has (a slice package); the measured layer is one of them."""
     num_layers = source.config.num_layers
-    layer = 1 if num_layers > 2 else 0
-    backend = TorchBackend(source, layer, layer + 1, device=device, dtype=dtype)
-    resolved = str(backend.torch_device)
+    layer = held[0] if held is not None else (1 if num_layers > 2 else 0)
+    stage = make_backend(backend, source, layer, layer + 1, device=device, dtype=dtype)
+    resolved = stage.device
     if resolved.startswith("cuda"):
-        _free, total = torch.cuda.mem_get_info(backend.torch_device)
+        _free, total = torch.cuda.mem_get_info(torch.device(resolved))
     else:
         total = psutil.virtual_memory().total
     limit = memory_limit_mb << 20 if memory_limit_mb else int(total * _MEMORY_SHARE)
@@ -61,22 +65,23 @@ def measure_capacity(
         total_memory_bytes=int(total),
         memory_limit_bytes=int(limit),
         kv_cache_bytes=int(kv_bytes),
-        kv_block_bytes_per_layer=backend.kv_bytes_per_block(block_size),
-        seconds_per_layer=_time_one_layer(backend, block_size),
+        kv_block_bytes_per_layer=stage.kv_bytes_per_block(block_size),
+        seconds_per_layer=_time_one_layer(stage, block_size, source.config.hidden_size),
     )
 
 
-def _time_one_layer(backend: TorchBackend, block_size: int) -> float:
+def _time_one_layer(backend: Backend, block_size: int, hidden_size: int) -> float:
+    """Fastest of a dozen batch-1 decode steps of one layer (the backend's forward returns only
+    when its result is computed: torch synchronises below on CUDA, MLX evaluates in forward)."""
     backend.allocate_kv_cache(2, block_size)
-    hidden_size = backend.config.hidden_size
-    hidden = torch.zeros(1, hidden_size, dtype=backend.dtype, device=backend.torch_device)
+    hidden = backend.decode_hidden("float32", [1, hidden_size], bytes(4 * hidden_size))
     batch = ForwardBatch.build([([0], 0, [0], False)], block_size)
     timings = []
     with torch.inference_mode():
         for _ in range(_RUNS + 1):
             start = time.perf_counter()
             backend.forward(batch, hidden if not backend.has_embedding else None)
-            if backend.torch_device.type == "cuda":
-                torch.cuda.synchronize(backend.torch_device)
+            if backend.device.startswith("cuda"):
+                torch.cuda.synchronize(torch.device(backend.device))
             timings.append(time.perf_counter() - start)
     return float(min(timings[1:]))

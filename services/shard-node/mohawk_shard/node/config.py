@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Literal
 
 from pydantic import Field
 
@@ -18,12 +19,19 @@ def _default_node_id() -> str:
 
 class NodeSettings(BusSettings, EngineSettings):
     node_id: str = Field(default_factory=_default_node_id, description="unique per node; default: hostname")
-    backend: str = Field("torch", description="torch (mlx comes later)")
+    backend: Literal["torch", "mlx"] = Field(
+        "torch", description="torch (CPU, CUDA) or mlx (Apple Silicon; a Linux CPU through mlx-cpu)"
+    )
     memory_limit_mb: int | None = Field(
         None, ge=1, description="memory offered for weights + KV; none = 80% of the device's"
     )
     max_inflight_steps: int | None = Field(
         None, ge=1, description="pipeline steps in flight at stage 0; none = one per stage"
+    )
+    weights_from: Literal["disk", "bus"] = Field(
+        "disk",
+        description="disk: the model file; bus: this node's signed, encrypted slice package from the "
+        "mohawk_slices object store (no model on this node's disk)",
     )
     heartbeat_interval_s: float = Field(1.0, gt=0)
     request_ack_wait_s: float = Field(30.0, gt=1, description="a request unacked this long is redelivered")

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import itertools
 import math
-import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -32,16 +32,21 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from mohawk_common.bus import names
-from mohawk_common.bus.frames import encode_frames
+from mohawk_common.bus.frames import KIND_RESULT, read_result_payload
+from mohawk_common.bus.requests import cancel_tag, open_request
+from mohawk_common.bus.security import Security
 from mohawk_common.errors import InvalidRequestError
+from mohawk_pqc.errors import AuthenticationError
+from mohawk_pqc.seal import EventBox
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.llm_engine import to_step_batch
 from mohawk_shard.engine.scheduler import Scheduler
 from mohawk_shard.engine.sequence import Sequence as Seq
 from mohawk_shard.node.hops import HopStats
+from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.recovery import read_emitted
-from mohawk_shard.node.tokens import TokenPublisher, publish_error
-from mohawk_shard.node.wire import sampling_from_proto, step_batch_to_proto, tensor_to_bytes
+from mohawk_shard.node.tokens import TokenPublisher, event_box, publish_error
+from mohawk_shard.node.wire import Joining, sampling_from_proto, step_batch_to_proto
 from mohawk_shard.stage import Stage, StepBatch
 
 log = structlog.get_logger("mohawk.shard.head")
@@ -55,6 +60,8 @@ _IDLE_WAIT_S = 0.5
 class _Active:
     msg: Msg
     seq: Seq
+    token_key: bytes
+    box: EventBox | None
 
 
 class HeadDriver:
@@ -63,6 +70,8 @@ class HeadDriver:
         *,
         nc: Client,
         js: JetStreamContext,
+        link: StageLink,
+        security: Security,
         plan: bus_pb2.Plan,
         stage: Stage,
         scheduler: Scheduler,
@@ -73,6 +82,7 @@ class HeadDriver:
         ack_wait_s: float,
     ) -> None:
         self.nc, self.js, self.plan = nc, js, plan
+        self.link, self.security = link, security
         self.stage, self.scheduler, self.executor = stage, scheduler, executor
         self.vocab_size = vocab_size
         self.tokens = tokens  # set when this node is also the last stage
@@ -84,6 +94,7 @@ class HeadDriver:
         self._seq_ids = itertools.count()
         self._step_ids = itertools.count()
         self._num_inflight = 0
+        self._inflight_steps: dict[int, StepBatch] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_acks: set[asyncio.Task[None]] = set()
@@ -97,6 +108,9 @@ class HeadDriver:
 
     async def start(self) -> None:
         model = self.plan.model
+        await self.link.start()
+        if self.num_stages > 1:
+            await self.link.connect_neighbours()
         self._pull = await self.js.pull_subscribe(
             names.request_subject(model),
             durable=names.stage0_consumer(model),
@@ -131,6 +145,7 @@ class HeadDriver:
         for active in list(self._active.values()):
             with contextlib.suppress(Exception):
                 await active.msg.nak()
+        await self.link.stop()
         self._log.info("stage 0 stopped", handed_back=len(self._active))
         self._active.clear()
         self._by_seq_id.clear()
@@ -165,20 +180,26 @@ class HeadDriver:
             self._wake.set()
 
     async def _admit(self, msg: Msg) -> None:
-        request = bus_pb2.GenerateRequest.FromString(msg.data)
+        try:
+            request = open_request(msg.data, msg.headers, self.security, self.plan.model)
+        except AuthenticationError as exc:
+            self.security.reject(exc, subject=msg.subject, what="request")
+            await msg.term()
+            return
         request_id = request.request_id
         if request_id in self._active:
             return  # redelivered while we still run it
+        box = event_box(request_id, request.token_key)
         try:
             params = sampling_from_proto(request.sampling)
             prompt = self._checked_prompt(request)
         except InvalidRequestError as exc:
-            await publish_error(self.nc, request_id, str(exc), 400)
+            await publish_error(self.nc, request_id, str(exc), 400, box)
             await msg.term()
             return
         emitted: list[int] = []
         if msg.metadata.num_delivered > 1:
-            emitted, ended = await read_emitted(self.js, request_id)
+            emitted, ended = await read_emitted(self.js, request_id, box)
             if ended:
                 await msg.ack()
                 return
@@ -186,13 +207,14 @@ class HeadDriver:
         seq = Seq(next(self._seq_ids), request_id, prompt, params)
         for token_id in emitted:
             seq.append_token(token_id)
-        active = _Active(msg, seq)
+        active = _Active(msg, seq, request.token_key, box)
         self._active[request_id] = active
         self._by_seq_id[seq.seq_id] = active
         if self.tokens is not None:
             self.tokens.emitter.track(
                 seq.seq_id, request_id, params, len(prompt), prompt[-_PROMPT_TAIL:], emitted
             )
+            self.tokens.set_key(seq.seq_id, request_id, request.token_key)
         self.scheduler.add(seq)
 
     def _checked_prompt(self, request: bus_pb2.GenerateRequest) -> list[int]:
@@ -226,8 +248,9 @@ class HeadDriver:
                 except Exception:
                     self._log.exception("step failed", step_id=batch.step_id)
                     await self._fail(batch, "internal error while running the model")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), _IDLE_WAIT_S)
+            with contextlib.suppress(TimeoutError):  # not wait_for: 3.11 may swallow a cancel
+                async with asyncio.timeout(_IDLE_WAIT_S):
+                    await self._wake.wait()
 
     async def _run_step(self, batch: StepBatch) -> None:
         loop = asyncio.get_running_loop()
@@ -237,40 +260,41 @@ class HeadDriver:
                 self._apply(result)
             return
         dtype, shape, data = await loop.run_in_executor(self.executor, self._forward, batch)
-        specs = {
-            s.seq_id: (self._by_seq_id[s.seq_id].seq.request_id, self._prompt_tail(s.seq_id))
-            for s in batch.sequences
-            if s.new_sequence is not None and s.seq_id in self._by_seq_id
-        }
-        header = bus_pb2.ActivationHeader(
-            plan_version=self.plan.version,
-            stage=1,
-            step=step_batch_to_proto(batch, specs, with_token_ids=False),
-            dtype=dtype,
-            shape=shape,
-            sent_at=time.time(),
-        )
-        subject = names.activation_subject(self.plan.version, 1)
-        for frame in encode_frames(header, data, self.nc.max_payload):
-            await self.nc.publish(subject, frame)
+        specs: dict[int, Joining] = {}
+        for s in batch.sequences:
+            active = self._by_seq_id.get(s.seq_id)
+            if s.new_sequence is not None and active is not None:
+                specs[s.seq_id] = (active.seq.request_id, self._prompt_tail(s.seq_id), active.token_key)
+        step = step_batch_to_proto(batch, specs, with_token_ids=False)
+        await self.link.send_activations(step, dtype, shape, data)
+        self._inflight_steps[batch.step_id] = batch
         self._num_inflight += 1
 
     def _forward(self, batch: StepBatch) -> tuple[str, list[int], bytes]:
         output = self.stage.step(batch, None)
         if output.hidden_states is None:
             return "", [], b""
-        return tensor_to_bytes(output.hidden_states)
+        return self.stage.backend.encode_hidden(output.hidden_states)
 
     def _prompt_tail(self, seq_id: int) -> list[int]:
         seq = self._by_seq_id[seq_id].seq
         return seq.token_ids[: seq.num_prompt_tokens][-_PROMPT_TAIL:]
 
     async def _on_result(self, msg: Msg) -> None:
-        result = bus_pb2.StepResult.FromString(msg.data)
+        frame = self.link.receive(msg.data)
+        if frame is None or frame[0].kind != KIND_RESULT:
+            return
+        result = read_result_payload(frame[1])
         if result.plan_version != self.plan.version:
             return
-        self.hops.record(result.sent_at)
+        self.hops.record(frame[0].sent_at)
         self._num_inflight = max(0, self._num_inflight - 1)
+        batch = self._inflight_steps.pop(result.step_id, None)
+        if result.error:
+            self._log.error("a stage failed a step", step_id=result.step_id, reason=result.error)
+            if batch is not None:
+                await self._fail(batch, "internal error while running the model")
+            return
         for sampled in result.results:
             self._apply(sampled)
         self._wake.set()
@@ -289,7 +313,7 @@ class HeadDriver:
     def _finish(self, active: _Active) -> None:
         self.scheduler.finish(active.seq)
         if self.tokens is not None:
-            self.tokens.emitter.drop(active.seq.seq_id)
+            self.tokens.drop(active.seq.seq_id)
         self._active.pop(active.seq.request_id, None)
         self._by_seq_id.pop(active.seq.seq_id, None)
 
@@ -299,7 +323,7 @@ class HeadDriver:
             if active is None:
                 continue
             self._finish(active)
-            await publish_error(self.nc, active.seq.request_id, reason, 500)
+            await publish_error(self.nc, active.seq.request_id, reason, 500, active.box)
             await active.msg.term()
         self._wake.set()
 
@@ -309,6 +333,9 @@ class HeadDriver:
         request_id = msg.subject.rsplit(".", 1)[-1]
         active = self._active.get(request_id)
         if active is None:
+            return
+        if active.token_key and not hmac.compare_digest(msg.data, cancel_tag(active.token_key, request_id)):
+            self.security.reject(AuthenticationError("tampered", "cancel without the request's tag"))
             return
         self._finish(active)
         self._log.info("request cancelled", request_id=request_id)

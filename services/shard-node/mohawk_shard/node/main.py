@@ -7,6 +7,8 @@ import asyncio
 import os
 import signal
 
+from mohawk_common.bus.config import served_model_name
+from mohawk_common.bus.security import Security
 from mohawk_common.errors import MohawkError
 from mohawk_common.logging import configure_logging, get_logger
 from mohawk_common.settings import load_settings
@@ -18,10 +20,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats-url", help="NATS server URL(s), comma-separated")
     parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
     parser.add_argument("--served-model-name", help="model name in the API")
-    parser.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--backend", choices=("torch", "mlx"), help="array library (default torch)")
+    parser.add_argument("--device", help="auto, cpu, cuda, cuda:N (torch); auto, cpu, gpu (mlx)")
     parser.add_argument("--dtype", help="auto, float32, bfloat16, float16")
     parser.add_argument("--memory-limit-mb", type=int, help="memory offered for weights + KV")
     parser.add_argument("--num-threads", type=int, help="torch CPU threads")
+    parser.add_argument(
+        "--weights-from", choices=("disk", "bus"), help="model file, or slice package on the bus"
+    )
+    parser.add_argument("--pki-dir", help="certificate bundle (default: .mohawk/pki/nodes/<node id>)")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="no certificate, plaintext bus (development only)",
+    )
     parser.add_argument("--log-level", default="info", help="log level (default: info)")
 
 
@@ -35,25 +48,31 @@ def run(args: argparse.Namespace) -> int:
             "nats_url",
             "model",
             "served_model_name",
+            "backend",
             "device",
             "dtype",
             "memory_limit_mb",
             "num_threads",
+            "pki_dir",
+            "insecure",
+            "weights_from",
         )
         if (value := getattr(args, key, None)) is not None
     }
     try:
         settings = load_settings(NodeSettings, overrides)
+        model = served_model_name(settings.model, settings.served_model_name)
+        security = Security.for_service(settings, role="shard", process_id=settings.node_id, models=(model,))
     except MohawkError as exc:
-        get_logger("mohawk.shard").error("bad settings", error=str(exc))
+        get_logger("mohawk.shard").error("refusing to start", error=str(exc))
         return 2
-    return asyncio.run(_serve(settings))
+    return asyncio.run(_serve(settings, security))
 
 
-async def _serve(settings: NodeSettings) -> int:
+async def _serve(settings: NodeSettings, security: Security) -> int:
     from mohawk_shard.node.service import ShardNode
 
-    node = ShardNode(settings)
+    node = ShardNode(settings, security)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, node.stop)

@@ -22,16 +22,22 @@ from mohawk_common.bus import names
 from mohawk_common.bus.config import served_model_name
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control import decode_json, encode_json
+from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
-from mohawk_common.model_store import open_model
+from mohawk_common.errors import ModelLoadError
+from mohawk_common.model_store import ModelSource, open_model
+from mohawk_common.model_store.slice_fetch import fetch_slice_source
+from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
-from mohawk_shard.backends.torch_backend import TorchBackend
+from mohawk_shard.backends import make_backend
+from mohawk_shard.backends.base import Backend
 from mohawk_shard.engine.block_manager import BlockManager
 from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
 from mohawk_shard.node.capacity import Capacity, measure_capacity
 from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.head import HeadDriver
+from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.worker import StageWorker
 from mohawk_shard.stage import Stage
@@ -40,8 +46,9 @@ log = structlog.get_logger("mohawk.shard")
 
 
 class ShardNode:
-    def __init__(self, settings: NodeSettings) -> None:
+    def __init__(self, settings: NodeSettings, security: Security) -> None:
         self.settings = settings
+        self.security = security
         self.node_id = names.check_id("node id", settings.node_id)
         self.model = served_model_name(settings.model, settings.served_model_name)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mohawk-compute")
@@ -50,10 +57,11 @@ class ShardNode:
         self._plan: bus_pb2.Plan | None = None
         self._stage_index = -1
         self._loaded = False
-        self._backend: TorchBackend | None = None
+        self._backend: Backend | None = None
         self._role: HeadDriver | StageWorker | None = None
         self._head_started = False
         self._stop = asyncio.Event()
+        self._held: tuple[int, int] | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -61,7 +69,9 @@ class ShardNode:
             import torch
 
             torch.set_num_threads(self.settings.num_threads)
-        self.source = await loop.run_in_executor(self.executor, open_model, self.settings.model)
+        self.nc: Client = await connect(self.settings.nats_servers, name=f"shard-{self.node_id}")
+        self.js = self.nc.jetstream()
+        self.source = await self._open_source()
         self.tokenizer = await loop.run_in_executor(self.executor, self.source.load_tokenizer)
         self.capacity: Capacity = await loop.run_in_executor(self.executor, self._measure)
         self._log.info(
@@ -70,16 +80,15 @@ class ShardNode:
             seconds_per_layer=round(self.capacity.seconds_per_layer, 6),
             memory_limit_mb=self.capacity.memory_limit_bytes >> 20,
         )
-        self.nc: Client = await connect(self.settings.nats_servers, name=f"shard-{self.node_id}")
-        self.js = self.nc.jetstream()
         limits = self.settings.bus_limits()
         await ensure_streams(self.js, limits)
         self.buckets = await ensure_buckets(self.js, limits)
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         watcher = asyncio.create_task(self._watch_plan())
-        self._log.info("node up", model=self.model, nats=self.settings.nats_url)
+        revocations = asyncio.create_task(self.security.follow_revocations(self.buckets.pki))
+        self._log.info("node up", model=self.model, nats=self.settings.nats_url, secure=self.security.secure)
         await self._stop.wait()
-        for task in (heartbeat, watcher):
+        for task in (heartbeat, watcher, revocations):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -91,15 +100,34 @@ class ShardNode:
     def stop(self) -> None:
         self._stop.set()
 
+    async def _open_source(self) -> ModelSource:
+        """The model file, or this node's slice package from the object store, verified first."""
+        if self.settings.weights_from == "disk":
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.executor, open_model, self.settings.model)
+        bundle = self.security.require()
+        try:
+            source = await fetch_slice_source(
+                self.js, self.model, self.node_id, bundle.identity, bundle.trust
+            )
+        except AuthenticationError as exc:
+            self.security.reject(exc, what="slice package")
+            raise ModelLoadError(f"the slice package for {self.node_id} was refused ({exc.reason})") from exc
+        self._held = (source.layer_start, source.layer_end)
+        self._log.info("slice package verified", layers=f"[{source.layer_start}, {source.layer_end})")
+        return source
+
     def _measure(self) -> Capacity:
         s = self.settings
         return measure_capacity(
             self.source,
+            backend=s.backend,
             device=s.device,
             dtype=s.dtype,
             block_size=s.block_size,
             memory_limit_mb=s.memory_limit_mb,
             kv_cache_memory_mb=s.kv_cache_memory_mb,
+            held=self._held,
         )
 
     # -- heartbeat -------------------------------------------------------------------------------
@@ -123,7 +151,11 @@ class ShardNode:
             loaded=self._loaded,
             sent_at=time.time(),
             started_at_ms=self._started_at_ms,
+            insecure=not self.security.secure,
         )
+        heartbeat.security_rejections.update(self.security.rejections)
+        if self._held is not None:
+            heartbeat.held_layer_start, heartbeat.held_layer_end = self._held
         if self._role is not None:
             hops = self._role.hops
             heartbeat.hop_ms_p50 = hops.percentile_ms(0.5)
@@ -183,6 +215,7 @@ class ShardNode:
             self.executor, self._load, placement.start, placement.end, plan
         )
         is_last = self._stage_index == len(plan.stages) - 1
+        link = StageLink(self.nc, self.security, node_id=self.node_id, plan=plan, stage=self._stage_index)
         tokens = None
         if is_last:
             emitter = TokenEmitter(self.tokenizer, self.source.config.eos_token_ids, plan.max_model_len)
@@ -201,6 +234,8 @@ class ShardNode:
             self._role = HeadDriver(
                 nc=self.nc,
                 js=self.js,
+                link=link,
+                security=self.security,
                 plan=plan,
                 stage=stage,
                 scheduler=scheduler,
@@ -214,11 +249,11 @@ class ShardNode:
         else:
             self._role = StageWorker(
                 nc=self.nc,
+                link=link,
                 plan=plan,
                 stage_index=self._stage_index,
                 stage=stage,
                 executor=self.executor,
-                device=backend.torch_device,
                 tokens=tokens,
             )
             await self._role.start()
@@ -232,13 +267,12 @@ class ShardNode:
             num_kv_blocks=plan.num_kv_blocks,
         )
 
-    def _load(self, start: int, end: int, plan: bus_pb2.Plan) -> tuple[Stage, TorchBackend]:
+    def _load(self, start: int, end: int, plan: bus_pb2.Plan) -> tuple[Stage, Backend]:
         backend = self._backend
         if backend is None or (backend.start, backend.end) != (start, end):
             self._backend = None  # let the old weights go before the new ones load
-            backend = TorchBackend(
-                self.source, start, end, device=self.settings.device, dtype=self.settings.dtype
-            )
+            s = self.settings
+            backend = make_backend(s.backend, self.source, start, end, device=s.device, dtype=s.dtype)
         backend.allocate_kv_cache(plan.num_kv_blocks, plan.block_size)
         self._backend = backend
         return Stage(backend, plan.block_size), backend

@@ -2,7 +2,9 @@
 
 The last stage publishes each event on `mohawk.v1.tok.<request>` (core NATS, captured by the
 MOHAWK_TOKENS stream, which is also the record a new stage 0 replays after a recovery) and hands
-back to stage 0 only what the scheduler needs: the token and whether the sequence ended.
+back to stage 0 only what the scheduler needs: the token and whether the sequence ended. Events
+of a request that came with a token key are encrypted with it (`EventBox`); only the gateway that
+made the key (and a stage 0 that opened the sealed request) can read them.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from collections.abc import Mapping, Sequence
 from nats.aio.client import Client
 
 from mohawk_common.bus import names
+from mohawk_pqc.seal import EventBox
 from mohawk_proto.v1 import bus_pb2, engine_pb2
 from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.request_output import RequestOutput
+from mohawk_shard.node.wire import Joining
 from mohawk_shard.stage import StepBatch
 
 
@@ -43,30 +47,50 @@ def token_event(event: RequestOutput) -> engine_pb2.TokenEvent:
     return message
 
 
-async def publish_error(nc: Client, request_id: str, message: str, status: int) -> None:
+def event_box(request_id: str, token_key: bytes) -> EventBox | None:
+    return EventBox(token_key, request_id) if token_key else None
+
+
+def encode_event(event: engine_pb2.TokenEvent, box: EventBox | None) -> bytes:
+    data = event.SerializeToString()
+    return data if box is None else box.seal(data)
+
+
+async def publish_error(nc: Client, request_id: str, message: str, status: int, box: EventBox | None) -> None:
     """End a request with an error the gateway turns into an OpenAI error body."""
     event = engine_pb2.TokenEvent(
         request_id=request_id, index=0, finish_reason="error", error=message, error_status=status
     )
-    await nc.publish(names.token_subject(request_id), event.SerializeToString())
+    await nc.publish(names.token_subject(request_id), encode_event(event, box))
 
 
 class TokenPublisher:
     def __init__(self, nc: Client, emitter: TokenEmitter) -> None:
         self.nc = nc
         self.emitter = emitter
+        self._boxes: dict[int, EventBox] = {}
 
-    def follow(self, batch: StepBatch, joining: Mapping[int, tuple[str, Sequence[int]]]) -> None:
+    def set_key(self, seq_id: int, request_id: str, token_key: bytes) -> None:
+        box = event_box(request_id, token_key)
+        if box is not None:
+            self._boxes[seq_id] = box
+
+    def drop(self, seq_id: int) -> None:
+        self.emitter.drop(seq_id)
+        self._boxes.pop(seq_id, None)
+
+    def follow(self, batch: StepBatch, joining: Mapping[int, Joining]) -> None:
         """Drop freed sequences and start tracking the ones that join in `batch`."""
         for seq_id in batch.freed_seq_ids:
-            self.emitter.drop(seq_id)
+            self.drop(seq_id)
         for step in batch.sequences:
             spec = step.new_sequence
             if spec is not None and step.seq_id in joining:
-                request_id, tail = joining[step.seq_id]
+                request_id, tail, token_key = joining[step.seq_id]
                 self.emitter.track(
                     step.seq_id, request_id, spec.params, spec.num_prompt_tokens, tail, spec.output_token_ids
                 )
+                self.set_key(step.seq_id, request_id, token_key)
 
     async def publish(self, sampled: Sequence[tuple[int, SampledToken]]) -> list[bus_pb2.SampledResult]:
         results = []
@@ -75,8 +99,11 @@ class TokenPublisher:
             if event is None:
                 continue
             await self.nc.publish(
-                names.token_subject(event.request_id), token_event(event).SerializeToString()
+                names.token_subject(event.request_id),
+                encode_event(token_event(event), self._boxes.get(seq_id)),
             )
+            if event.finish_reason is not None:
+                self._boxes.pop(seq_id, None)
             results.append(
                 bus_pb2.SampledResult(
                     seq_id=seq_id, token_id=token.token_id, finish_reason=event.finish_reason or ""

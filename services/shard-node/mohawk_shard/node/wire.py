@@ -1,18 +1,17 @@
-"""Engine messages ↔ their protobuf form on the bus, and hidden states ↔ raw little-endian bytes."""
+"""Engine messages ↔ their protobuf form on the bus (hidden states ↔ bytes: each backend's
+`encode_hidden`/`decode_hidden`; the torch ones are re-exported here)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import numpy as np
-import torch
-
 from mohawk_proto.v1 import engine_pb2
+from mohawk_shard.backends.torch_backend import tensor_from_bytes, tensor_to_bytes
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_NAMES = {v: k for k, v in _DTYPES.items()}
+# What a stage learns about a sequence that joins a step: request id, prompt tail, token-event key.
+Joining = tuple[str, Sequence[int], bytes]
 
 
 def sampling_to_proto(params: SamplingParams) -> engine_pb2.SamplingParams:
@@ -56,9 +55,9 @@ def sampling_from_proto(message: engine_pb2.SamplingParams) -> SamplingParams:
 
 
 def step_batch_to_proto(
-    batch: StepBatch, specs: Mapping[int, tuple[str, Sequence[int]]], *, with_token_ids: bool
+    batch: StepBatch, specs: Mapping[int, Joining], *, with_token_ids: bool
 ) -> engine_pb2.StepBatch:
-    """`specs` maps seq_id → (request id, prompt tail) for sequences that join in this step."""
+    """`specs` maps seq_id → (request id, prompt tail, token key) for sequences that join in this step."""
     message = engine_pb2.StepBatch(step_id=batch.step_id, finished_seq_ids=list(batch.freed_seq_ids))
     for step in batch.sequences:
         item = message.sequences.add(
@@ -72,7 +71,7 @@ def step_batch_to_proto(
             item.token_ids.extend(step.token_ids)
         if step.new_sequence is not None:
             spec = step.new_sequence
-            request_id, tail = specs[step.seq_id]
+            request_id, tail, token_key = specs[step.seq_id]
             item.new_sequence.CopyFrom(
                 engine_pb2.SequenceSpec(
                     num_prompt_tokens=spec.num_prompt_tokens,
@@ -80,24 +79,23 @@ def step_batch_to_proto(
                     sampling=sampling_to_proto(spec.params),
                     request_id=request_id,
                     prompt_tail=list(tail),
+                    token_key=token_key,
                 )
             )
     return message
 
 
-def step_batch_from_proto(
-    message: engine_pb2.StepBatch,
-) -> tuple[StepBatch, dict[int, tuple[str, tuple[int, ...]]]]:
-    """The step, and (request id, prompt tail) of each sequence joining in it."""
+def step_batch_from_proto(message: engine_pb2.StepBatch) -> tuple[StepBatch, dict[int, Joining]]:
+    """The step, and (request id, prompt tail, token key) of each sequence joining in it."""
     steps = []
-    joining: dict[int, tuple[str, tuple[int, ...]]] = {}
+    joining: dict[int, Joining] = {}
     for item in message.sequences:
         spec = None
         if item.HasField("new_sequence"):
             s = item.new_sequence
             params = sampling_from_proto(s.sampling)
             spec = SequenceSpec(s.num_prompt_tokens, params, tuple(s.output_token_ids))
-            joining[item.seq_id] = (s.request_id, tuple(s.prompt_tail))
+            joining[item.seq_id] = (s.request_id, tuple(s.prompt_tail), s.token_key)
         token_ids = tuple(item.token_ids) or (0,) * item.num_new_tokens
         steps.append(
             SequenceStep(
@@ -107,18 +105,4 @@ def step_batch_from_proto(
     return StepBatch(message.step_id, tuple(steps), tuple(message.finished_seq_ids)), joining
 
 
-def tensor_to_bytes(tensor: torch.Tensor) -> tuple[str, list[int], bytes]:
-    """(dtype name, shape, raw little-endian bytes) of a CPU or GPU tensor, with no Python lists."""
-    name = _NAMES.get(tensor.dtype)
-    if name is None:
-        raise ValueError(f"hidden states of dtype {tensor.dtype} cannot cross the wire")
-    flat = tensor.detach().contiguous().to("cpu").reshape(-1)
-    return name, list(tensor.shape), flat.view(torch.uint8).numpy().tobytes()
-
-
-def tensor_from_bytes(dtype: str, shape: Sequence[int], data: bytes, device: torch.device) -> torch.Tensor:
-    torch_dtype = _DTYPES.get(dtype)
-    if torch_dtype is None:
-        raise ValueError(f"unknown hidden-state dtype {dtype!r}")
-    raw = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
-    return raw.view(torch_dtype).reshape(tuple(shape)).to(device)
+__all__ = ["tensor_from_bytes", "tensor_to_bytes"]

@@ -1,11 +1,16 @@
 """Stages 1..N-1: activation frames in, the stage's layers, frames on to the next stage or tokens out.
 
 Frames of one plan arrive on `mohawk.v1.act.<plan>.<stage>` in step order (core NATS keeps one
-publisher's order) and are processed one at a time, in that order, so every stage sees a
+publisher's order), are opened on the channel with the previous stage (`StageLink`), and are
+processed one at a time, in that order, so every stage sees a
 sequence's steps in the order stage 0 scheduled them. The model runs on the node's compute thread,
 so the event loop keeps receiving the next step's frames meanwhile. The last stage samples,
 publishes token events and answers stage 0 with a `StepResult` for every step, even an empty one,
-so stage 0 can count its steps in flight.
+so stage 0 can count its steps in flight. A step this stage cannot run is not dropped: it goes on
+as a failed frame, and the last stage answers stage 0 with an error result, so stage 0 fails those
+requests (their clients get an error) instead of waiting for a result that never comes. Hidden
+states are decoded and encoded on the compute thread, where the backend's arrays live (MLX
+streams belong to the thread that made them).
 """
 
 from __future__ import annotations
@@ -17,17 +22,17 @@ from concurrent.futures import Executor
 from typing import Any
 
 import structlog
-import torch
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from mohawk_common.bus import names
-from mohawk_common.bus.frames import FrameAssembler, FrameError, encode_frames
-from mohawk_proto.v1 import bus_pb2
+from mohawk_common.bus.frames import KIND_FAILED, FrameError, read_activation_payload
+from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
 from mohawk_shard.node.hops import HopStats
+from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.tokens import TokenPublisher
-from mohawk_shard.node.wire import step_batch_from_proto, tensor_from_bytes, tensor_to_bytes
-from mohawk_shard.stage import Stage, StepBatch
+from mohawk_shard.node.wire import step_batch_from_proto
+from mohawk_shard.stage import Stage, StageOutput, StepBatch
 
 log = structlog.get_logger("mohawk.shard.worker")
 
@@ -37,24 +42,24 @@ class StageWorker:
         self,
         *,
         nc: Client,
+        link: StageLink,
         plan: bus_pb2.Plan,
         stage_index: int,
         stage: Stage,
         executor: Executor,
-        device: torch.device,
         tokens: TokenPublisher | None,
     ) -> None:
-        self.nc, self.plan, self.stage_index = nc, plan, stage_index
-        self.stage, self.executor, self.device = stage, executor, device
+        self.nc, self.link, self.plan, self.stage_index = nc, link, plan, stage_index
+        self.stage, self.executor = stage, executor
         self.tokens = tokens  # set on the last stage
         self._inbox: asyncio.Queue[tuple[Msg, float]] = asyncio.Queue()
-        self._assembler = FrameAssembler()
         self.hops = HopStats()
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
         self._log = log.bind(plan=plan.version, stage=stage_index)
 
     async def start(self) -> None:
+        await self.link.start()
         subject = names.activation_subject(self.plan.version, self.stage_index)
         self._sub = await self.nc.subscribe(subject, cb=self._on_message, pending_bytes_limit=1 << 30)
         self._task = asyncio.create_task(self._run())
@@ -68,6 +73,7 @@ class StageWorker:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await self.link.stop()
 
     async def _on_message(self, msg: Msg) -> None:
         # stamp arrival here: time queued behind this stage's own steps is not part of the hop
@@ -76,46 +82,64 @@ class StageWorker:
     async def _run(self) -> None:
         while True:
             msg, arrived_at = await self._inbox.get()
+            frame = self.link.receive(msg.data)
+            if frame is None:
+                continue
+            header, payload = frame
+            self.hops.record(header.sent_at, arrived_at)
             try:
-                frame = self._assembler.add(msg.data)
+                step, data = read_activation_payload(payload)
             except FrameError as exc:
                 self._log.warning("bad activation frame dropped", reason=str(exc))
                 continue
-            if frame is not None:
-                self.hops.record(frame[0].sent_at, arrived_at)
-                try:
-                    await self._handle(*frame)
-                except Exception:
-                    self._log.exception("step failed", step_id=frame[0].step.step_id)
+            if header.kind == KIND_FAILED:
+                await self._pass_failure(step, "an earlier stage failed this step")
+                continue
+            try:
+                await self._handle(header, step, data)
+            except Exception as exc:
+                self._log.exception("step failed", step_id=header.step_id)
+                await self._pass_failure(step, f"stage {self.stage_index} failed: {type(exc).__name__}")
 
-    async def _handle(self, header: bus_pb2.ActivationHeader, data: bytes) -> None:
-        if header.plan_version != self.plan.version:
-            return
-        batch, joining = step_batch_from_proto(header.step)
-        hidden = None
-        if data:
-            hidden = tensor_from_bytes(header.dtype, header.shape, data, self.device)
+    async def _pass_failure(self, step: engine_pb2.StepBatch, reason: str) -> None:
+        """Tell stage 0 (through the stages after this one) that `step` failed, so it fails its
+        sequences instead of waiting for a result that will never come."""
+        with contextlib.suppress(Exception):
+            if self.tokens is not None:
+                result = bus_pb2.StepResult(
+                    plan_version=self.plan.version, step_id=step.step_id, error=reason
+                )
+                result.sent_at = time.time()
+                await self.link.send_result(result)
+            else:
+                await self.link.send_activations(step, "", [], b"", failed=True)
+
+    async def _handle(
+        self, header: security_pb2.FrameHeader, step: engine_pb2.StepBatch, data: bytes
+    ) -> None:
+        batch, joining = step_batch_from_proto(step)
+        raw = (header.dtype, list(header.shape), data) if data else None
         loop = asyncio.get_running_loop()
         if self.tokens is not None:
             self.tokens.follow(batch, joining)
-            output = await loop.run_in_executor(self.executor, self.stage.step, batch, hidden)
+            output = await loop.run_in_executor(self.executor, self._step, batch, raw)
             result = bus_pb2.StepResult(plan_version=self.plan.version, step_id=batch.step_id)
             result.results.extend(await self.tokens.publish(output.sampled))
             result.sent_at = time.time()
-            await self.nc.publish(names.activation_subject(self.plan.version, 0), result.SerializeToString())
+            await self.link.send_result(result)
             return
-        dtype, shape, out = await loop.run_in_executor(self.executor, self._forward, batch, hidden)
-        header.stage = self.stage_index + 1
-        header.dtype = dtype
-        del header.shape[:]
-        header.shape.extend(shape)
-        header.sent_at = time.time()
-        subject = names.activation_subject(self.plan.version, self.stage_index + 1)
-        for frame in encode_frames(header, out, self.nc.max_payload):
-            await self.nc.publish(subject, frame)
+        dtype, shape, out = await loop.run_in_executor(self.executor, self._forward, batch, raw)
+        await self.link.send_activations(step, dtype, shape, out)
 
-    def _forward(self, batch: StepBatch, hidden: torch.Tensor | None) -> tuple[str, list[int], bytes]:
-        output = self.stage.step(batch, hidden)
+    def _step(self, batch: StepBatch, raw: tuple[str, list[int], bytes] | None) -> StageOutput:
+        """On the compute thread: arrays are made where they are used (MLX streams are per thread)."""
+        hidden = None if raw is None else self.stage.backend.decode_hidden(*raw)
+        return self.stage.step(batch, hidden)
+
+    def _forward(
+        self, batch: StepBatch, raw: tuple[str, list[int], bytes] | None
+    ) -> tuple[str, list[int], bytes]:
+        output = self._step(batch, raw)
         if output.hidden_states is None:
             return "", [], b""
-        return tensor_to_bytes(output.hidden_states)
+        return self.stage.backend.encode_hidden(output.hidden_states)

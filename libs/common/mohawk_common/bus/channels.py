@@ -1,0 +1,222 @@
+"""Secure channels between pipeline stages: handshakes over NATS request/reply, one channel per peer and plan.
+
+Design. For every pair of stages that exchange frames in a plan — stage i and i+1 (activations),
+and the last stage and stage 0 (step results) — the lower stage initiates the handshake of
+`mohawk_pqc.handshake` with the higher one on `mohawk.v1.hs.<peer>` (three messages: offer,
+response, finish; the finish is a second request). Each side checks that the peer's certificate
+names the node the plan puts at the other end, with role shard. The result is one `SecureChannel`
+per peer and plan version, with a sending and a receiving key; the higher stage waits for the
+lower one's handshake instead of starting its own, so each pair has exactly one channel. A new
+plan version means new channels (the old ones are dropped with the plan). Frames name their
+channel by its random 16-byte id; a frame on an unknown channel, from a peer whose certificate
+has since been revoked, or that fails its tag or the replay window is rejected and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from mohawk_common.bus import names
+from mohawk_common.bus.security import Security
+from mohawk_pqc.channel import FrameReceiver, FrameSender
+from mohawk_pqc.errors import AuthenticationError
+from mohawk_pqc.handshake import ChannelKeys, HandshakeInitiator, HandshakeResponder
+from mohawk_proto.v1 import security_pb2
+
+log = structlog.get_logger("mohawk.channels")
+
+HANDSHAKE_TIMEOUT_S = 10.0
+_PENDING_TTL_S = 30.0
+_SEEN_OFFERS = 4096
+_KIND_HEADER = "Mohawk-Handshake"
+
+
+@dataclass
+class SecureChannel:
+    keys: ChannelKeys
+    sender: FrameSender
+    receiver: FrameReceiver
+
+    @property
+    def channel_id(self) -> bytes:
+        return self.keys.channel_id
+
+    @property
+    def peer_id(self) -> str:
+        return self.keys.peer.node_id
+
+
+@dataclass
+class _Pending:
+    responder: HandshakeResponder
+    started: float = field(default_factory=time.monotonic)
+
+
+class ChannelManager:
+    """One node's channels for one plan version; `expected_peers` maps node id -> its stage."""
+
+    def __init__(
+        self,
+        nc: Client,
+        security: Security,
+        *,
+        node_id: str,
+        plan_version: int,
+        expected_peers: dict[str, int],
+        rotation: Callable[[bytes], FrameSender] | None = None,
+    ) -> None:
+        self.nc, self.security = nc, security
+        self.node_id, self.plan_version = node_id, plan_version
+        self.expected_peers = expected_peers
+        self._new_sender = rotation or (lambda key: FrameSender(key))
+        self._by_id: dict[bytes, SecureChannel] = {}
+        self._by_peer: dict[str, SecureChannel] = {}
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._pending: dict[bytes, _Pending] = {}
+        self._seen_offers: dict[bytes, None] = {}  # insertion-ordered: a replayed offer costs no KEM
+        self._sub: Any = None
+
+    async def start(self) -> None:
+        if self.security.secure:
+            self._sub = await self.nc.subscribe(names.handshake_subject(self.node_id), cb=self._on_handshake)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+        self._by_id.clear()
+        self._by_peer.clear()
+
+    # -- peers -----------------------------------------------------------------------------------
+
+    def _accept_peer(self, peer: security_pb2.CertificateBody, offer: security_pb2.HandshakeInit) -> None:
+        if peer.role != "shard" or peer.node_id not in self.expected_peers:
+            raise AuthenticationError(
+                "untrusted", f"{peer.node_id!r} ({peer.role}) is not a stage of this plan"
+            )
+        if offer.plan_version != self.plan_version:
+            raise AuthenticationError("unknown_channel", f"offer for plan {offer.plan_version}")
+
+    def _install(self, keys: ChannelKeys) -> SecureChannel:
+        channel = SecureChannel(keys, self._new_sender(keys.send_key), FrameReceiver(keys.receive_key))
+        old = self._by_peer.get(keys.peer.node_id)
+        if old is not None:
+            self._by_id.pop(old.channel_id, None)
+        self._by_id[keys.channel_id] = channel
+        self._by_peer[keys.peer.node_id] = channel
+        self._waiters.setdefault(keys.peer.node_id, asyncio.Event()).set()
+        log.info("channel established", peer=keys.peer.node_id, plan=self.plan_version)
+        return channel
+
+    async def channel_to(self, peer_id: str) -> SecureChannel:
+        """The channel with `peer_id`: handshaken here when this node's stage is lower, else awaited."""
+        channel = self._by_peer.get(peer_id)
+        if channel is not None:
+            return channel
+        mine, theirs = self.expected_peers.get(self.node_id, -1), self.expected_peers.get(peer_id, -1)
+        if mine < theirs:
+            async with self._locks.setdefault(peer_id, asyncio.Lock()):
+                channel = self._by_peer.get(peer_id)
+                return channel if channel is not None else await self._initiate(peer_id)
+        event = self._waiters.setdefault(peer_id, asyncio.Event())
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            await event.wait()
+        return self._by_peer[peer_id]
+
+    async def _initiate(self, peer_id: str) -> SecureChannel:
+        bundle = self.security.require()
+        initiator = HandshakeInitiator(
+            bundle.identity,
+            bundle.trust,
+            plan_version=self.plan_version,
+            responder_id=peer_id,
+            accept_peer=lambda peer, _offer: self._check_responder(peer, peer_id),
+            kem=self.security.kem,
+        )
+        subject = names.handshake_subject(peer_id)
+        reply = await self._request(subject, "init", initiator.init_message())
+        try:
+            finish, keys = initiator.handle_response(reply)
+        except AuthenticationError as exc:
+            self.security.reject(exc, peer=peer_id, what="handshake response")
+            raise
+        ack = await self._request(subject, "finish", finish)
+        if ack != b"ok":
+            raise AuthenticationError("untrusted", f"{peer_id} refused the handshake finish")
+        return self._install(keys)
+
+    def _check_responder(self, peer: security_pb2.CertificateBody, peer_id: str) -> None:
+        if peer.node_id != peer_id or peer.role != "shard":
+            raise AuthenticationError(
+                "untrusted", f"answered by {peer.node_id!r} ({peer.role}), not {peer_id!r}"
+            )
+
+    async def _request(self, subject: str, kind: str, data: bytes) -> bytes:
+        msg = await self.nc.request(subject, data, timeout=HANDSHAKE_TIMEOUT_S, headers={_KIND_HEADER: kind})
+        reply = security_pb2.HandshakeReply.FromString(msg.data)
+        if reply.refused:
+            raise AuthenticationError("untrusted", f"handshake refused by {subject}")
+        return reply.message
+
+    async def _on_handshake(self, msg: Msg) -> None:
+        kind = (msg.headers or {}).get(_KIND_HEADER, "")
+        reply = security_pb2.HandshakeReply(refused=True)
+        try:
+            reply = security_pb2.HandshakeReply(message=self._handle(kind, msg.data))
+        except AuthenticationError as exc:
+            self.security.reject(exc, what=f"handshake {kind}")
+        except Exception as exc:  # never let a peer's bytes crash the node
+            self.security.reject(AuthenticationError("malformed", str(exc)), what=f"handshake {kind}")
+        with contextlib.suppress(Exception):
+            await msg.respond(reply.SerializeToString())
+
+    def _handle(self, kind: str, data: bytes) -> bytes:
+        bundle = self.security.require()
+        now = time.monotonic()
+        for stale in [cid for cid, p in self._pending.items() if now - p.started > _PENDING_TTL_S]:
+            del self._pending[stale]
+        if kind == "init":
+            channel_id = security_pb2.HandshakeInit.FromString(data).channel_id
+            if channel_id in self._seen_offers:
+                raise AuthenticationError("replayed", "a handshake offer seen before")
+            responder = HandshakeResponder(
+                bundle.identity, bundle.trust, accept_peer=self._accept_peer, kem=self.security.kem
+            )
+            response = responder.respond(data)
+            self._seen_offers[channel_id] = None
+            while len(self._seen_offers) > _SEEN_OFFERS:
+                self._seen_offers.pop(next(iter(self._seen_offers)))
+            self._pending[channel_id] = _Pending(responder)
+            return response
+        if kind == "finish":
+            channel_id = security_pb2.HandshakeFinish.FromString(data).channel_id
+            pending = self._pending.pop(channel_id, None)
+            if pending is None:
+                raise AuthenticationError("unknown_channel", "finish without an offer")
+            self._install(pending.responder.finish(data))
+            return b"ok"
+        raise AuthenticationError("malformed", f"handshake message kind {kind!r}")
+
+    # -- frames ----------------------------------------------------------------------------------
+
+    def receiving(self, channel_id: bytes) -> SecureChannel:
+        """The channel a frame names; AuthenticationError when none or its peer is now revoked."""
+        channel = self._by_id.get(channel_id)
+        if channel is None:
+            raise AuthenticationError("unknown_channel", "frame on a channel no handshake made")
+        bundle = self.security.require()
+        if channel.keys.peer.serial in bundle.trust.revoked:
+            self._by_id.pop(channel_id, None)
+            self._by_peer.pop(channel.peer_id, None)
+            raise AuthenticationError("revoked", f"{channel.peer_id}'s certificate was revoked")
+        return channel

@@ -1,0 +1,214 @@
+"""`mohawk pki init|issue|revoke|show`: the operator's PKI on disk, and its revocation list on the bus.
+
+Everything lives under one directory (default `.mohawk/pki`, laid out as `mohawk_pqc.pki_files`
+describes): the root, the newest signed revocation list, and one bundle per node under `nodes/`,
+which is what that node's service loads. `revoke --nats-url` also puts the new list into the PKI
+bucket, where running services pick it up. Operator mistakes (no root yet, a missing or foreign
+file, a bad flag) end as one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from google.protobuf.message import Message
+from nats.errors import Error as NatsError
+
+from mohawk_common.bus import names
+from mohawk_common.bus.config import BusSettings
+from mohawk_common.bus.connect import connect_or_give_up
+from mohawk_common.bus.setup import BusLimits, ensure_buckets
+from mohawk_common.errors import MohawkError
+from mohawk_common.logging import configure_logging
+from mohawk_common.settings import load_settings
+from mohawk_pqc.certificates import Root, TrustStore
+from mohawk_pqc.errors import AuthenticationError, PkiError
+from mohawk_pqc.pki_files import describe, init_pki, issue_node, load_root_key, read_message, revoke
+from mohawk_proto.v1 import security_pb2
+
+M = TypeVar("M", bound=Message)
+
+DEFAULT_PKI_DIR = ".mohawk/pki"
+NODE_ROLES = ("shard", "gateway", "coordinator")
+FINGERPRINT_BYTES = 16
+CONNECT_DEADLINE_S = 4.0  # nats-py retries an unreachable server for a long time; give up after this
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="pki_command", required=True, metavar="{init,issue,revoke,show}")
+    init_cmd = commands.add_parser("init", help="create the operator root and an empty revocation list")
+    init_cmd.add_argument(
+        "--force", action="store_true", help="replace an existing root (every certificate dies)"
+    )
+    issue_cmd = commands.add_parser(
+        "issue", help="certify a node and write its bundle to <pki-dir>/nodes/<id>/"
+    )
+    issue_cmd.add_argument(
+        "--node-id", required=True, type=_node_id, help="the node's id, as its service uses it"
+    )
+    issue_cmd.add_argument("--role", required=True, choices=NODE_ROLES)
+    issue_cmd.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="a served model: shard bundles get its request-sealing key, others its certificate (repeatable)",
+    )
+    issue_cmd.add_argument("--days", type=_days, default=365.0, help="validity in days (default 365)")
+    revoke_cmd = commands.add_parser("revoke", help="sign a newer revocation list that adds serials")
+    revoke_cmd.add_argument("--serial", type=_serial, action="append", required=True, help="repeatable")
+    revoke_cmd.add_argument("--nats-url", help="also publish the list on this NATS (URLs comma-separated)")
+    show_cmd = commands.add_parser("show", help="the root, every issued bundle and the revocation list")
+    for command in (init_cmd, issue_cmd, revoke_cmd, show_cmd):
+        command.add_argument(
+            "--pki-dir", type=Path, default=Path(DEFAULT_PKI_DIR), help="default: %(default)s"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one `mohawk pki` subcommand; 2 on an operator error, 1 when NATS cannot be reached."""
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "init": _init,
+        "issue": _issue,
+        "revoke": _revoke,
+        "show": _show,
+    }
+    try:
+        return handlers[args.pki_command](args)
+    except ConnectionError as exc:  # only revoke --nats-url reaches the network
+        print(f"mohawk pki: error: {exc}; nothing was revoked", file=sys.stderr)
+        return 1
+    except (MohawkError, OSError) as exc:
+        print(f"mohawk pki: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _init(args: argparse.Namespace) -> int:
+    root = init_pki(args.pki_dir, force=args.force)
+    print(root.issuer[:FINGERPRINT_BYTES].hex())
+    print(f"mohawk pki: new root in {args.pki_dir}; keep root.key offline", file=sys.stderr)
+    return 0
+
+
+def _issue(args: argparse.Namespace) -> int:
+    bundle = issue_node(args.pki_dir, args.node_id, args.role, models=tuple(args.model), days=args.days)
+    print(bundle)
+    print(describe(read_message(bundle / "node.cert", security_pb2.Certificate)))
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    load_root_key(args.pki_dir)  # no root: say so before anything about serials
+    unknown = sorted(set(args.serial) - _issued_serials(args.pki_dir))
+    if unknown:
+        raise PkiError(f"{args.pki_dir} never issued serial(s) {', '.join(map(str, unknown))}")
+    if args.nats_url is None:
+        crl = revoke(args.pki_dir, args.serial)
+    else:
+        settings = load_settings(BusSettings, {"nats_url": args.nats_url})
+        configure_logging("error")  # connect's per-attempt warnings; the outcome is reported below
+        crl = asyncio.run(
+            revoke_and_publish(args.pki_dir, args.serial, settings.nats_servers, settings.bus_limits())
+        )
+        print(f"mohawk pki: published to {names.PKI_BUCKET}/{names.CRL_KEY}", file=sys.stderr)
+    print(security_pb2.RevocationListBody.FromString(crl.body).number)
+    return 0
+
+
+async def revoke_and_publish(
+    pki: Path, serials: list[int], servers: list[str], limits: BusLimits
+) -> security_pb2.RevocationList:
+    """Sign the next revocation list and put it into the PKI bucket (created if absent).
+
+    NATS and its bucket are reached first, so when they cannot be (ConnectionError) nothing
+    changes on disk either.
+    """
+    nc = await connect_or_give_up(servers, name="mohawk-pki", deadline_s=CONNECT_DEADLINE_S)
+    try:
+        try:
+            bucket = (await ensure_buckets(nc.jetstream(), limits)).pki
+        except NatsError as exc:
+            raise ConnectionError(f"NATS at {', '.join(servers)} has no usable JetStream: {exc!r}") from exc
+        crl = revoke(pki, serials)
+        try:
+            await bucket.put(names.CRL_KEY, crl.SerializeToString(deterministic=True))
+        except NatsError as exc:
+            raise PkiError(
+                f"{pki / 'crl'} is written but NATS refused it ({exc!r}); revoke again to publish"
+            ) from exc
+        return crl
+    finally:
+        await nc.close()
+
+
+def _show(args: argparse.Namespace) -> int:
+    pki: Path = args.pki_dir
+    trust = TrustStore(Root(read_message(pki / "root.pub", security_pb2.RootPublicKey)))
+    crl = read_message(pki / "crl", security_pb2.RevocationList)
+    try:
+        trust.update_revocations(crl)
+    except AuthenticationError as exc:
+        raise PkiError(f"{pki / 'crl'} is not signed by the root in {pki / 'root.pub'}") from exc
+    revoked = ", ".join(map(str, sorted(trust.revoked))) or "none"
+    print(f"root {trust.root.issuer[:FINGERPRINT_BYTES].hex()}  ({pki})")
+    print(f"revocation list {trust.crl_number}: revoked serials {revoked}")
+    certs = sorted((pki / "nodes").glob("*/node.cert")) + sorted((pki / "seal").glob("*.cert"))
+    if not certs:
+        print("no certificates issued yet")
+    for path in certs:
+        print(f"{'node' if path.name == 'node.cert' else 'seal'} {_status(trust, path)}")
+    return 0
+
+
+def _status(trust: TrustStore, path: Path) -> str:
+    """One certificate as `describe` puts it, and whether the root still vouches for it now."""
+    try:
+        cert = read_message(path, security_pb2.Certificate)
+        text = describe(cert)
+    except (PkiError, AuthenticationError) as exc:
+        return f"{path}: unreadable ({exc})"
+    try:
+        trust.verify(cert)
+    except AuthenticationError as exc:
+        return f"{text} [{exc.reason}]"
+    return f"{text} [ok]"
+
+
+def _issued_serials(pki: Path) -> set[int]:
+    try:
+        return {int(line) for line in (pki / "serials").read_text(encoding="utf-8").split()}
+    except FileNotFoundError:
+        return set()
+    except ValueError as exc:
+        raise PkiError(f"{pki / 'serials'} holds something other than serial numbers") from exc
+
+
+def _node_id(text: str) -> str:
+    try:
+        return names.check_id("node id", text)  # it names a directory and subjects: one safe token
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        days = 0.0
+    if not days > 0:
+        raise argparse.ArgumentTypeError(f"--days wants a positive number, got {text!r}")
+    return days
+
+
+def _serial(text: str) -> int:
+    try:
+        serial = int(text)
+    except ValueError:
+        serial = 0
+    if serial <= 0:
+        raise argparse.ArgumentTypeError(f"--serial wants a positive integer, got {text!r}")
+    return serial

@@ -1,0 +1,113 @@
+"""`StageLink`: how one stage of one plan talks to its neighbours — channels, sealed frames, opening them.
+
+Stage 0 sends activations to stage 1 and receives step results from the last stage; stage i sends
+activations to stage i+1; the last stage sends step results to stage 0. On a secure node every
+frame goes over the channel with that neighbour (handshaken on first use, see
+`mohawk_common.bus.channels`) and every incoming frame must open on one of this plan's channels;
+on an insecure node frames travel in plaintext. Rejected frames are counted by reason and dropped.
+"""
+
+from __future__ import annotations
+
+import time
+
+from nats.aio.client import Client
+
+from mohawk_common.bus import names
+from mohawk_common.bus.channels import ChannelManager, SecureChannel
+from mohawk_common.bus.frames import (
+    KIND_ACTIVATIONS,
+    KIND_FAILED,
+    KIND_RESULT,
+    FrameAssembler,
+    FrameError,
+    FrameOpener,
+    activation_payload,
+    encode_frames,
+)
+from mohawk_common.bus.security import Security
+from mohawk_pqc.errors import AuthenticationError
+from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
+
+
+class StageLink:
+    def __init__(
+        self, nc: Client, security: Security, *, node_id: str, plan: bus_pb2.Plan, stage: int
+    ) -> None:
+        self.nc, self.security, self.plan, self.stage = nc, security, plan, stage
+        peers = {s.node_id: i for i, s in enumerate(plan.stages)}
+        self.channels = ChannelManager(
+            nc, security, node_id=node_id, plan_version=plan.version, expected_peers=peers
+        )
+        self._opener = FrameOpener(security, self.channels)
+        self._assembler = FrameAssembler()
+
+    async def start(self) -> None:
+        await self.channels.start()
+
+    async def stop(self) -> None:
+        await self.channels.stop()
+
+    async def _channel(self, stage: int) -> SecureChannel | None:
+        if not self.security.secure:
+            return None
+        return await self.channels.channel_to(self.plan.stages[stage].node_id)
+
+    async def connect_neighbours(self) -> None:
+        """Handshake now with every stage this one initiates to (stage 0 at start, so no step waits)."""
+        if not self.security.secure:
+            return
+        last = len(self.plan.stages) - 1
+        for target in sorted({self.stage + 1, last} if self.stage == 0 else {self.stage + 1}):
+            if self.stage < target <= last:
+                await self._channel(target)
+
+    async def send_activations(
+        self, step: engine_pb2.StepBatch, dtype: str, shape: list[int], hidden: bytes, *, failed: bool = False
+    ) -> None:
+        """Hidden states of `step` to the next stage (or, `failed`, word that this step failed)."""
+        target = self.stage + 1
+        header = security_pb2.FrameHeader(
+            plan_version=self.plan.version,
+            stage=target,
+            step_id=step.step_id,
+            dtype=dtype,
+            shape=shape,
+            kind=KIND_FAILED if failed else KIND_ACTIVATIONS,
+            sent_at=time.time(),
+        )
+        channel = await self._channel(target)
+        subject = names.activation_subject(self.plan.version, target)
+        for message in encode_frames(header, activation_payload(step, hidden), self.nc.max_payload, channel):
+            await self.nc.publish(subject, message)
+
+    async def send_result(self, result: bus_pb2.StepResult) -> None:
+        header = security_pb2.FrameHeader(
+            plan_version=self.plan.version,
+            stage=0,
+            step_id=result.step_id,
+            kind=KIND_RESULT,
+            sent_at=time.time(),
+        )
+        channel = await self._channel(0)
+        subject = names.activation_subject(self.plan.version, 0)
+        for message in encode_frames(header, result.SerializeToString(), self.nc.max_payload, channel):
+            await self.nc.publish(subject, message)
+
+    def receive(self, message: bytes) -> tuple[security_pb2.FrameHeader, bytes] | None:
+        """The whole frame once its last chunk is in; None meanwhile or when a message was rejected."""
+        try:
+            header, chunk = self._opener.open(message)
+        except AuthenticationError as exc:
+            self.security.reject(exc, stage=self.stage, plan=self.plan.version)
+            return None
+        except FrameError as exc:
+            self.security.reject(AuthenticationError("malformed", str(exc)), stage=self.stage)
+            return None
+        if header.plan_version != self.plan.version or header.stage != self.stage:
+            return None
+        try:
+            return self._assembler.add(header, chunk)
+        except FrameError as exc:
+            self.security.reject(AuthenticationError("malformed", str(exc)), stage=self.stage)
+            return None

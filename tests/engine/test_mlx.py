@@ -1,0 +1,86 @@
+"""The MLX backend (mlx-lm's model classes over our paged KV cache) against torch and transformers:
+logits of every architecture variant, and greedy text of MLX-only and torch/MLX/torch pipelines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mohawk_common.chat import encode_chat
+from mohawk_common.model_store import ModelSource, open_model
+from mohawk_shard.engine.sampling_params import SamplingParams
+
+from .conftest import full_logits, reference_logits
+from .test_architectures import VARIANTS, build_tiny
+
+pytest.importorskip("mlx_lm", reason="the mlx extra (mlx, mlx-cpu, mlx-lm) is not installed")
+
+PROMPT = [5, 900, 17, 4000, 33, 2, 777, 12345, 8, 9, 10, 11, 40000, 3, 64, 65, 66, 67, 100]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Name three primary colours.",
+    "Explain gravity in one sentence.",
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+PIPELINES = {"mlx,mlx": ((15,), ("mlx", "mlx")), "torch,mlx,torch": ((10, 20), ("torch", "mlx", "torch"))}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def tiny(
+    request: pytest.FixtureRequest, bundled: ModelSource, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[ModelSource, Any]:
+    directory: Path = tmp_path_factory.mktemp(f"mlx-{request.param}")
+    model = build_tiny(request.param, directory, bundled.load_tokenizer())
+    return open_model(directory), model
+
+
+@pytest.mark.parametrize("backends", [("mlx", "mlx"), ("torch", "mlx", "torch"), ("mlx", "torch", "mlx")])
+def test_mlx_stages_match_transformers_on_every_architecture(
+    tiny: tuple[ModelSource, Any], backends: tuple[str, ...]
+) -> None:
+    source, model = tiny
+    theirs = reference_logits(model, PROMPT)
+    split = (2,) if len(backends) == 2 else (1, 3)
+    ours = full_logits(source, PROMPT, split, block_size=4, backends=backends)
+    diff = (ours - theirs).abs().max().item()
+    print(f"{'/'.join(backends)}: max |logit difference| {diff:.2e}")
+    assert diff < 1e-3 * max(1.0, theirs.abs().max().item()), diff
+
+
+def test_bundled_model_logits_through_mixed_pipelines(bundled: ModelSource) -> None:
+    ids = bundled.load_tokenizer()("The capital of France is a city called")["input_ids"]
+    torch_only = full_logits(bundled, ids)
+    for name, (split, backends) in PIPELINES.items():
+        diff = (full_logits(bundled, ids, split, backends=backends) - torch_only).abs().max().item()
+        print(f"bundled SmolLM2-135M, {name}: max |logit difference| vs torch {diff:.2e}")
+        assert diff < 1e-3, (name, diff)
+
+
+@pytest.fixture(scope="module")
+def chats(bundled: ModelSource, engine_factory: Any) -> tuple[list[list[int]], list[str]]:
+    """Chat prompts sharing a system prompt (so prefix blocks are shared) and the torch engine's texts."""
+    tokenizer = bundled.load_tokenizer()
+    system = {"role": "system", "content": "You are a careful assistant who answers briefly. " * 4}
+    prompts = [encode_chat(tokenizer, [system, {"role": "user", "content": q}]) for q in QUESTIONS]
+    expected = [c.text for c in engine_factory().generate(prompts, GREEDY)]
+    assert all(len(text) > 10 for text in expected)
+    return prompts, expected
+
+
+@pytest.mark.parametrize("pipeline", list(PIPELINES))
+def test_greedy_text_equals_the_torch_engine(
+    chats: tuple[list[list[int]], list[str]], engine_factory: Any, pipeline: str
+) -> None:
+    """Batched with chunked prefill, prompts that share a prefix (prefix blocks reused), and one
+    request cancelled midway: every other text equals the single-process torch engine's."""
+    prompts, expected = chats
+    split, backends = PIPELINES[pipeline]
+    engine = engine_factory(split=split, backends=backends, max_num_batched_tokens=48)
+    engine.add_request("doomed", prompts[0], SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    assert engine.abort_request("doomed")
+    assert [c.text for c in engine.generate(prompts, GREEDY)] == expected

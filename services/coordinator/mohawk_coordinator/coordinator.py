@@ -29,6 +29,7 @@ from nats.errors import Error as NatsError
 
 from mohawk_common.bus import names
 from mohawk_common.bus.setup import Buckets
+from mohawk_common.tasks import cancel_and_wait
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.election import LeaderElection
 from mohawk_coordinator.planner import PlanningError
@@ -268,10 +269,9 @@ class Coordinator:
 async def _halt(
     election: asyncio.Task[None], model: asyncio.Future[ModelShape] | None, subscription: Subscription
 ) -> None:
-    election.cancel()
     if model is not None:
-        model.cancel()
-    with contextlib.suppress(asyncio.CancelledError, NatsError, TimeoutError):
-        await election
+        model.cancel()  # a plain future: cancelling it cannot be lost
+    with contextlib.suppress(NatsError, TimeoutError):
+        await cancel_and_wait(election)
     with contextlib.suppress(NatsError, TimeoutError):
         await subscription.unsubscribe()

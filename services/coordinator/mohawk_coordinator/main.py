@@ -94,8 +94,11 @@ async def serve(settings: CoordinatorSettings) -> None:
     loop = asyncio.get_running_loop()
     serving = asyncio.current_task()
     coordinator: Coordinator | None = None
+    stop_requested = False
 
     def on_signal() -> None:
+        nonlocal stop_requested
+        stop_requested = True
         if coordinator is not None:
             coordinator.stop()
         elif serving is not None:
@@ -110,6 +113,8 @@ async def serve(settings: CoordinatorSettings) -> None:
             # reading the model's config imports transformers (seconds): the replica campaigns meanwhile
             shape = in_background(lambda: load_model_shape(settings.model), name=MODEL_THREAD)
             coordinator = Coordinator(settings, nc, buckets, shape)
+            if stop_requested:  # the cancel of a NATS call in flight can be lost: the flag is not
+                coordinator.stop()
             await coordinator.run()
         finally:
             await nc.close()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 
 import structlog
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from mohawk_common.bus.security import Security
+from mohawk_common.tasks import cancel_and_wait
 from mohawk_gateway.api.errors import install_error_handlers
 from mohawk_gateway.api.routes import chat, completions, health, metrics, models
 from mohawk_gateway.bus import BusClient
@@ -51,10 +52,7 @@ def create_app(
         try:
             yield
         finally:
-            if loader is not None:
-                loader.cancel()
-                with suppress(asyncio.CancelledError):
-                    await loader
+            await cancel_and_wait(loader)
             await bus.close()
             log.info("gateway stopped")
 

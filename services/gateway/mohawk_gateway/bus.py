@@ -30,6 +30,7 @@ from mohawk_common.bus.control import decode_json, read_plan
 from mohawk_common.bus.requests import cancel_tag, seal_request
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
+from mohawk_common.tasks import cancel_and_wait
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.errors import GatewayError, overloaded, unavailable
 from mohawk_pqc.errors import AuthenticationError
@@ -58,10 +59,7 @@ class BusClient:
         self._task = asyncio.create_task(self._run(), name="gateway-bus")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         nc, self._nc, self._js = self._nc, None, None
         if nc is not None and not nc.is_closed:
             try:
@@ -176,7 +174,7 @@ class BusClient:
                 try:
                     await self._watch_plan(buckets.plan)
                 finally:
-                    revocations.cancel()
+                    await cancel_and_wait(revocations)
             except (nats.errors.Error, TimeoutError) as exc:
                 failures += 1
                 level = log.warning if failures == 1 else log.debug

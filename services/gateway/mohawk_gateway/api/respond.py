@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import suppress
 from typing import Protocol, TypeVar
 
 import anyio
@@ -18,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.types import Receive
 
+from mohawk_common.tasks import cancel_and_wait
 from mohawk_gateway.api.errors import ClientDisconnected
 from mohawk_gateway.errors import invalid
 from mohawk_gateway.handlers import Gateway, Generation, Submission
@@ -59,11 +59,7 @@ async def until_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (watch, work):
-            if not task.done():
-                task.cancel()
-                with suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(*(task for task in (watch, work) if not task.done()))
     if work.cancelled():
         raise ClientDisconnected
     return work.result()

@@ -36,6 +36,7 @@ from mohawk_common.bus.frames import KIND_RESULT, read_result_payload
 from mohawk_common.bus.requests import cancel_tag, open_request
 from mohawk_common.bus.security import Security
 from mohawk_common.errors import InvalidRequestError
+from mohawk_common.tasks import cancel_and_wait
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.seal import EventBox
 from mohawk_proto.v1 import bus_pb2
@@ -132,11 +133,7 @@ class HeadDriver:
 
     async def stop(self) -> None:
         """Stop stepping and hand every unfinished request back to the stream for the next stage 0."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

@@ -27,6 +27,7 @@ from mohawk_common.bus.setup import ensure_buckets, ensure_streams
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.slice_fetch import fetch_slice_source
+from mohawk_common.tasks import cancel_and_wait
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import make_backend
@@ -88,10 +89,7 @@ class ShardNode:
         revocations = asyncio.create_task(self.security.follow_revocations(self.buckets.pki))
         self._log.info("node up", model=self.model, nats=self.settings.nats_url, secure=self.security.secure)
         await self._stop.wait()
-        for task in (heartbeat, watcher, revocations):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(heartbeat, watcher, revocations)
         await self._stop_role()
         with contextlib.suppress(Exception):
             await self.nc.drain()

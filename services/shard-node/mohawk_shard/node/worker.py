@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 
 from mohawk_common.bus import names
 from mohawk_common.bus.frames import KIND_FAILED, FrameError, read_activation_payload
+from mohawk_common.tasks import cancel_and_wait
 from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
@@ -69,10 +70,7 @@ class StageWorker:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         await self.link.stop()
 
     async def _on_message(self, msg: Msg) -> None:

@@ -26,6 +26,7 @@ from mohawk_common.bus.setup import ensure_buckets
 from mohawk_common.errors import ConfigError, MohawkError
 from mohawk_common.logging import LEVELS, configure_logging
 from mohawk_common.settings import load_settings
+from mohawk_common.tasks import RECANCEL_S
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.coordinator import Coordinator
 from mohawk_coordinator.planner import PLACEMENTS
@@ -94,15 +95,14 @@ async def serve(settings: CoordinatorSettings) -> None:
     loop = asyncio.get_running_loop()
     serving = asyncio.current_task()
     coordinator: Coordinator | None = None
-    stop_requested = False
 
     def on_signal() -> None:
-        nonlocal stop_requested
-        stop_requested = True
         if coordinator is not None:
             coordinator.stop()
-        elif serving is not None:
+        elif serving is not None and not serving.done():
             serving.cancel()  # still connecting: nothing to hand over
+            # a NATS call may swallow that cancel (see mohawk_common.tasks): ask again until it ends
+            loop.call_later(RECANCEL_S, on_signal)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal)
@@ -113,8 +113,6 @@ async def serve(settings: CoordinatorSettings) -> None:
             # reading the model's config imports transformers (seconds): the replica campaigns meanwhile
             shape = in_background(lambda: load_model_shape(settings.model), name=MODEL_THREAD)
             coordinator = Coordinator(settings, nc, buckets, shape)
-            if stop_requested:  # the cancel of a NATS call in flight can be lost: the flag is not
-                coordinator.stop()
             await coordinator.run()
         finally:
             await nc.close()

@@ -24,7 +24,6 @@ from tests.integration.cluster_helpers import (
     chat,
     current_leader,
     current_plan,
-    reference_texts,
     stream_chat,
     stream_many,
 )
@@ -47,11 +46,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(spec) as running:
         running.wait_ready(timeout=240)
         yield running
-
-
-@pytest.fixture(scope="module")
-def reference() -> dict[str, str]:
-    return reference_texts()
 
 
 def _free_port() -> int:

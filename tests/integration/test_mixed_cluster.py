@@ -14,7 +14,7 @@ import pytest
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus.server import free_port
-from tests.integration.cluster_helpers import PROMPTS, chat, current_plan, reference_texts, stream_many
+from tests.integration.cluster_helpers import PROMPTS, chat, current_plan, stream_many
 
 pytest.importorskip("mlx_lm", reason="the mlx extra (mlx, mlx-cpu, mlx-lm) is not installed")
 
@@ -33,11 +33,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(spec) as running:
         running.wait_ready(timeout=300)
         yield running
-
-
-@pytest.fixture(scope="module")
-def reference() -> dict[str, str]:
-    return reference_texts()
 
 
 def test_the_slower_mlx_node_gets_fewer_layers(cluster: LocalCluster) -> None:

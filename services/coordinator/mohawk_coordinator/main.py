@@ -81,12 +81,7 @@ def run(args: argparse.Namespace) -> int:
     except MohawkError as exc:
         log.error("coordinator failed", error=str(exc))
         code = 1
-    if any(t.name == MODEL_THREAD and t.is_alive() for t in threading.enumerate()):
-        # failed (code 1) while the loader thread still imports: leave without waiting for it
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    _exit_now_if_loading(code)  # failed (code 1) while the loader thread still imports
     return code
 
 
@@ -116,21 +111,21 @@ async def serve(settings: CoordinatorSettings) -> None:
             await coordinator.run()
         finally:
             await nc.close()
-        _exit_now_if_loading()
+        _exit_now_if_loading(0)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
 
 
-def _exit_now_if_loading() -> None:
+def _exit_now_if_loading(code: int) -> None:
     """Stopped (lease released, NATS closed) while the loader thread still imports transformers and
-    torch: leave now. Tearing the event loop and the interpreter down would wait on that import
+    torch: leave now, with `code`. Tearing the event loop and the interpreter down would wait on that import
     (its module locks, torch's exit hooks), for tens of seconds on a busy machine."""
     if any(t.name == MODEL_THREAD and t.is_alive() for t in threading.enumerate()):
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)
 
 
 def in_background(work: Callable[[], T], *, name: str) -> asyncio.Future[T]:

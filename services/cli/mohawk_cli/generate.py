@@ -15,7 +15,7 @@ from mohawk_shard.local import build_local_engine
 
 
 def _engine(args: argparse.Namespace) -> LLMEngine:
-    overrides = {"model": args.model, "device": args.device, "dtype": args.dtype}
+    overrides = {"model": args.model, "device": args.device, "dtype": args.dtype, "weights": args.weights}
     return build_local_engine(load_settings(EngineSettings, overrides), args.split, backends=args.backends)
 
 

@@ -42,6 +42,11 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    parser.add_argument(
+        "--weights",
+        choices=("native", "int4", "bf16", "fp32"),
+        help="weight format: native (the file's own quantized tensors, default), int4, bf16, fp32",
+    )
     parser.add_argument("--log-level", default="warning", help="log level on stderr (default: warning)")
 
 

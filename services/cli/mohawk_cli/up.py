@@ -22,6 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="gateway port on 127.0.0.1 (default 8000)")
     parser.add_argument("--nats-port", type=int, help="nats-server port (default 4222, or a free one)")
     parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
+    parser.add_argument(
+        "--weights",
+        choices=("native", "int4", "bf16", "fp32"),
+        help="shard nodes' weight format (default native: the file's own quantized tensors)",
+    )
     parser.add_argument("--data-dir", default=".mohawk", help="NATS data and logs (default .mohawk)")
     parser.add_argument("--log-level", default="info", help="log level of the services (default info)")
 
@@ -46,6 +51,7 @@ def run_up(args: argparse.Namespace) -> int:
         data_dir=Path(args.data_dir),
         model=args.model,
         log_level=args.log_level,
+        node_args=("--weights", args.weights) if args.weights else (),
     )
     cluster = LocalCluster(spec)
     stopping = False

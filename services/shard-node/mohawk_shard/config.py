@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from mohawk_common.settings import MohawkSettings
+
+WeightsMode = Literal["native", "int4", "bf16", "fp32"]
 
 
 class EngineSettings(MohawkSettings):
@@ -15,6 +17,11 @@ class EngineSettings(MohawkSettings):
     model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     dtype: str = Field("auto", description="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16")
+    weights: WeightsMode = Field(
+        "native",
+        description="native: run the file's quantized tensors as stored (GGUF Q4_0/Q4_1/Q8_0); int4: "
+        "quantize linear weights groupwise to 4 bits at load; bf16/fp32: dequantize to that dtype",
+    )
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block")
     num_kv_blocks: int | None = Field(None, ge=1, description="KV blocks; none = from kv_cache_memory_mb")
     kv_cache_memory_mb: int | None = Field(

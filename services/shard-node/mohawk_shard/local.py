@@ -71,7 +71,9 @@ def build_local_engine(
         raise ConfigError(f"{len(names)} backends named for {len(ranges)} stages")
     stages: list[Backend] = []
     for (start, end), name in zip(ranges, names, strict=True):
-        backend = make_backend(name, source, start, end, device=settings.device, dtype=settings.dtype)
+        backend = make_backend(
+            name, source, start, end, device=settings.device, dtype=settings.dtype, weights=settings.weights
+        )
         log.info(
             "stage loaded",
             layers=f"[{start}, {end})",

@@ -10,14 +10,22 @@ BACKENDS = ("torch", "mlx")
 
 
 def make_backend(
-    name: str, source: ModelSource, start: int, end: int, *, device: str = "auto", dtype: str = "auto"
+    name: str,
+    source: ModelSource,
+    start: int,
+    end: int,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    weights: str = "native",
 ) -> Backend:
     """Layers [start, end) of `source` on backend `name` (torch: CPU or CUDA; mlx: Apple Silicon, or
-    a Linux CPU through the mlx-cpu wheel)."""
+    a Linux CPU through the mlx-cpu wheel). `weights` is the settings' weight format (native, int4,
+    bf16, fp32)."""
     if name == "torch":
         from mohawk_shard.backends.torch_backend import TorchBackend
 
-        return TorchBackend(source, start, end, device=device, dtype=dtype)
+        return TorchBackend(source, start, end, device=device, dtype=dtype, weights=weights)
     if name == "mlx":
         try:
             from mohawk_shard.backends.mlx_backend import MlxBackend
@@ -25,5 +33,5 @@ def make_backend(
             raise ConfigError(
                 f"the mlx backend needs MLX and mlx-lm: pip install 'mohawk[mlx]' ({exc})"
             ) from exc
-        return MlxBackend(source, start, end, device=device, dtype=dtype)
+        return MlxBackend(source, start, end, device=device, dtype=dtype, weights=weights)
     raise ConfigError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")

@@ -87,7 +87,14 @@ class MlxBackend:
     name = "mlx"
 
     def __init__(
-        self, source: ModelSource, start: int, end: int, *, device: str = "auto", dtype: str = "auto"
+        self,
+        source: ModelSource,
+        start: int,
+        end: int,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        weights: str = "native",
     ) -> None:
         config = source.config
         if config.architecture not in _MODULES:
@@ -110,9 +117,10 @@ class MlxBackend:
         self.embed_tokens = model.model.embed_tokens if self.has_embedding or self._tied_head else None
         self.norm = model.model.norm if self.has_head else None
         self.lm_head = model.lm_head if self.has_head and not config.tie_word_embeddings else None
-        weights = source.load_weights(start, end, embedding=self.has_embedding, head=self.has_head)
-        loaded = [(self._mlx_name(k), mx.array(v).astype(self.dtype)) for k, v in weights.items()]
-        del weights
+        self.weights = weights
+        tensors = source.load_weights(start, end, embedding=self.has_embedding, head=self.has_head)
+        loaded = [(self._mlx_name(k), mx.array(v).astype(self.dtype)) for k, v in tensors.items()]
+        del tensors
         model.load_weights([(k, v) for k, v in loaded if k is not None], strict=False)
         self._weights = [v for k, v in loaded if k is not None]
         mx.eval(self._weights)

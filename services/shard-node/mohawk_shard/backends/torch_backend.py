@@ -42,7 +42,14 @@ class TorchBackend:
     name = "torch"
 
     def __init__(
-        self, source: ModelSource, start: int, end: int, *, device: str = "auto", dtype: str = "auto"
+        self,
+        source: ModelSource,
+        start: int,
+        end: int,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        weights: str = "native",
     ) -> None:
         config = source.config
         self.start, self.end = start, end
@@ -50,13 +57,14 @@ class TorchBackend:
         self.torch_device = resolve_device(device)
         self.device = str(self.torch_device)
         self.dtype = resolve_dtype(dtype, self.torch_device)
-        weights = source.load_weights(start, end, embedding=self.has_embedding, head=self.has_head)
+        tensors = source.load_weights(start, end, embedding=self.has_embedding, head=self.has_head)
         with torch.device("meta"):
             model = LlamaStage(config, start, end, embedding=self.has_embedding, head=self.has_head)
         self.model = model.to(self.dtype).to_empty(device=self.torch_device)
         self.model.tie_weights()
-        self.model.load_weights(weights)
-        del weights
+        self.model.load_weights(tensors)
+        del tensors
+        self.weights = weights
         if prefers_transposed(self.torch_device, self.dtype):
             self.model.store_linear_weights_transposed()
         self.rotary = RotaryTable(config, source.hf_config, self.torch_device, self.dtype)

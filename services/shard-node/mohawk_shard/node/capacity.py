@@ -44,6 +44,7 @@ def measure_capacity(
     backend: str = "torch",
     device: str,
     dtype: str,
+    weights: str = "native",
     block_size: int,
     memory_limit_mb: int | None,
     kv_cache_memory_mb: int | None,
@@ -52,7 +53,7 @@ def measure_capacity(
     """`held`: the only layers the node has (a slice package); the measured layer is one of them."""
     num_layers = source.config.num_layers
     layer = held[0] if held is not None else (1 if num_layers > 2 else 0)
-    stage = make_backend(backend, source, layer, layer + 1, device=device, dtype=dtype)
+    stage = make_backend(backend, source, layer, layer + 1, device=device, dtype=dtype, weights=weights)
     resolved = stage.device
     if resolved.startswith("cuda"):
         _free, total = torch.cuda.mem_get_info(torch.device(resolved))

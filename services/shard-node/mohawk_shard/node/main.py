@@ -23,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("torch", "mlx"), help="array library (default torch)")
     parser.add_argument("--device", help="auto, cpu, cuda, cuda:N (torch); auto, cpu, gpu (mlx)")
     parser.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    parser.add_argument(
+        "--weights",
+        choices=("native", "int4", "bf16", "fp32"),
+        help="weight format: native (the file's own quantized tensors, default), int4, bf16, fp32",
+    )
     parser.add_argument("--memory-limit-mb", type=int, help="memory offered for weights + KV")
     parser.add_argument("--num-threads", type=int, help="torch CPU threads")
     parser.add_argument(
@@ -51,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
             "backend",
             "device",
             "dtype",
+            "weights",
             "memory_limit_mb",
             "num_threads",
             "pki_dir",

@@ -122,6 +122,7 @@ class ShardNode:
             backend=s.backend,
             device=s.device,
             dtype=s.dtype,
+            weights=s.weights,
             block_size=s.block_size,
             memory_limit_mb=s.memory_limit_mb,
             kv_cache_memory_mb=s.kv_cache_memory_mb,
@@ -270,7 +271,9 @@ class ShardNode:
         if backend is None or (backend.start, backend.end) != (start, end):
             self._backend = None  # let the old weights go before the new ones load
             s = self.settings
-            backend = make_backend(s.backend, self.source, start, end, device=s.device, dtype=s.dtype)
+            backend = make_backend(
+                s.backend, self.source, start, end, device=s.device, dtype=s.dtype, weights=s.weights
+            )
         backend.allocate_kv_cache(plan.num_kv_blocks, plan.block_size)
         self._backend = backend
         return Stage(backend, plan.block_size), backend

@@ -22,14 +22,13 @@ from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.handshake import ChannelKeys
 from mohawk_pqc.kem import CryptographyKem
 from mohawk_proto.v1 import engine_pb2, security_pb2
+from mohawk_shard.backends.torch_backend import tensor_from_bytes, tensor_to_bytes
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.node.wire import (
     sampling_from_proto,
     sampling_to_proto,
     step_batch_from_proto,
     step_batch_to_proto,
-    tensor_from_bytes,
-    tensor_to_bytes,
 )
 from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 

@@ -182,3 +182,28 @@ def test_a_sequence_awaiting_its_token_is_never_preempted() -> None:
     a.num_computed_tokens = a.num_tokens - 1  # 8 computed: its next token opens a third block
     out = sch.schedule()  # a needs a third block: none free; b awaits its token, so a preempts itself
     assert out.scheduled == [] and b.status is SequenceStatus.RUNNING and a.status is SequenceStatus.WAITING
+
+
+def test_admission_room_counts_free_slots_and_the_waiting_cap() -> None:
+    sch = make(max_seqs=4)
+    assert sch.num_admittable(max_waiting=8) == 4  # slots decide
+    assert sch.num_admittable(max_waiting=2) == 2  # the waiting cap decides
+    sch.add(seq(0, 3))
+    assert sch.num_admittable(max_waiting=2) == 1
+    sch.schedule()  # seq 0 runs; the queue is empty again
+    assert sch.num_admittable(max_waiting=2) == 2
+    for i in range(1, 4):
+        sch.add(seq(i, 3))
+    assert sch.num_admittable(max_waiting=8) == 0
+    assert not sch.can_admit(max_waiting=8)
+
+
+def test_no_admission_while_the_kv_pool_has_no_block_per_running_sequence() -> None:
+    sch = make(num_blocks=3, block_size=4, max_seqs=8)
+    sch.add(seq(0, 4))
+    sch.add(seq(1, 4))
+    sch.schedule()  # two running sequences hold two blocks, one block left
+    assert sch.block_manager.num_free_blocks == 1
+    assert sch.num_admittable(max_waiting=8) == 0
+    sch.finish(sch.running[0])
+    assert sch.num_admittable(max_waiting=8) > 0

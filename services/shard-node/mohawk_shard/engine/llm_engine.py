@@ -1,10 +1,11 @@
 """`LLMEngine`: requests in, token events out, over a chain of stages run in this process.
 
-Each `step()` asks the scheduler for the next batch, turns it into the stages' `StepBatch`, runs the
-stages in order, and turns the last stage's sampled tokens into `RequestOutput` events: appending
-the token and letting the `TokenEmitter` detokenize it and decide whether the request ends (EOS,
-a stop token or string, `max_tokens` or the context length). Finished and cancelled requests free
-their KV blocks at once.
+The request table, validation, step batches and token application are the `EngineCore`'s (shared
+with the bus head); this driver adds the in-process transport. Each `step()` takes the core's next
+batch, runs the stages in order, and turns the last stage's sampled tokens into `RequestOutput`
+events: the `TokenEmitter` detokenizes each token and decides whether the request ends (EOS, a stop
+token or string, `max_tokens` or the context length), and the core appends it. Finished and
+cancelled requests free their KV blocks at once.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mohawk_common.errors import InvalidRequestError
+from mohawk_shard.engine.core import EngineCore
 from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.request_output import RequestOutput
 from mohawk_shard.engine.sampling_params import SamplingParams
-from mohawk_shard.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
+from mohawk_shard.engine.scheduler import Scheduler
 from mohawk_shard.engine.sequence import Sequence as Seq
-from mohawk_shard.stage import SequenceSpec, SequenceStep, Stage, StepBatch
+from mohawk_shard.stage import Stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,43 +55,29 @@ class LLMEngine:
         self.vocab_size = vocab_size
         self.max_model_len = scheduler.config.max_model_len
         self.emitter = TokenEmitter(tokenizer, eos_token_ids, self.max_model_len)
-        self._requests: dict[str, Seq] = {}
-        self._by_seq_id: dict[int, Seq] = {}
-        self._seq_ids = itertools.count()
-        self._step_ids = itertools.count()
+        self.core = EngineCore(scheduler, vocab_size=vocab_size, on_finish=self._forget)
         self._batch_ids = itertools.count()
 
     @property
     def num_unfinished(self) -> int:
-        return len(self._requests)
+        return self.core.num_unfinished
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests)
+        return self.core.has_unfinished()
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Queue a request; raises InvalidRequestError for anything that could never be served."""
-        prompt = [int(t) for t in prompt_token_ids]
-        self._validate(request_id, prompt)
-        seq_id = next(self._seq_ids)
-        seq = Seq(seq_id, request_id, prompt, params)
-        self.emitter.track(seq_id, request_id, params, len(prompt), prompt)
-        self._requests[request_id] = seq
-        self._by_seq_id[seq_id] = seq
-        self.scheduler.add(seq)
+        seq = self.core.add_request(request_id, prompt_token_ids, params)
+        self.emitter.track(seq.seq_id, request_id, params, seq.num_prompt_tokens, self.core.prompt_tail(seq))
 
     def abort_request(self, request_id: str) -> bool:
         """Cancel a request; its KV blocks are free when this returns. False if it was not running."""
-        seq = self._requests.get(request_id)
-        if seq is None:
-            return False
-        self._finish(seq)
-        return True
+        return self.core.abort_request(request_id) is not None
 
     def step(self) -> list[RequestOutput]:
-        scheduled = self.scheduler.schedule()
-        if scheduled.is_empty:
+        batch = self.core.next_batch()
+        if batch is None:
             return []
-        batch = to_step_batch(next(self._step_ids), scheduled)
         output = None
         hidden = None
         previous = None
@@ -106,7 +93,7 @@ class LLMEngine:
 
     def run(self) -> Iterator[RequestOutput]:
         """Step until every queued request has finished (and the stages have dropped it), yielding events."""
-        while self.has_unfinished() or self.scheduler.has_pending_frees:
+        while self.core.has_work():
             yield from self.step()
 
     def generate(
@@ -123,50 +110,15 @@ class LLMEngine:
             events[event.request_id].append(event)
         return [_completion(i, list(p), events[i]) for i, p in zip(ids, prompts, strict=True)]
 
-    def _validate(self, request_id: str, prompt: list[int]) -> None:
-        if request_id in self._requests:
-            raise InvalidRequestError(f"request id {request_id!r} is already running")
-        if not prompt:
-            raise InvalidRequestError("the prompt is empty")
-        if len(prompt) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt)} tokens, but the context holds {self.max_model_len} "
-                "(prompt plus at least one generated token)"
-            )
-        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            raise InvalidRequestError(f"prompt token ids must lie in [0, {self.vocab_size})")
-
     def _on_token(self, seq_id: int, token: SampledToken) -> RequestOutput | None:
-        seq = self._by_seq_id.get(seq_id)
-        if seq is None or seq.is_finished:
+        if self.core.sequence(seq_id) is None:
             return None  # cancelled while its step was in flight
-        seq.append_token(token.token_id)
         event = self.emitter.emit(seq_id, token)
-        if event is not None and event.finished:
-            self._finish(seq)
+        self.core.apply_token(seq_id, token.token_id, finished=event is not None and event.finished)
         return event
 
-    def _finish(self, seq: Seq) -> None:
-        self.scheduler.finish(seq)
+    def _forget(self, seq: Seq) -> None:
         self.emitter.drop(seq.seq_id)
-        self._requests.pop(seq.request_id, None)
-        self._by_seq_id.pop(seq.seq_id, None)
-
-
-def to_step_batch(step_id: int, scheduled: SchedulerOutput) -> StepBatch:
-    """The stages' view of one scheduler step: deltas per sequence, specs for sequences that (re)join."""
-    return StepBatch(
-        step_id, tuple(_sequence_step(s) for s in scheduled.scheduled), tuple(scheduled.freed_seq_ids)
-    )
-
-
-def _sequence_step(s: ScheduledSequence) -> SequenceStep:
-    spec = None
-    if s.is_new:
-        spec = SequenceSpec(s.seq.num_prompt_tokens, s.seq.params, tuple(s.seq.output_token_ids))
-    return SequenceStep(
-        s.seq.seq_id, s.start_position, tuple(s.token_ids), tuple(s.new_block_ids), s.sample, spec
-    )
 
 
 def _completion(request_id: str, prompt: list[int], events: list[RequestOutput]) -> Completion:

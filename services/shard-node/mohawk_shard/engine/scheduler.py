@@ -84,6 +84,18 @@ class Scheduler:
         """Sequences freed since the last step, which the stages have not been told to drop yet."""
         return bool(self._freed_seq_ids)
 
+    def num_admittable(self, max_waiting: int) -> int:
+        """How many more requests to take in now: free sequence slots, at most `max_waiting` queued,
+        and none while the KV pool cannot give every running sequence one more block (whatever is
+        not admitted waits upstream: that is the backpressure)."""
+        if self.block_manager.num_free_blocks <= len(self.running):
+            return 0
+        slots = self.config.max_num_seqs - self.num_unfinished
+        return max(0, min(slots, max_waiting - len(self.waiting)))
+
+    def can_admit(self, max_waiting: int) -> bool:
+        return self.num_admittable(max_waiting) > 0
+
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)

@@ -3,15 +3,19 @@
 Speed is measured, not assumed: one decoder layer of the served model (the node's own weights and
 dtype, on its own device) runs a batch-1 decode step a dozen times and the fastest run is reported:
 the minimum is the estimator least disturbed by whatever else the host was doing meanwhile.
+torch is imported only where the device is a CUDA one or the backend is torch's, so an MLX node
+measures itself without loading it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
-import torch
 
 from mohawk_common.model_store import ModelSource
 from mohawk_shard.backends import make_backend
@@ -33,8 +37,8 @@ class Capacity:
 
     def free_memory_bytes(self) -> int:
         if self.device.startswith("cuda"):
-            free, _ = torch.cuda.mem_get_info(torch.device(self.device))
-            return int(free)
+            free, _ = _cuda_memory(self.device)
+            return free
         return int(psutil.virtual_memory().available)
 
 
@@ -56,7 +60,7 @@ def measure_capacity(
     stage = make_backend(backend, source, layer, layer + 1, device=device, dtype=dtype, weights=weights)
     resolved = stage.device
     if resolved.startswith("cuda"):
-        _free, total = torch.cuda.mem_get_info(torch.device(resolved))
+        _free, total = _cuda_memory(resolved)
     else:
         total = psutil.virtual_memory().total
     limit = memory_limit_mb << 20 if memory_limit_mb else int(total * _MEMORY_SHARE)
@@ -78,11 +82,33 @@ def _time_one_layer(backend: Backend, block_size: int, hidden_size: int) -> floa
     hidden = backend.decode_hidden("float32", [1, hidden_size], bytes(4 * hidden_size))
     batch = ForwardBatch.build([([0], 0, [0], False)], block_size)
     timings = []
-    with torch.inference_mode():
+    with _no_grad(backend):
         for _ in range(_RUNS + 1):
             start = time.perf_counter()
             backend.forward(batch, hidden if not backend.has_embedding else None)
             if backend.device.startswith("cuda"):
-                torch.cuda.synchronize(torch.device(backend.device))
+                _cuda_synchronize(backend.device)
             timings.append(time.perf_counter() - start)
     return float(min(timings[1:]))
+
+
+def _no_grad(backend: Backend) -> AbstractContextManager[Any]:
+    if backend.name != "torch":
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.inference_mode()
+
+
+def _cuda_memory(device: str) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free), int(total)
+
+
+def _cuda_synchronize(device: str) -> None:
+    import torch
+
+    torch.cuda.synchronize(torch.device(device))

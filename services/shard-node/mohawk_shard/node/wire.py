@@ -1,12 +1,13 @@
-"""Engine messages ↔ their protobuf form on the bus (hidden states ↔ bytes: each backend's
-`encode_hidden`/`decode_hidden`; the torch ones are re-exported here)."""
+"""Engine messages ↔ their protobuf form on the bus.
+
+Hidden states ↔ bytes is each backend's `encode_hidden`/`decode_hidden`, not this module's: the
+wire path imports no array library, so an MLX node never loads torch."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
 from mohawk_proto.v1 import engine_pb2
-from mohawk_shard.backends.torch_backend import tensor_from_bytes, tensor_to_bytes
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 
@@ -103,6 +104,3 @@ def step_batch_from_proto(message: engine_pb2.StepBatch) -> tuple[StepBatch, dic
             )
         )
     return StepBatch(message.step_id, tuple(steps), tuple(message.finished_seq_ids)), joining
-
-
-__all__ = ["tensor_from_bytes", "tensor_to_bytes"]

@@ -1,9 +1,12 @@
 """Stage 0 of a pipeline: takes requests off the durable stream and keeps steps flowing through the stages.
 
-Design. Stage 0 owns the scheduler. It pulls a request from the work-queue stream only while it has
-room (sequence slots and free KV blocks): that is the backpressure, and whatever it does not pull
-waits, durable, on the stream. Each step the scheduler picks runs through stage 0's layers and its
-hidden states go to stage 1 as activation frames; the last stage samples, publishes the token events
+Design. Stage 0 owns the scheduler, through the same `EngineCore` the in-process engine drives
+(request table, validation, step batches, token application); this module adds only the bus:
+pulling, acking and keeping requests alive, cancel messages, and frames to and from the stages.
+It pulls a request from the work-queue stream only while the scheduler has room
+(`Scheduler.num_admittable`): that is the backpressure, and whatever it does not pull waits,
+durable, on the stream. Each step the scheduler picks runs through stage 0's layers and its hidden
+states go to stage 1 as activation frames; the last stage samples, publishes the token events
 and sends back `StepResult`s, which append the tokens (or end the sequences) here. Up to one step
 per stage is in flight: a sequence waiting for its token sits out the next steps by itself, and
 each step takes at most its share of the unfinished sequences, so the running set splits into
@@ -18,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import itertools
-import math
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ from mohawk_common.tasks import cancel_and_wait
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.seal import EventBox
 from mohawk_proto.v1 import bus_pb2
-from mohawk_shard.engine.llm_engine import to_step_batch
+from mohawk_shard.engine.core import EngineCore
 from mohawk_shard.engine.scheduler import Scheduler
 from mohawk_shard.engine.sequence import Sequence as Seq
 from mohawk_shard.node.hops import HopStats
@@ -52,15 +53,15 @@ from mohawk_shard.stage import Stage, StepBatch
 
 log = structlog.get_logger("mohawk.shard.head")
 
-_PROMPT_TAIL = 5
 _MAX_WAITING = 8
 _IDLE_WAIT_S = 0.5
 
 
-@dataclass(slots=True)
-class _Active:
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    """A running request's bus side: its message on the work queue and its token-event key."""
+
     msg: Msg
-    seq: Seq
     token_key: bytes
     box: EventBox | None
 
@@ -85,15 +86,12 @@ class HeadDriver:
         self.nc, self.js, self.plan = nc, js, plan
         self.link, self.security = link, security
         self.stage, self.scheduler, self.executor = stage, scheduler, executor
-        self.vocab_size = vocab_size
+        self.core = EngineCore(scheduler, vocab_size=vocab_size, on_finish=self._forget)
         self.tokens = tokens  # set when this node is also the last stage
         self.num_stages = len(plan.stages)
         self.max_inflight = max_inflight_steps or self.num_stages
         self.ack_wait_s = ack_wait_s
-        self._active: dict[str, _Active] = {}
-        self._by_seq_id: dict[int, _Active] = {}
-        self._seq_ids = itertools.count()
-        self._step_ids = itertools.count()
+        self._deliveries: dict[str, _Delivery] = {}
         self._num_inflight = 0
         self._inflight_steps: dict[int, StepBatch] = {}
         self._wake = asyncio.Event()
@@ -105,7 +103,7 @@ class HeadDriver:
 
     @property
     def num_active(self) -> int:
-        return len(self._active)
+        return self.core.num_unfinished
 
     async def start(self) -> None:
         model = self.plan.model
@@ -139,27 +137,18 @@ class HeadDriver:
                 await sub.unsubscribe()
         with contextlib.suppress(Exception):
             await self._pull.unsubscribe()
-        for active in list(self._active.values()):
+        for delivery in list(self._deliveries.values()):
             with contextlib.suppress(Exception):
-                await active.msg.nak()
+                await delivery.msg.nak()
         await self.link.stop()
-        self._log.info("stage 0 stopped", handed_back=len(self._active))
-        self._active.clear()
-        self._by_seq_id.clear()
+        self._log.info("stage 0 stopped", handed_back=len(self._deliveries))
+        self._deliveries.clear()
 
     # -- admission -----------------------------------------------------------------------------
 
-    def _room(self) -> int:
-        scheduler = self.scheduler
-        slots = scheduler.config.max_num_seqs - scheduler.num_unfinished
-        waiting_room = _MAX_WAITING - len(scheduler.waiting)
-        if scheduler.block_manager.num_free_blocks <= len(scheduler.running):
-            return 0  # no KV room: leave requests on the stream
-        return max(0, min(slots, waiting_room))
-
     async def _pull_loop(self) -> None:
         while True:
-            room = self._room()
+            room = self.scheduler.num_admittable(_MAX_WAITING)
             if room == 0:
                 await asyncio.sleep(0.02)
                 continue
@@ -184,12 +173,12 @@ class HeadDriver:
             await msg.term()
             return
         request_id = request.request_id
-        if request_id in self._active:
+        if self.core.request(request_id) is not None:
             return  # redelivered while we still run it
         box = event_box(request_id, request.token_key)
         try:
             params = sampling_from_proto(request.sampling)
-            prompt = self._checked_prompt(request)
+            prompt = self.core.check_prompt(request_id, request.prompt_token_ids)
         except InvalidRequestError as exc:
             await publish_error(self.nc, request_id, str(exc), 400, box)
             await msg.term()
@@ -201,31 +190,8 @@ class HeadDriver:
                 await msg.ack()
                 return
             self._log.info("request resumed", request_id=request_id, emitted=len(emitted))
-        seq = Seq(next(self._seq_ids), request_id, prompt, params)
-        for token_id in emitted:
-            seq.append_token(token_id)
-        active = _Active(msg, seq, request.token_key, box)
-        self._active[request_id] = active
-        self._by_seq_id[seq.seq_id] = active
-        if self.tokens is not None:
-            self.tokens.emitter.track(
-                seq.seq_id, request_id, params, len(prompt), prompt[-_PROMPT_TAIL:], emitted
-            )
-            self.tokens.set_key(seq.seq_id, request_id, request.token_key)
-        self.scheduler.add(seq)
-
-    def _checked_prompt(self, request: bus_pb2.GenerateRequest) -> list[int]:
-        prompt = list(request.prompt_token_ids)
-        if not prompt:
-            raise InvalidRequestError("the prompt is empty")
-        if len(prompt) >= self.plan.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt)} tokens, but the context holds {self.plan.max_model_len} "
-                "(prompt plus at least one generated token)"
-            )
-        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            raise InvalidRequestError(f"prompt token ids must lie in [0, {self.vocab_size})")
-        return prompt
+        self.core.add_request(request_id, prompt, params, emitted)
+        self._deliveries[request_id] = _Delivery(msg, request.token_key, box)
 
     # -- stepping ------------------------------------------------------------------------------
 
@@ -233,13 +199,9 @@ class HeadDriver:
         while True:
             self._wake.clear()
             while self._num_inflight < self.max_inflight:
-                cap = None
-                if self.num_stages > 1:
-                    cap = max(1, math.ceil(self.scheduler.num_unfinished / self.num_stages))
-                scheduled = self.scheduler.schedule(max_seqs=cap)
-                if scheduled.is_empty:
+                batch = self.core.next_batch(self.num_stages)
+                if batch is None:
                     break
-                batch = to_step_batch(next(self._step_ids), scheduled)
                 try:
                     await self._run_step(batch)
                 except Exception:
@@ -251,18 +213,16 @@ class HeadDriver:
 
     async def _run_step(self, batch: StepBatch) -> None:
         loop = asyncio.get_running_loop()
-        if self.tokens is not None:
-            output = await loop.run_in_executor(self.executor, self.stage.step, batch, None)
-            for result in await self.tokens.publish(output.sampled):
+        joining = self._joining(batch)
+        if self.tokens is not None:  # a one-stage pipeline: this node samples too
+            results = await self.tokens.sample_step(
+                batch, joining, lambda: loop.run_in_executor(self.executor, self.stage.step, batch, None)
+            )
+            for result in results:
                 self._apply(result)
             return
         dtype, shape, data = await loop.run_in_executor(self.executor, self._forward, batch)
-        specs: dict[int, Joining] = {}
-        for s in batch.sequences:
-            active = self._by_seq_id.get(s.seq_id)
-            if s.new_sequence is not None and active is not None:
-                specs[s.seq_id] = (active.seq.request_id, self._prompt_tail(s.seq_id), active.token_key)
-        step = step_batch_to_proto(batch, specs, with_token_ids=False)
+        step = step_batch_to_proto(batch, joining, with_token_ids=False)
         await self.link.send_activations(step, dtype, shape, data)
         self._inflight_steps[batch.step_id] = batch
         self._num_inflight += 1
@@ -273,9 +233,17 @@ class HeadDriver:
             return "", [], b""
         return self.stage.backend.encode_hidden(output.hidden_states)
 
-    def _prompt_tail(self, seq_id: int) -> list[int]:
-        seq = self._by_seq_id[seq_id].seq
-        return seq.token_ids[: seq.num_prompt_tokens][-_PROMPT_TAIL:]
+    def _joining(self, batch: StepBatch) -> dict[int, Joining]:
+        """What the sampling stage needs of each sequence that (re)joins in `batch`."""
+        joining: dict[int, Joining] = {}
+        for s in batch.sequences:
+            seq = self.core.sequence(s.seq_id)
+            if s.new_sequence is None or seq is None:
+                continue
+            delivery = self._deliveries.get(seq.request_id)
+            token_key = delivery.token_key if delivery is not None else b""
+            joining[s.seq_id] = (seq.request_id, self.core.prompt_tail(seq), token_key)
+        return joining
 
     async def _on_result(self, msg: Msg) -> None:
         frame = self.link.receive(msg.data)
@@ -297,51 +265,54 @@ class HeadDriver:
         self._wake.set()
 
     def _apply(self, sampled: bus_pb2.SampledResult) -> None:
-        active = self._by_seq_id.get(sampled.seq_id)
-        if active is None or active.seq.is_finished:
+        seq = self.core.sequence(sampled.seq_id)
+        if seq is None:
             return  # cancelled while its step was in flight
-        active.seq.append_token(sampled.token_id)
-        if sampled.finish_reason:
-            self._finish(active)
-            ack = asyncio.create_task(active.msg.ack())
+        delivery = self._deliveries.get(seq.request_id)
+        self.core.apply_token(sampled.seq_id, sampled.token_id, finished=bool(sampled.finish_reason))
+        if sampled.finish_reason and delivery is not None:
+            ack = asyncio.create_task(delivery.msg.ack())
             self._pending_acks.add(ack)
             ack.add_done_callback(self._pending_acks.discard)
 
-    def _finish(self, active: _Active) -> None:
-        self.scheduler.finish(active.seq)
+    def _forget(self, seq: Seq) -> None:
+        """The core let `seq` go (finished, cancelled or failed): drop what the bus side kept of it."""
         if self.tokens is not None:
-            self.tokens.drop(active.seq.seq_id)
-        self._active.pop(active.seq.request_id, None)
-        self._by_seq_id.pop(active.seq.seq_id, None)
+            self.tokens.drop(seq.seq_id)
+        self._deliveries.pop(seq.request_id, None)
 
     async def _fail(self, batch: StepBatch, reason: str) -> None:
         for step in batch.sequences:
-            active = self._by_seq_id.get(step.seq_id)
-            if active is None:
+            seq = self.core.sequence(step.seq_id)
+            if seq is None:
                 continue
-            self._finish(active)
-            await publish_error(self.nc, active.seq.request_id, reason, 500, active.box)
-            await active.msg.term()
+            delivery = self._deliveries.get(seq.request_id)
+            self.core.finish(seq)
+            if delivery is not None:
+                await publish_error(self.nc, seq.request_id, reason, 500, delivery.box)
+                await delivery.msg.term()
         self._wake.set()
 
     # -- cancellation and liveness ---------------------------------------------------------------
 
     async def _on_cancel(self, msg: Msg) -> None:
         request_id = msg.subject.rsplit(".", 1)[-1]
-        active = self._active.get(request_id)
-        if active is None:
+        delivery = self._deliveries.get(request_id)
+        if delivery is None:
             return
-        if active.token_key and not hmac.compare_digest(msg.data, cancel_tag(active.token_key, request_id)):
+        if delivery.token_key and not hmac.compare_digest(
+            msg.data, cancel_tag(delivery.token_key, request_id)
+        ):
             self.security.reject(AuthenticationError("tampered", "cancel without the request's tag"))
             return
-        self._finish(active)
+        self.core.abort_request(request_id)
         self._log.info("request cancelled", request_id=request_id)
-        await active.msg.ack()
+        await delivery.msg.ack()
         self._wake.set()
 
     async def _keep_alive_loop(self) -> None:
         while True:
             await asyncio.sleep(self.ack_wait_s / 3)
-            for active in list(self._active.values()):
+            for delivery in list(self._deliveries.values()):
                 with contextlib.suppress(Exception):
-                    await active.msg.in_progress()
+                    await delivery.msg.in_progress()

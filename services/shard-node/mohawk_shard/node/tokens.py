@@ -9,7 +9,7 @@ made the key (and a stage 0 that opened the sealed request) can read them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from nats.aio.client import Client
 
@@ -20,7 +20,7 @@ from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.request_output import RequestOutput
 from mohawk_shard.node.wire import Joining
-from mohawk_shard.stage import StepBatch
+from mohawk_shard.stage import StageOutput, StepBatch
 
 
 def token_event(event: RequestOutput) -> engine_pb2.TokenEvent:
@@ -91,6 +91,15 @@ class TokenPublisher:
                     step.seq_id, request_id, spec.params, spec.num_prompt_tokens, tail, spec.output_token_ids
                 )
                 self.set_key(step.seq_id, request_id, token_key)
+
+    async def sample_step(
+        self, batch: StepBatch, joining: Mapping[int, Joining], compute: Callable[[], Awaitable[StageOutput]]
+    ) -> list[bus_pb2.SampledResult]:
+        """The last stage's share of a step, whichever stage index it is: follow the sequences that
+        join or leave in `batch`, run the stage (`compute`), publish the tokens it sampled."""
+        self.follow(batch, joining)
+        output = await compute()
+        return await self.publish(output.sampled)
 
     async def publish(self, sampled: Sequence[tuple[int, SampledToken]]) -> list[bus_pb2.SampledResult]:
         results = []

@@ -119,10 +119,11 @@ class StageWorker:
         raw = (header.dtype, list(header.shape), data) if data else None
         loop = asyncio.get_running_loop()
         if self.tokens is not None:
-            self.tokens.follow(batch, joining)
-            output = await loop.run_in_executor(self.executor, self._step, batch, raw)
+            results = await self.tokens.sample_step(
+                batch, joining, lambda: loop.run_in_executor(self.executor, self._step, batch, raw)
+            )
             result = bus_pb2.StepResult(plan_version=self.plan.version, step_id=batch.step_id)
-            result.results.extend(await self.tokens.publish(output.sampled))
+            result.results.extend(results)
             result.sent_at = time.time()
             await self.link.send_result(result)
             return

@@ -21,25 +21,40 @@ both backends sample identically.
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
+import structlog
 import torch
+from gguf.constants import GGMLQuantizationType
 
 from mohawk_common.errors import ConfigError
 from mohawk_common.model_store import ModelSource
 from mohawk_common.model_store.config import ModelConfig
 from mohawk_shard.backends.batch import ForwardBatch
+from mohawk_shard.backends.mlx_quant import (
+    GROUP_SIZE,
+    WEIGHT_FORMATS,
+    QuantizedWeight,
+    chosen_bits,
+    has_no_kernel,
+    quantize_weight,
+    stored_type,
+)
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 
 _DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 _NAMES = {v: k for k, v in _DTYPES.items()}
+_WEIGHT_DTYPES = {"bf16": mx.bfloat16, "fp32": mx.float32}  # formats that fix the held dtype
 # mlx-lm module per architecture (Mistral's decoder is llama's)
 _MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+log = structlog.get_logger("mohawk.shard.mlx")
 
 
 def model_args(config: ModelConfig, num_layers: int) -> Any:
@@ -104,7 +119,10 @@ class MlxBackend:
         if device != "auto":
             mx.set_default_device(mx.cpu if device == "cpu" else mx.gpu)
         self.device = f"mlx:{mx.default_device()}"
-        name = "float32" if dtype == "auto" else dtype
+        if weights not in WEIGHT_FORMATS:
+            raise ConfigError(f"weights {weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+        self.weights = weights
+        name = ("bfloat16" if weights == "bf16" else "float32") if dtype == "auto" else dtype
         if name not in _DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not one of auto, {', '.join(_DTYPES)}")
         self.dtype = _DTYPES[name]
@@ -113,19 +131,50 @@ class MlxBackend:
         self.has_embedding, self.has_head = start == 0, end == config.num_layers
         args, module = model_args(config, end - start)
         model = module.Model(args)  # parameters are lazy: only what is loaded below is ever made
+        self._weights = self._load(model, source)
         self.layers = list(model.model.layers)
         self.embed_tokens = model.model.embed_tokens if self.has_embedding or self._tied_head else None
         self.norm = model.model.norm if self.has_head else None
         self.lm_head = model.lm_head if self.has_head and not config.tie_word_embeddings else None
-        self.weights = weights
-        tensors = source.load_weights(start, end, embedding=self.has_embedding, head=self.has_head)
-        loaded = [(self._mlx_name(k), mx.array(v).astype(self.dtype)) for k, v in tensors.items()]
-        del tensors
-        model.load_weights([(k, v) for k, v in loaded if k is not None], strict=False)
-        self._weights = [v for k, v in loaded if k is not None]
-        mx.eval(self._weights)
         self.kv: list[list[mx.array]] = []
         self.sampler = Sampler(config.eos_token_ids) if self.has_head else None
+
+    def _load(self, model: nn.Module, source: ModelSource) -> list[mx.array]:
+        """Load the stage's weights into `model` in their formats (see `mlx_quant`); the arrays held."""
+        held = _WEIGHT_DTYPES.get(self.weights, self.dtype)
+        tensors = source.load_weights(self.start, self.end, embedding=self.has_embedding, head=self.has_head)
+        floats: list[tuple[str, mx.array]] = []
+        quantized: dict[str, QuantizedWeight] = {}  # module path -> weight
+        formats: Counter[str] = Counter()
+        for name, array in tensors.items():
+            mlx_name = self._mlx_name(name)
+            if mlx_name is None:
+                continue
+            stored = stored_type(source, name)
+            bits = _held_bits(name, stored, array.shape[-1], self.weights)
+            if bits is None:
+                floats.append((mlx_name, mx.array(array).astype(held)))
+                formats[_NAMES[held]] += 1
+            else:
+                quantized[mlx_name.removesuffix(".weight")] = quantize_weight(
+                    source, name, array, bits, self.dtype
+                )
+                formats[f"{bits}-bit" + (f" from {stored.name}" if stored is not None else "")] += 1
+        del tensors
+        nn.quantize(model, class_predicate=lambda path, _: _group_params(quantized.get(path)))
+        for path, weight in quantized.items():
+            floats += [(f"{path}.{key}", getattr(weight, key)) for key in ("weight", "scales", "biases")]
+        model.load_weights(floats, strict=False)
+        arrays = [array for _, array in floats]
+        mx.eval(arrays)
+        log.info(
+            "mlx stage weights loaded",
+            layers=f"[{self.start}, {self.end})",
+            weights=self.weights,
+            formats=dict(formats),
+            weight_bytes=sum(int(a.nbytes) for a in arrays),
+        )
+        return arrays
 
     @property
     def _tied_head(self) -> bool:
@@ -214,6 +263,31 @@ class MlxBackend:
         if dtype not in _DTYPES:
             raise ValueError(f"unknown hidden-state dtype {dtype!r}")
         return mx.array(np.frombuffer(data, dtype=np.dtype(dtype))).reshape(tuple(shape))
+
+
+def _held_bits(name: str, stored: GGMLQuantizationType | None, columns: int, weights: str) -> int | None:
+    """`chosen_bits`, and a log line for each weight that has no kernel and is held unquantized."""
+    bits = chosen_bits(name, stored, weights)
+    if bits is not None and columns % GROUP_SIZE:
+        log.warning(
+            "no MLX kernel for rows of part groups, held in the compute dtype",
+            tensor=name,
+            columns=columns,
+            group_size=GROUP_SIZE,
+        )
+        return None
+    if bits is None and has_no_kernel(stored) and stored is not None:
+        log.warning(
+            "no MLX kernel for this GGUF type, held dequantized in the compute dtype",
+            tensor=name,
+            format=stored.name,
+        )
+    return bits
+
+
+def _group_params(weight: QuantizedWeight | None) -> dict[str, int] | bool:
+    """`nn.quantize`'s answer for one module: its group size and bits, or False to leave it."""
+    return False if weight is None else {"group_size": GROUP_SIZE, "bits": weight.bits}
 
 
 def _causal_mask(count: int, offset: int) -> mx.array:

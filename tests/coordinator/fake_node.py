@@ -16,6 +16,23 @@ MIB = 2**20
 MODEL = "smollm2-135m-instruct"
 
 
+def describe_model(heartbeat: bus_pb2.Heartbeat, layer_mib: float = 13.5) -> bus_pb2.Heartbeat:
+    """Fill in the model's shape as a node reports it: SmolLM2-135M-like, fp32 weights (30 layers
+    of `layer_mib` MiB, 108 MiB embedding, 108 MiB head)."""
+    heartbeat.model_id = "tiny-llama"
+    heartbeat.num_layers = 30
+    heartbeat.hidden_size = 576
+    heartbeat.vocab_size = 49152
+    heartbeat.num_kv_heads = 3
+    heartbeat.head_dim = 64
+    heartbeat.max_position_embeddings = 8192
+    heartbeat.layer_weight_bytes = int(layer_mib * MIB)
+    heartbeat.embedding_weight_bytes = 108 * MIB
+    heartbeat.head_weight_bytes = 108 * MIB
+    heartbeat.weights_format = "fp32"
+    return heartbeat
+
+
 class FakeNode:
     """Heartbeats every `interval_s` until stopped; tests change its fields between beats."""
 
@@ -34,7 +51,7 @@ class FakeNode:
         self.nc = nc
         self.interval_s = interval_s
         self.started_at_ms = int(time.time() * 1000)
-        self.heartbeat = bus_pb2.Heartbeat(
+        heartbeat = bus_pb2.Heartbeat(
             node_id=node_id,
             model=model,
             backend="torch",
@@ -51,6 +68,7 @@ class FakeNode:
             kv_block_bytes_per_layer=kv_block_bytes_per_layer,
             role="shard",
         )
+        self.heartbeat = describe_model(heartbeat)
         self._task: asyncio.Task[None] | None = None
 
     @property

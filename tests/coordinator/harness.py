@@ -22,11 +22,13 @@ from mohawk_proto.v1 import bus_pb2
 
 MIB = 2**20
 TTL_S = 1.5
-# SmolLM2-135M-like: 30 layers of 13.5 MiB, 108 MiB embedding and head, fp32 KV of 3 heads × 64
+# SmolLM2-135M-like, as `FakeNode`s report it: 30 layers of 13.5 MiB, 108 MiB embedding and head,
+# fp32 KV of 3 heads × 64
 SHAPE = ModelShape(
     ModelFootprint("tiny-llama", 30, int(13.5 * MIB), 108 * MIB, 108 * MIB),
     max_position_embeddings=8192,
     kv_bytes_per_token_per_layer=2 * 3 * 64 * 4,
+    weights_formats=("fp32",),
 )
 
 
@@ -70,7 +72,7 @@ async def start_replica(url: str, coordinator_id: str, **overrides: Any) -> Repl
     nc = await connect(url, name=coordinator_id)
     config = settings(url, coordinator_id, **overrides)
     buckets = await ensure_buckets(nc.jetstream(), config.bus_limits())
-    coordinator = Coordinator(config, nc, buckets, SHAPE)
+    coordinator = Coordinator(config, nc, buckets)
     return Replica(coordinator, asyncio.create_task(coordinator.run()), nc)
 
 

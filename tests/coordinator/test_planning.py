@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from mohawk_common.model_store import ModelConfig
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.planner import PlanningError
 from mohawk_coordinator.planning import (
     ModelShape,
+    ShapeMismatchError,
     build_plan,
     is_serving,
     node_capacities,
@@ -19,6 +19,7 @@ from mohawk_coordinator.planning import (
     same_placement,
 )
 from mohawk_proto.v1 import bus_pb2
+from tests.coordinator.fake_node import describe_model
 from tests.coordinator.harness import SHAPE
 from tests.coordinator.harness import settings as harness_settings
 
@@ -49,19 +50,18 @@ def ranges(plan: bus_pb2.Plan) -> list[tuple[str, int, int]]:
     return [(s.node_id, s.start, s.end) for s in plan.stages]
 
 
-def test_shape_from_a_model_config_counts_fp32_bytes() -> None:
-    config = ModelConfig(
-        model_id="m", architecture="llama", num_layers=30, hidden_size=576, intermediate_size=1536,
-        num_heads=9, num_kv_heads=3, head_dim=64, vocab_size=49152, rms_norm_eps=1e-5, rope_theta=1e5,
-        rope_scaling=None, max_position_embeddings=8192, tie_word_embeddings=True, attention_bias=False,
-        qk_norm=False, bos_token_id=1, eos_token_ids=(2,), sliding_window=None,
-    )  # fmt: skip
-    shape = ModelShape.from_config(config)
-    assert shape.footprint.layer_bytes == config.weight_bytes_per_layer == 14_160_384
-    assert shape.footprint.embedding_bytes == 49152 * 576 * 4
-    assert shape.footprint.head_bytes == 49152 * 576 * 4 + 576 * 4
-    assert shape.kv_bytes_per_token_per_layer == 2 * 3 * 64 * 4
-    assert shape.max_position_embeddings == 8192
+def test_shape_comes_from_the_heartbeats_with_the_largest_bytes_reported() -> None:
+    beats = [describe_model(heartbeat("a"), layer_mib=6.75), describe_model(heartbeat("b")), heartbeat("c")]
+    shape = ModelShape.from_heartbeats(beats)  # c reports no shape (yet): it does not count
+    assert shape == SHAPE
+    assert ModelShape.from_heartbeats([heartbeat("a")]) is None
+
+
+def test_nodes_that_disagree_on_the_shape_are_not_planned() -> None:
+    other = describe_model(heartbeat("b"))
+    other.num_layers = 24
+    with pytest.raises(ShapeMismatchError, match="same model"):
+        ModelShape.from_heartbeats([describe_model(heartbeat("a")), other])
 
 
 def test_speeds_round_to_two_digits_and_unmeasured_nodes_count_as_the_slowest() -> None:

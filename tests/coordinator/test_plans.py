@@ -74,6 +74,8 @@ def test_plans_follow_membership_and_activate_when_loaded(
         assert "plan version 1 (active)" in text and "coord-a" in text
         assert "node-0" in text and "[0, 15)" in text and "node-1" in text and "[15, 30)" in text
         assert "reasons:" in text and "KV blocks" in text
+        assert "weights MiB" in text and "fp32" in text
+        assert text.count("310.5") == 2  # 15 × 13.5 MiB + the 108 MiB embedding (stage 0) or head
 
         n2 = await FakeNode(nodes_nc, "node-2").start()
         v2 = await wait_for_plan(buckets, lambda p: p.version == 2, 5, "version 2")

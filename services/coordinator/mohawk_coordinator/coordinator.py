@@ -10,7 +10,8 @@ live and no node would change it, so a coordinator failover alone never makes th
 reload. Each write is fenced twice: the lease is checked just before, and the plan key is written
 by compare-and-set on the revision this leader last read or wrote, so a deposed leader's write
 fails instead of overwriting its successor's. A plan is published `loading`, and re-published with
-the same version as `active` once every stage's node heartbeats that version loaded.
+the same version as `active` once every stage's node heartbeats that version loaded. The model's
+shape comes from the same heartbeats (planning.py): no plan is made before a node has reported it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -59,14 +60,13 @@ class _Term:
 
 
 class Coordinator:
-    """Runs one replica until `stop()`; `model` is the served model's shape, or an awaitable of it."""
+    """Runs one replica until `stop()`."""
 
     def __init__(
         self,
         settings: CoordinatorSettings,
         nc: Client,
         buckets: Buckets,
-        model: ModelShape | Awaitable[ModelShape],
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -77,8 +77,6 @@ class Coordinator:
         self.store = PlanStore(buckets.plan)
         self._clock = clock
         self.election = self._new_election(settings.lease_ttl_s)
-        self._shape: ModelShape | None = model if isinstance(model, ModelShape) else None
-        self._model_source: Awaitable[ModelShape] | None = None if isinstance(model, ModelShape) else model
         self._wake = asyncio.Event()
         self._stopping = False
         self._term: _Term | None = None
@@ -103,24 +101,23 @@ class Coordinator:
         self._listening_since = self._clock()
         self._seen_since = self._clock()
         election = asyncio.create_task(self.election.run(), name="election")
-        model = None if self._model_source is None else asyncio.ensure_future(self._model_source)
         self._log.info(
             "coordinator started", model=self.settings.served_model, placement=self.settings.placement
         )
         try:
-            await self._loop(model)
+            await self._loop()
         except asyncio.CancelledError:
-            await _halt(election, model, subscription)
+            await _halt(election, subscription)
             raise
         except BaseException:
-            await _halt(election, model, subscription)
+            await _halt(election, subscription)
             await self.election.release()
             raise
-        await _halt(election, model, subscription)
+        await _halt(election, subscription)
         await self.election.release()
         self._log.info("coordinator stopped")
 
-    async def _loop(self, model: asyncio.Future[ModelShape] | None) -> None:
+    async def _loop(self) -> None:
         tick = self.settings.heartbeat_interval_s / TICKS_PER_HEARTBEAT
         while not self._stopping:
             with contextlib.suppress(TimeoutError):  # not wait_for: 3.11 may swallow a cancel
@@ -129,8 +126,6 @@ class Coordinator:
             self._wake.clear()
             if self._stopping:
                 return
-            if self._shape is None and model is not None and model.done():
-                self._shape = model.result()  # a model that cannot be read ends the replica here
             self.registry.expire()
             if not self.election.is_leader:
                 self._term = None
@@ -145,18 +140,23 @@ class Coordinator:
         if term is None or term.number != self.election.term:
             term = self._term = _Term(self.election.term, NodeMirror(self.buckets.nodes))
         await term.mirror.sync(self.registry.live())
-        if self._shape is None:
-            self._complain_once(term, "waiting for the model's config before planning")
-            return
         if self._clock() - self._listening_since < WARMUP_HEARTBEATS * self.settings.heartbeat_interval_s:
+            return
+        live = {node_id: r.heartbeat for node_id, r in self.registry.live(self.settings.served_model).items()}
+        try:
+            shape = ModelShape.from_heartbeats(live.values())
+        except PlanningError as exc:
+            self._complain_once(term, f"not planning: {exc}")
+            return
+        if shape is None:
+            self._complain_once(term, "waiting for a node to report the model's shape before planning")
             return
         if not term.has_read:
             stored = await self.store.read()
             term.plan, term.revision, term.version = stored.plan, stored.revision, stored.version
             term.has_read = True
-        live = {node_id: r.heartbeat for node_id, r in self.registry.live(self.settings.served_model).items()}
         live_ids = frozenset(live)
-        if term.planned_ids is None and self._can_adopt(term.plan, live):
+        if term.planned_ids is None and self._can_adopt(term.plan, shape, live):
             term.planned_ids = live_ids
             self._log.info(
                 "adopted the stored plan", version=term.version, state=term.plan and term.plan.state
@@ -165,17 +165,18 @@ class Coordinator:
             self._seen_ids, self._seen_since = live_ids, self._clock()
         settled = self._clock() - self._seen_since >= self.settings.plan_settle_s
         if term.planned_ids != live_ids and settled:
-            await self._replan(term, self._shape, live)
+            await self._replan(term, shape, live)
         if term.plan is not None and term.plan.state != ACTIVE and is_serving(term.plan, live):
             active = bus_pb2.Plan()
             active.CopyFrom(term.plan)
             active.state = ACTIVE
             await self._publish(term, active)
 
-    def _can_adopt(self, stored: bus_pb2.Plan | None, live: dict[str, bus_pb2.Heartbeat]) -> bool:
+    def _can_adopt(
+        self, stored: bus_pb2.Plan | None, shape: ModelShape, live: dict[str, bus_pb2.Heartbeat]
+    ) -> bool:
         """Whether a new leader may keep the stored plan: same model, stages live, nothing to gain."""
-        shape = self._shape
-        if stored is None or shape is None or stored.model != self.settings.served_model:
+        if stored is None or stored.model != self.settings.served_model:
             return False
         if stored.model_id != shape.footprint.model_id or stored.num_layers != shape.footprint.num_layers:
             return False
@@ -266,11 +267,7 @@ class Coordinator:
             self.election = self._new_election(ttl)
 
 
-async def _halt(
-    election: asyncio.Task[None], model: asyncio.Future[ModelShape] | None, subscription: Subscription
-) -> None:
-    if model is not None:
-        model.cancel()  # a plain future: cancelling it cannot be lost
+async def _halt(election: asyncio.Task[None], subscription: Subscription) -> None:
     with contextlib.suppress(NatsError, TimeoutError):
         await cancel_and_wait(election)
     with contextlib.suppress(NatsError, TimeoutError):

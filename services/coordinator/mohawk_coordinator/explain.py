@@ -1,7 +1,9 @@
 """`mohawk plan [--explain]`: the current placement plan, as JSON or as a table with its reasons.
 
 Reads only: the plan from the `mohawk_plan` bucket and the live nodes the leader mirrors into
-`mohawk_nodes`; it creates nothing on the bus.
+`mohawk_nodes`; it creates nothing on the bus. A stage's weight bytes are its node's own report
+(layers × bytes per layer, plus embedding on stage 0 and head on the last), in the format that
+node loaded.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def render(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> str:
         f"{plan.block_size} tokens; max_model_len {plan.max_model_len}",
         "",
         f"{'stage':>5}  {'node':<20} {'layers':<10} {'backend':<8} {'device':<8} "
-        f"{'memory MiB':>10} {'KV MiB':>8} {'s/layer':>9}  loaded",
+        f"{'memory MiB':>10} {'KV MiB':>8} {'weights MiB':>11} {'format':<8} {'s/layer':>9}  loaded",
     ]
     for index, stage in enumerate(plan.stages):
         layers = f"[{stage.start}, {stage.end})"
@@ -115,6 +117,7 @@ def render(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> str:
         lines.append(
             f"{index:>5}  {stage.node_id:<20} {layers:<10} {node.backend:<8} {node.device:<8} "
             f"{node.memory_limit_bytes / 2**20:>10.1f} {node.kv_cache_bytes / 2**20:>8.1f} "
+            f"{weights_cell(node, stage, plan.num_layers):>11} {node.weights_format or '?':<8} "
             f"{node.seconds_per_layer:>9.2g}  {loaded}"
         )
     idle = sorted(set(nodes) - {s.node_id for s in plan.stages})
@@ -122,3 +125,16 @@ def render(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> str:
         lines.append(f"live nodes without a stage: {', '.join(idle)}")
     lines += ["", "reasons:", *(f"- {reason}" for reason in plan.reasons)]
     return "\n".join(lines)
+
+
+def stage_weight_bytes(node: bus_pb2.Heartbeat, stage: bus_pb2.PlanStage, num_layers: int) -> int:
+    """What `stage` costs `node` in weights, by the bytes it reports (0 when it reports none)."""
+    embedding = node.embedding_weight_bytes if stage.start == 0 else 0
+    head = node.head_weight_bytes if stage.end == num_layers else 0
+    return (stage.end - stage.start) * node.layer_weight_bytes + embedding + head
+
+
+def weights_cell(node: bus_pb2.Heartbeat, stage: bus_pb2.PlanStage, num_layers: int) -> str:
+    if node.layer_weight_bytes <= 0:
+        return "?"
+    return f"{stage_weight_bytes(node, stage, num_layers) / 2**20:.1f}"

@@ -1,22 +1,17 @@
 """Wiring of a coordinator replica: settings, logging, NATS, buckets, signals, graceful stop.
 
 SIGTERM or SIGINT stops the replica cleanly: it finishes its current step and deletes its lease
-(if it holds it), so a standby takes over within one poll instead of one lease TTL.
+(if it holds it), so a standby takes over within one poll instead of one lease TTL. The replica
+never opens the model file: it plans from what the shard nodes report in their heartbeats, so it
+imports neither transformers nor torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import functools
-import logging
-import os
 import signal
 import sys
-import threading
-from collections.abc import Callable
-from typing import TypeVar
 
 import structlog
 
@@ -30,18 +25,17 @@ from mohawk_common.tasks import RECANCEL_S
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.coordinator import Coordinator
 from mohawk_coordinator.planner import PLACEMENTS
-from mohawk_coordinator.planning import load_model_shape
 
 log = structlog.get_logger("mohawk.coordinator")
-T = TypeVar("T")
-MODEL_THREAD = "model-config"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `mohawk coordinator` / `python -m mohawk_coordinator`; unset flags defer to env/YAML."""
     parser.add_argument("--coordinator-id", help="this replica's id (default: <hostname>-<pid>)")
     parser.add_argument("--nats-url", help="NATS server URL(s), comma-separated")
-    parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
+    parser.add_argument(
+        "--model", help="GGUF file or safetensors directory, for its name (default: bundled SmolLM2-135M)"
+    )
     parser.add_argument("--served-model-name", help="model name nodes heartbeat (default: from the file)")
     parser.add_argument("--placement", choices=PLACEMENTS, help="spread (default) or pack")
     parser.add_argument("--lease-ttl", type=float, help="leader lease in seconds (failover time)")
@@ -81,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
     except MohawkError as exc:
         log.error("coordinator failed", error=str(exc))
         code = 1
-    _exit_now_if_loading(code)  # failed (code 1) while the loader thread still imports
     return code
 
 
@@ -105,53 +98,10 @@ async def serve(settings: CoordinatorSettings) -> None:
         nc = await connect(settings.nats_servers, name=f"coordinator-{settings.coordinator_id}")
         try:
             buckets = await ensure_buckets(nc.jetstream(), settings.bus_limits())
-            # reading the model's config imports transformers (seconds): the replica campaigns meanwhile
-            shape = in_background(lambda: load_model_shape(settings.model), name=MODEL_THREAD)
-            coordinator = Coordinator(settings, nc, buckets, shape)
+            coordinator = Coordinator(settings, nc, buckets)
             await coordinator.run()
         finally:
             await nc.close()
-        _exit_now_if_loading(0)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-
-
-def _exit_now_if_loading(code: int) -> None:
-    """Stopped (lease released, NATS closed) while the loader thread still imports transformers and
-    torch: leave now, with `code`. Tearing the event loop and the interpreter down would wait on that import
-    (its module locks, torch's exit hooks), for tens of seconds on a busy machine."""
-    if any(t.name == MODEL_THREAD and t.is_alive() for t in threading.enumerate()):
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def in_background(work: Callable[[], T], *, name: str) -> asyncio.Future[T]:
-    """Run `work` on a daemon thread (which never holds up process exit); its result as a future."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def target() -> None:
-        try:
-            result = work()
-        except BaseException as exc:  # handed to the event loop, which raises it in the coordinator
-            settle = functools.partial(_set_exception, future, exc)
-        else:
-            settle = functools.partial(_set_result, future, result)
-        with contextlib.suppress(RuntimeError):  # the loop closed first: nobody is waiting
-            loop.call_soon_threadsafe(settle)
-
-    threading.Thread(target=target, name=name, daemon=True).start()
-    return future
-
-
-def _set_result(future: asyncio.Future[T], result: T) -> None:
-    if not future.done():
-        future.set_result(result)
-
-
-def _set_exception(future: asyncio.Future[T], error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)

@@ -1,9 +1,12 @@
 """From live heartbeats to a `bus_pb2.Plan`: the model's footprint, node capacities, KV blocks.
 
-Design. Bytes are counted as the model store hands weights out, float32 (`ModelConfig.
-weight_bytes_per_layer`; embedding and LM head are vocab × hidden each, the head counted in full
-even when tied to the embedding, since the last stage holds its own copy), which over-counts for
-nodes that keep bf16/fp16 weights and so errs on the safe side.
+Design. The coordinator never opens the model: every shard node reports the model's shape
+(layers, hidden size, vocab, KV heads, head dim, context) and its own weight bytes (one decoder
+layer as it holds it, in the format it loads; the embedding; the final norm + LM head) in its
+heartbeat. The nodes of one model must agree on the shape, or nothing is planned. Bytes may
+differ between nodes (one keeps bf16, another fp32 or int4): the planner takes one footprint for
+all, the largest each node reports, so a stage fits whichever node gets it and the plan errs on
+the safe side. Until some live node has reported a shape there is nothing to plan.
 
 How KV enters the footprint: it does not enter `layer_bytes`. A node sizes its KV pool itself and
 reports it as `kv_cache_bytes`, part of `memory_limit_bytes`; so the planner places weights only,
@@ -22,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from mohawk_common.model_store import ModelConfig, open_model
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.planner import ModelFootprint, NodeCapacity, PlanningError, plan_placement
 from mohawk_proto.v1 import bus_pb2
@@ -34,6 +36,10 @@ LOADING = "loading"
 ACTIVE = "active"
 
 
+class ShapeMismatchError(PlanningError):
+    """The nodes of one model report different shapes (different model files)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelShape:
     """What the coordinator needs to know of the served model."""
@@ -41,24 +47,42 @@ class ModelShape:
     footprint: ModelFootprint
     max_position_embeddings: int
     kv_bytes_per_token_per_layer: int  # K and V of one token in one layer, float32
+    weights_formats: tuple[str, ...] = ()  # as the nodes reported them, for explain
 
     @classmethod
-    def from_config(cls, config: ModelConfig) -> ModelShape:
-        matrix = config.vocab_size * config.hidden_size * FP32_BYTES
+    def from_heartbeats(cls, heartbeats: Iterable[bus_pb2.Heartbeat]) -> ModelShape | None:
+        """The shape the nodes report (None until one does); raises ShapeMismatchError when they
+        disagree. Weight bytes are the largest any node reports (see the design note)."""
+        beats = [hb for hb in heartbeats if hb.num_layers > 0]
+        if not beats:
+            return None
+        shapes = {_shape_key(hb) for hb in beats}
+        if len(shapes) > 1:
+            described = "; ".join(sorted(f"{hb.node_id}: {_shape_key(hb)}" for hb in beats))
+            raise ShapeMismatchError(f"the nodes do not serve the same model ({described})")
+        first = beats[0]
         footprint = ModelFootprint(
-            config.model_id,
-            num_layers=config.num_layers,
-            layer_bytes=config.weight_bytes_per_layer,
-            embedding_bytes=matrix,
-            head_bytes=matrix + config.hidden_size * FP32_BYTES,
+            first.model_id,
+            num_layers=first.num_layers,
+            layer_bytes=max(hb.layer_weight_bytes for hb in beats),
+            embedding_bytes=max(hb.embedding_weight_bytes for hb in beats),
+            head_bytes=max(hb.head_weight_bytes for hb in beats),
         )
-        kv_per_token = 2 * config.num_kv_heads * config.head_dim * FP32_BYTES
-        return cls(footprint, config.max_position_embeddings, kv_per_token)
+        kv_per_token = 2 * first.num_kv_heads * first.head_dim * FP32_BYTES
+        formats = tuple(sorted({hb.weights_format for hb in beats if hb.weights_format}))
+        return cls(footprint, first.max_position_embeddings, kv_per_token, formats)
 
 
-def load_model_shape(model_path: str | None) -> ModelShape:
-    """Read the served model's config (slow: the model store imports transformers)."""
-    return ModelShape.from_config(open_model(model_path).config)
+def _shape_key(hb: bus_pb2.Heartbeat) -> tuple[str, int, int, int, int, int, int]:
+    return (
+        hb.model_id,
+        hb.num_layers,
+        hb.hidden_size,
+        hb.vocab_size,
+        hb.num_kv_heads,
+        hb.head_dim,
+        hb.max_position_embeddings,
+    )
 
 
 def quantize_seconds(seconds: float) -> float:

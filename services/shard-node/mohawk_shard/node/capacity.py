@@ -1,4 +1,7 @@
-"""What a node offers the planner: memory, KV bytes per block, and a measured per-layer speed.
+"""What a node offers the planner: memory, KV and weight bytes, and a measured per-layer speed.
+
+Weight bytes are the node's own: one decoder layer as the measuring backend holds it (in the
+format and dtype it loads), embedding and head from `model/footprint.py`.
 
 Speed is measured, not assumed: one decoder layer of the served model (the node's own weights and
 dtype, on its own device) runs a batch-1 decode step a dozen times and the fastest run is reported:
@@ -21,6 +24,7 @@ from mohawk_common.model_store import ModelSource
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.base import Backend
 from mohawk_shard.backends.batch import ForwardBatch
+from mohawk_shard.model.footprint import compute_dtype, stage_weight_bytes, weights_format
 
 _MEMORY_SHARE = 0.8
 _RUNS = 12
@@ -34,6 +38,10 @@ class Capacity:
     kv_cache_bytes: int
     kv_block_bytes_per_layer: int
     seconds_per_layer: float
+    layer_weight_bytes: int
+    embedding_weight_bytes: int
+    head_weight_bytes: int
+    weights_format: str
 
     def free_memory_bytes(self) -> int:
         if self.device.startswith("cuda"):
@@ -65,6 +73,10 @@ def measure_capacity(
         total = psutil.virtual_memory().total
     limit = memory_limit_mb << 20 if memory_limit_mb else int(total * _MEMORY_SHARE)
     kv_bytes = (kv_cache_memory_mb << 20) if kv_cache_memory_mb else min(1 << 30, limit // 4)
+    held_dtype = compute_dtype(dtype, resolved)
+    ends = stage_weight_bytes(source, weights, held_dtype)
+    # the measured layer comes alone, except in a model of one or two layers, where it is layer 0
+    ends_held = (ends.embedding if stage.has_embedding else 0) + (ends.head if stage.has_head else 0)
     return Capacity(
         device=resolved,
         total_memory_bytes=int(total),
@@ -72,6 +84,10 @@ def measure_capacity(
         kv_cache_bytes=int(kv_bytes),
         kv_block_bytes_per_layer=stage.kv_bytes_per_block(block_size),
         seconds_per_layer=_time_one_layer(stage, block_size, source.config.hidden_size),
+        layer_weight_bytes=max(1, stage.weight_bytes - ends_held),
+        embedding_weight_bytes=ends.embedding,
+        head_weight_bytes=ends.head,
+        weights_format=weights_format(weights, held_dtype),
     )
 
 

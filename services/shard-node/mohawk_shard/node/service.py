@@ -152,6 +152,7 @@ class ShardNode:
             started_at_ms=self._started_at_ms,
             insecure=not self.security.secure,
         )
+        self._describe_model(heartbeat)
         heartbeat.security_rejections.update(self.security.rejections)
         if self._held is not None:
             heartbeat.held_layer_start, heartbeat.held_layer_end = self._held
@@ -161,6 +162,21 @@ class ShardNode:
             heartbeat.hop_ms_p99 = hops.percentile_ms(0.99)
             heartbeat.num_hops = hops.num_hops
         return heartbeat
+
+    def _describe_model(self, heartbeat: bus_pb2.Heartbeat) -> None:
+        """The model's shape and this node's weight bytes: all the coordinator needs to plan."""
+        config, c = self.source.config, self.capacity
+        heartbeat.model_id = config.model_id
+        heartbeat.num_layers = config.num_layers
+        heartbeat.hidden_size = config.hidden_size
+        heartbeat.vocab_size = config.vocab_size
+        heartbeat.num_kv_heads = config.num_kv_heads
+        heartbeat.head_dim = config.head_dim
+        heartbeat.max_position_embeddings = config.max_position_embeddings
+        heartbeat.layer_weight_bytes = c.layer_weight_bytes
+        heartbeat.embedding_weight_bytes = c.embedding_weight_bytes
+        heartbeat.head_weight_bytes = c.head_weight_bytes
+        heartbeat.weights_format = c.weights_format
 
     async def _heartbeat_loop(self) -> None:
         subject = names.heartbeat_subject(self.node_id)

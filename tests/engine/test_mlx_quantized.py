@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from mohawk_common.chat import encode_chat
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.gguf_source import GGUFSource, gguf_tensor_name
 from mohawk_common.model_store.source import layer_names
@@ -139,7 +140,7 @@ def test_mixed_torch_and_4bit_mlx_pipeline_matches_torch(bundled: ModelSource) -
 @pytest.mark.slow
 def test_4bit_mlx_greedy_text_equals_fp32_mlx(bundled: ModelSource, engine_factory: Any) -> None:
     tokenizer = bundled.load_tokenizer()
-    prompts = [tokenizer(q)["input_ids"] for q in QUESTIONS]
+    prompts = [encode_chat(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
     greedy = SamplingParams(temperature=0.0, max_tokens=48)
     texts = {}
     for weights in ("native", "fp32"):

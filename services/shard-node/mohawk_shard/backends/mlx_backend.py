@@ -15,7 +15,11 @@ cancelled sequence's blocks are simply reused. The sequences of a step run one a
 (mlx-lm's attention takes one offset per batch row); that is the thing to batch for speed on Apple
 Silicon, while on a Linux CPU MLX is here for correctness and for mixing with torch stages.
 Sampling turns the logits rows into a torch CPU tensor and uses the torch stage's sampler, so
-both backends sample identically.
+both backends sample identically. Matmul weights are held as `mlx_quant` decides from the weight
+format: a GGUF file's Q4_0/Q4_1/Q8_0 tensors as mlx-lm's `QuantizedLinear`/`QuantizedEmbedding`
+(swapped in by `nn.quantize` before loading) with the file's own blocks as their groups, so a
+4-bit stage computes with exactly the values a float32 stage holds and hands on the same hidden
+states; everything else in the compute dtype (or bf16/fp32 when asked).
 """
 
 from __future__ import annotations

@@ -148,3 +148,18 @@ def test_4bit_mlx_greedy_text_equals_fp32_mlx(bundled: ModelSource, engine_facto
         texts[weights] = [c.text for c in engine.generate(prompts, greedy)]
     assert all(len(text) > 10 for text in texts["fp32"])
     assert texts["native"] == texts["fp32"]
+
+
+def test_bf16_and_fp32_formats_hold_float_weights(bundled: ModelSource) -> None:
+    """bf16/fp32 hold every weight unquantized in that dtype (bf16 also the compute dtype under
+    dtype auto); an explicit float32 compute dtype keeps float32 hidden states over bf16 weights."""
+    fp32 = MlxBackend(bundled, 3, 5, device="cpu", weights="fp32")
+    bf16 = MlxBackend(bundled, 3, 5, device="cpu", weights="bf16")
+    mixed = MlxBackend(bundled, 3, 5, device="cpu", dtype="float32", weights="bf16")
+    assert isinstance(bf16.layers[0].mlp.up_proj, nn.Linear)
+    assert bf16.weight_bytes * 2 == fp32.weight_bytes == mixed.weight_bytes * 2
+    assert (bf16.dtype, mixed.dtype) == (mx.bfloat16, mx.float32)
+    batch = ForwardBatch.build([([1, 2, 3], 0, [0], True)], 16)
+    mixed.allocate_kv_cache(1, 16)
+    hidden = mixed.forward(batch, mx.ones((3, bundled.config.hidden_size)))
+    assert hidden.dtype == mx.float32

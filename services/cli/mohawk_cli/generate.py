@@ -15,7 +15,13 @@ from mohawk_shard.local import build_local_engine
 
 
 def _engine(args: argparse.Namespace) -> LLMEngine:
-    overrides = {"model": args.model, "device": args.device, "dtype": args.dtype, "weights": args.weights}
+    overrides = {
+        "model": args.model,
+        "device": args.device,
+        "dtype": args.dtype,
+        "weights": args.weights,
+        "kv_cache_dtype": args.kv_cache_dtype,
+    }
     return build_local_engine(load_settings(EngineSettings, overrides), args.split, backends=args.backends)
 
 

@@ -47,6 +47,11 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
         choices=("native", "int4", "bf16", "fp32"),
         help="weight format: native (the file's own quantized tensors, default), int4, bf16, fp32",
     )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "int8"),
+        help="KV cache: auto (compute dtype) or int8 (two tiers)",
+    )
     parser.add_argument("--log-level", default="warning", help="log level on stderr (default: warning)")
 
 

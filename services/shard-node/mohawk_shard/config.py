@@ -30,5 +30,8 @@ class EngineSettings(MohawkSettings):
     max_num_seqs: int = Field(64, ge=1, description="most sequences running at once")
     max_num_batched_tokens: int = Field(512, ge=1, description="token budget of one step (chunked prefill)")
     max_model_len: int | None = Field(None, ge=2, description="context cap; none = the model's own")
+    kv_cache_dtype: Literal["auto", "int8"] = Field(
+        "auto", description="auto: KV in the compute dtype; int8: older full blocks int8 (two tiers)"
+    )
     enable_prefix_caching: bool = True
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; none = torch's default")

@@ -51,6 +51,16 @@ def kv_block_count(settings: EngineSettings, backends: Sequence[Backend]) -> int
     return max(1, (budget_mb << 20) // per_block)
 
 
+def int8_saving_per_block(settings: EngineSettings, backends: Sequence[Backend]) -> int | None:
+    """Bytes a block saves across all stages once int8, or None when the KV cache has one tier."""
+    if settings.kv_cache_dtype == "auto":
+        return None
+    from mohawk_shard.backends.torch_backend import TorchBackend
+
+    torch_backends = [b for b in backends if isinstance(b, TorchBackend)]
+    return sum(b.kv_tier_bytes(settings.block_size).saved for b in torch_backends)
+
+
 def build_local_engine(
     settings: EngineSettings,
     split_points: Sequence[int] = (),
@@ -72,7 +82,14 @@ def build_local_engine(
     stages: list[Backend] = []
     for (start, end), name in zip(ranges, names, strict=True):
         backend = make_backend(
-            name, source, start, end, device=settings.device, dtype=settings.dtype, weights=settings.weights
+            name,
+            source,
+            start,
+            end,
+            device=settings.device,
+            dtype=settings.dtype,
+            weights=settings.weights,
+            kv_cache_dtype=settings.kv_cache_dtype,
         )
         log.info(
             "stage loaded",
@@ -92,7 +109,12 @@ def build_local_engine(
     log.info("kv cache", num_blocks=num_blocks, block_size=settings.block_size, max_model_len=max_model_len)
     scheduler = Scheduler(
         SchedulerConfig(settings.max_num_seqs, settings.max_num_batched_tokens, max_model_len),
-        BlockManager(num_blocks, settings.block_size, enable_prefix_caching=settings.enable_prefix_caching),
+        BlockManager(
+            num_blocks,
+            settings.block_size,
+            enable_prefix_caching=settings.enable_prefix_caching,
+            int8_saving_per_block=int8_saving_per_block(settings, stages),
+        ),
     )
     return LLMEngine(
         [Stage(b, settings.block_size) for b in stages],

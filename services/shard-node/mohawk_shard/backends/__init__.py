@@ -18,15 +18,23 @@ def make_backend(
     device: str = "auto",
     dtype: str = "auto",
     weights: str = "native",
+    kv_cache_dtype: str = "auto",
 ) -> Backend:
     """Layers [start, end) of `source` on backend `name` (torch: CPU or CUDA; mlx: Apple Silicon, or
     a Linux CPU through the mlx-cpu wheel). `weights` is the settings' weight format (native, int4,
-    bf16, fp32)."""
+    bf16, fp32); `kv_cache_dtype` auto (the compute dtype) or int8 (two tiers, torch only)."""
     if name == "torch":
         from mohawk_shard.backends.torch_backend import TorchBackend
 
-        return TorchBackend(source, start, end, device=device, dtype=dtype, weights=weights)
+        return TorchBackend(
+            source, start, end, device=device, dtype=dtype, weights=weights, kv_cache_dtype=kv_cache_dtype
+        )
     if name == "mlx":
+        if kv_cache_dtype != "auto":
+            raise ConfigError(
+                f"kv_cache_dtype={kv_cache_dtype!r} is torch only: the mlx backend keeps its KV cache "
+                "in the compute dtype"
+            )
         try:
             from mohawk_shard.backends.mlx_backend import MlxBackend
         except ImportError as exc:

@@ -11,9 +11,11 @@ from mohawk_common.errors import ConfigError
 from mohawk_common.model_store import ModelSource
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
+from mohawk_shard.engine.kv_tiers import KV_CACHE_DTYPES, TierBytes, num_hot_blocks
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.attention import AttentionMetadata, KVCache
+from mohawk_shard.model.kv_quant import Int8Store, KVTiers
 from mohawk_shard.model.linear import prefers_transposed
 from mohawk_shard.model.llama import LlamaStage
 from mohawk_shard.model.rope import RotaryTable
@@ -50,6 +52,7 @@ class TorchBackend:
         device: str = "auto",
         dtype: str = "auto",
         weights: str = "native",
+        kv_cache_dtype: str = "auto",
     ) -> None:
         config = source.config
         self.start, self.end = start, end
@@ -69,6 +72,10 @@ class TorchBackend:
             self.model.store_linear_weights_transposed()
         self.rotary = RotaryTable(config, source.hf_config, self.torch_device, self.dtype)
         self.kv_caches: list[KVCache] = []
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_tiers: KVTiers | None = None
         self.config = config
         self.sampler = Sampler(config.eos_token_ids) if self.has_head else None
 
@@ -77,24 +84,45 @@ class TorchBackend:
         unique = {id(p): p for p in self.model.parameters()}
         return sum(p.numel() * p.element_size() for p in unique.values())
 
-    def kv_bytes_per_block(self, block_size: int) -> int:
+    def kv_tier_bytes(self, block_size: int) -> TierBytes:
         element = torch.empty((), dtype=self.dtype).element_size()
-        per_slot = 2 * self.config.num_kv_heads * self.config.head_dim * element
-        return (self.end - self.start) * block_size * per_slot
+        c = self.config
+        return TierBytes.of(self.end - self.start, c.num_kv_heads, c.head_dim, block_size, element)
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        """Compute-dtype bytes of a block, or with an int8 tier the two-tier average (kv_tiers.py)."""
+        tiers = self.kv_tier_bytes(block_size)
+        return tiers.hot if self.kv_cache_dtype == "auto" else tiers.average
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
-        shape = (num_blocks * block_size, self.config.num_kv_heads, self.config.head_dim)
+        two_tier = self.kv_cache_dtype == "int8"
+        num_hot = num_hot_blocks(num_blocks) if two_tier else num_blocks
+        self.kv_tiers = KVTiers(num_blocks, block_size, num_hot) if two_tier else None
+        heads = (self.config.num_kv_heads, self.config.head_dim)
+
+        def zeros(num_slots: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros((num_slots, *heads), dtype=dtype, device=self.torch_device)
+
+        def int8_home() -> Int8Store | None:
+            if not two_tier:
+                return None
+            scale = torch.zeros(num_blocks, heads[0], dtype=torch.float32, device=self.torch_device)
+            return Int8Store(zeros(num_blocks * block_size, torch.int8), scale)
+
         self.kv_caches = [
             KVCache(
-                torch.zeros(shape, dtype=self.dtype, device=self.torch_device),
-                torch.zeros(shape, dtype=self.dtype, device=self.torch_device),
+                zeros(num_hot * block_size, self.dtype),
+                zeros(num_hot * block_size, self.dtype),
+                int8_home(),
+                int8_home(),
             )
             for _ in range(self.start, self.end)
         ]
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, hidden: torch.Tensor | None) -> torch.Tensor:
-        meta = AttentionMetadata.build(batch, self.rotary, self.torch_device)
+        plan = None if self.kv_tiers is None else self.kv_tiers.prepare(batch, self.kv_caches)
+        meta = AttentionMetadata.build(batch, self.rotary, self.torch_device, plan)
         if self.has_embedding:
             inputs = torch.from_numpy(batch.token_ids).to(self.torch_device)
         elif hidden is None:
@@ -104,7 +132,10 @@ class TorchBackend:
         rows = None
         if self.has_head and batch.logits_rows.shape[0] != batch.num_tokens:
             rows = torch.from_numpy(np.ascontiguousarray(batch.logits_rows)).to(self.torch_device)
-        return self.model(inputs, meta, self.kv_caches, rows)
+        out = self.model(inputs, meta, self.kv_caches, rows)
+        if self.kv_tiers is not None:
+            self.kv_tiers.settle(batch, self.kv_caches)
+        return out
 
     def sample(
         self, logits: torch.Tensor, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]]

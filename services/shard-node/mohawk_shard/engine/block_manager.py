@@ -9,6 +9,9 @@ and every token before it (SHA-256 of the parent's digest and this block's token
 sequences with a common prompt prefix share the prefix's blocks and compute them once. A block whose
 count drops to zero joins the free queue but keeps its hash: it is reused by a later prefix hit, and
 its hash is forgotten only when the block is handed out for new content (least recently freed first).
+With an int8 KV tier (`kv_tiers.py`) the same place counts the blocks the tier rule has made int8:
+a block is counted once its sequence's computed tokens pass the rule's line, stays counted while its
+int8 data lives on (also free, as a prefix-cache entry), and leaves the count when handed out anew.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from mohawk_shard.engine.kv_tiers import num_cold_blocks
 from mohawk_shard.engine.sequence import Sequence
 
 _ROOT_DIGEST = b"mohawk.kv.v1"
@@ -27,6 +31,7 @@ class Block:
     block_id: int
     ref_count: int = 0
     block_hash: bytes | None = None
+    is_int8: bool = False
 
 
 def hash_block(parent_hash: bytes | None, token_ids: list[int]) -> bytes:
@@ -39,11 +44,22 @@ def hash_block(parent_hash: bytes | None, token_ids: list[int]) -> bytes:
 class BlockManager:
     """Free list, reference counts and the prefix cache of one KV pool."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        int8_saving_per_block: int | None = None,
+    ) -> None:
+        """`int8_saving_per_block`: bytes a block saves once int8 (two-tier KV); None = one tier."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("a KV pool needs at least one block of at least one slot")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.int8_saving_per_block = int8_saving_per_block
+        self.num_quantized_blocks = 0
+        self._seq_num_int8: dict[int, int] = {}
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[bytes, int] = {}
@@ -56,6 +72,11 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         return len(self._free)
+
+    @property
+    def bytes_saved(self) -> int:
+        """KV bytes the int8 tier saves now, against holding the same blocks in the compute dtype."""
+        return self.num_quantized_blocks * (self.int8_saving_per_block or 0)
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -102,13 +123,16 @@ class BlockManager:
         for _ in range(needed):
             block_id = next(iter(self._free))
             self._forget_hash(block_id)
+            self._forget_int8(block_id)
             self._take(block_id)
             new_ids.append(block_id)
         seq.block_ids.extend(new_ids)
         return new_ids
 
     def cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Name the blocks of `seq` that `num_tokens` computed tokens fill, so later prompts reuse them."""
+        """Name the blocks of `seq` that `num_tokens` computed tokens fill, so later prompts reuse them
+        (and count those the int8 tier now holds)."""
+        self._count_int8(seq, num_tokens)
         if not self.enable_prefix_caching:
             return
         hashes = self._seq_hashes.setdefault(seq.seq_id, [])
@@ -132,6 +156,19 @@ class BlockManager:
         seq.block_ids.clear()
         seq.num_cached_tokens = 0
         self._seq_hashes.pop(seq.seq_id, None)
+        self._seq_num_int8.pop(seq.seq_id, None)
+
+    def _count_int8(self, seq: Sequence, num_tokens: int) -> None:
+        if self.int8_saving_per_block is None:
+            return
+        start = self._seq_num_int8.get(seq.seq_id, 0)
+        end = num_cold_blocks(num_tokens, self.block_size)
+        for block_id in seq.block_ids[start:end]:
+            block = self.blocks[block_id]
+            if not block.is_int8:
+                block.is_int8 = True
+                self.num_quantized_blocks += 1
+        self._seq_num_int8[seq.seq_id] = max(start, end)
 
     def _num_missing_blocks(
         self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int]
@@ -163,3 +200,9 @@ class BlockManager:
         if block.block_hash is not None and self._cached.get(block.block_hash) == block_id:
             del self._cached[block.block_hash]
         block.block_hash = None
+
+    def _forget_int8(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.is_int8:
+            block.is_int8 = False
+            self.num_quantized_blocks -= 1

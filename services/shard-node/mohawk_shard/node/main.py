@@ -28,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("native", "int4", "bf16", "fp32"),
         help="weight format: native (the file's own quantized tensors, default), int4, bf16, fp32",
     )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "int8"),
+        help="KV cache: auto (compute dtype) or int8 (two tiers)",
+    )
     parser.add_argument("--memory-limit-mb", type=int, help="memory offered for weights + KV")
     parser.add_argument("--num-threads", type=int, help="torch CPU threads")
     parser.add_argument(
@@ -57,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
             "device",
             "dtype",
             "weights",
+            "kv_cache_dtype",
             "memory_limit_mb",
             "num_threads",
             "pki_dir",

@@ -288,7 +288,14 @@ class ShardNode:
             self._backend = None  # let the old weights go before the new ones load
             s = self.settings
             backend = make_backend(
-                s.backend, self.source, start, end, device=s.device, dtype=s.dtype, weights=s.weights
+                s.backend,
+                self.source,
+                start,
+                end,
+                device=s.device,
+                dtype=s.dtype,
+                weights=s.weights,
+                kv_cache_dtype=s.kv_cache_dtype,
             )
         backend.allocate_kv_cache(plan.num_kv_blocks, plan.block_size)
         self._backend = backend

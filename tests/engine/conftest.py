@@ -42,6 +42,9 @@ def engine_factory(bundled: ModelSource) -> Callable[..., LLMEngine]:
         **settings: Any,
     ) -> LLMEngine:
         settings.setdefault("num_kv_blocks", 1024)
+        # these tests compare texts exactly across batch shapes: fp32 weights keep that exact (4-bit
+        # kernels round to bf16; test_native_weights.py covers the native format)
+        settings.setdefault("weights", "fp32")
         return build_local_engine(EngineSettings(**settings), split, source or bundled, backends)
 
     return make
@@ -53,16 +56,18 @@ def full_logits(
     split: Sequence[int] = (),
     block_size: int = 16,
     backends: Sequence[str] = (),
+    weights: str = "fp32",
 ) -> torch.Tensor:
     """Logits at every position of one prompt, through stages built from `split` (on `backends`,
-    default torch; hidden states cross between backends as raw bytes, as on the wire)."""
+    default torch; hidden states cross between backends as raw bytes, as on the wire). `weights`
+    fp32 (default) is the dequantized path transformers computes too."""
     ranges = layer_ranges(source.config.num_layers, split)
     num_blocks = -(-len(token_ids) // block_size)
     batch = ForwardBatch.build([(token_ids, 0, list(range(num_blocks)), True)], block_size, all_logits=True)
     hidden: Any = None
     previous: Backend | None = None
     for (start, end), name in zip(ranges, backends or ["torch"] * len(ranges), strict=True):
-        backend = make_backend(name, source, start, end, device="cpu", dtype="float32")
+        backend = make_backend(name, source, start, end, device="cpu", dtype="float32", weights=weights)
         backend.allocate_kv_cache(num_blocks, block_size)
         if previous is not None and previous.name != backend.name:
             hidden = backend.decode_hidden(*previous.encode_hidden(hidden))

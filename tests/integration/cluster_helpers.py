@@ -27,6 +27,11 @@ PROMPTS = [
 ]
 REFERENCE_TOKENS = 24
 
+# Texts are compared token for token between a single process and a pipeline, which batch the same
+# prompts differently. fp32 weights make that exact; 4-bit kernels round to bf16, so a different
+# batch shape may flip a near-tie (tests/engine/test_native_weights.py covers the native format).
+REFERENCE_WEIGHTS = "fp32"
+
 
 def reference_texts() -> dict[str, str]:
     """Greedy texts of PROMPTS from the single-process torch engine (what `mohawk generate` prints)."""
@@ -35,7 +40,7 @@ def reference_texts() -> dict[str, str]:
     from mohawk_shard.engine.sampling_params import SamplingParams
     from mohawk_shard.local import build_local_engine
 
-    engine = build_local_engine(EngineSettings(num_threads=1))
+    engine = build_local_engine(EngineSettings(num_threads=1, weights=REFERENCE_WEIGHTS))
     prompts = [encode_chat(engine.tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
     done = engine.generate(prompts, SamplingParams.create(temperature=0.0, max_tokens=REFERENCE_TOKENS))
     return {p: c.text for p, c in zip(PROMPTS, done, strict=True)}

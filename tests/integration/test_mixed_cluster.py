@@ -14,7 +14,7 @@ import pytest
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus.server import free_port
-from tests.integration.cluster_helpers import PROMPTS, chat, current_plan, stream_many
+from tests.integration.cluster_helpers import PROMPTS, REFERENCE_WEIGHTS, chat, current_plan, stream_many
 
 pytest.importorskip("mlx_lm", reason="the mlx extra (mlx, mlx-cpu, mlx-lm) is not installed")
 
@@ -28,7 +28,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         nats_port=free_port(),
         data_dir=tmp_path_factory.mktemp("mixed"),
         threads_per_node=1,
-        env={"MOHAWK_LEASE_TTL_S": "2.0"},
+        env={"MOHAWK_LEASE_TTL_S": "2.0", "MOHAWK_WEIGHTS": REFERENCE_WEIGHTS},
     )
     with LocalCluster(spec) as running:
         running.wait_ready(timeout=300)

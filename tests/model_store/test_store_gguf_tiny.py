@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 
 from mohawk_common.model_store import GGUFSource, open_model
 from mohawk_common.model_store.gguf_source import gguf_tensor_name, permute_rotary_rows, unpermute_rotary_rows
@@ -45,8 +46,12 @@ def random_llama_state(untied: bool) -> dict[str, np.ndarray]:
     return {name: rng.standard_normal(shape, dtype=np.float32) for name, shape in shapes.items()}
 
 
-def write_llama_gguf(path: Path, state: dict[str, np.ndarray]) -> None:
+def write_llama_gguf(
+    path: Path, state: dict[str, np.ndarray], matrix_type: GGMLQuantizationType | None = None
+) -> None:
+    """`matrix_type`: store every 2-D tensor in that GGUF type (Q4_0, Q4_1, Q8_0) instead of F32."""
     import gguf
+    from gguf.quants import quantize
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny-llama")
@@ -65,7 +70,11 @@ def write_llama_gguf(path: Path, state: dict[str, np.ndarray]) -> None:
             array = llama_cpp_permute(array, NUM_HEADS, NUM_HEADS)
         elif ".k_proj." in name:
             array = llama_cpp_permute(array, NUM_HEADS, NUM_KV_HEADS)
-        writer.add_tensor(gguf_tensor_name(name), np.ascontiguousarray(array))
+        array = np.ascontiguousarray(array)
+        if matrix_type is not None and array.ndim == 2:
+            writer.add_tensor(gguf_tensor_name(name), quantize(array, matrix_type), raw_dtype=matrix_type)
+        else:
+            writer.add_tensor(gguf_tensor_name(name), array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

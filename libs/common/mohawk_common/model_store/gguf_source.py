@@ -11,12 +11,15 @@ import numpy as np
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import check_architecture, config_from_hf
-from mohawk_common.model_store.source import ModelSource, one_line
+from mohawk_common.model_store.quantized import GroupQuantized, decode_gguf_blocks
+from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, ModelSource, expected_shape, one_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from mohawk_common.model_store.gguf_file import GGUFFile
+    from mohawk_common.model_store.gguf_file import GGUFFile, GGUFTensorInfo
+
+DECODABLE_FORMATS = frozenset({"Q4_0", "Q4_1", "Q8_0"})
 
 # Canonical name pieces -> GGUF (llama.cpp) tensor name pieces.
 _TOP_LEVEL = {
@@ -68,23 +71,58 @@ class GGUFSource(ModelSource):
 
         return GGUFFile(self.path)
 
-    def _read_tensor(self, name: str) -> np.ndarray:
-        from gguf.quants import dequantize
-
+    def _info(self, name: str) -> GGUFTensorInfo:
         gguf_name = gguf_tensor_name(name)
         info = self._file.tensors.get(gguf_name)
         if info is None:
             raise ModelLoadError(f"GGUF file {self.path} has no tensor {gguf_name} (for {name})")
+        return info
+
+    def stored_format(self, name: str) -> str:
+        if name == LM_HEAD and self.config.tie_word_embeddings:
+            name = EMBEDDING
+        return self._info(name).tensor_type.name
+
+    def read_quantized(self, name: str) -> GroupQuantized | None:
+        if name == LM_HEAD and self.config.tie_word_embeddings:
+            name = EMBEDDING
+        info = self._info(name)
+        if info.tensor_type.name not in DECODABLE_FORMATS or len(info.shape) != 2:
+            return None
+        tensor = decode_gguf_blocks(self._file.raw(info), info.tensor_type.name, info.shape)
+        expected = expected_shape(self.config, name)
+        if tensor.shape != expected:
+            raise ModelLoadError(
+                f"tensor {name} of {self.path} has shape {list(tensor.shape)}, "
+                f"the config implies {list(expected)}"
+            )
+        heads = self._permuted_heads(name)
+        if heads is not None:
+            rows = np.arange(tensor.shape[0])[:, None]
+            tensor = tensor.take_rows(unpermute_rotary_rows(rows, heads)[:, 0])
+        return tensor
+
+    def _permuted_heads(self, name: str) -> int | None:
+        """Heads whose q/k rows llama.cpp permuted in this file, or None for any other tensor."""
+        if self._file.metadata.get("general.architecture") not in _PERMUTED_ARCHITECTURES:
+            return None
+        if ".q_proj." in name:
+            return self.config.num_heads
+        if ".k_proj." in name:
+            return self.config.num_kv_heads
+        return None
+
+    def _read_tensor(self, name: str) -> np.ndarray:
+        from gguf.quants import dequantize
+
+        info = self._info(name)
+        gguf_name = info.name
         try:
             array = dequantize(self._file.raw(info), info.tensor_type).reshape(info.shape)
         except (NotImplementedError, ValueError) as exc:
             raise ModelLoadError(f"cannot dequantize {gguf_name} of {self.path}: {one_line(exc)}") from exc
-        if self._file.metadata.get("general.architecture") in _PERMUTED_ARCHITECTURES:
-            if ".q_proj." in name:
-                array = unpermute_rotary_rows(array, self.config.num_heads)
-            elif ".k_proj." in name:
-                array = unpermute_rotary_rows(array, self.config.num_kv_heads)
-        return array
+        heads = self._permuted_heads(name)
+        return array if heads is None else unpermute_rotary_rows(array, heads)
 
     def _load_tokenizer(self) -> PreTrainedTokenizerBase:
         from transformers import AutoTokenizer

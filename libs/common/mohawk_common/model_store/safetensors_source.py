@@ -18,7 +18,7 @@ import numpy as np
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import check_architecture, config_from_hf, generation_eos_token_ids
-from mohawk_common.model_store.source import LM_HEAD, ModelSource, one_line
+from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, ModelSource, one_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -67,12 +67,20 @@ class SafetensorsSource(ModelSource):
             entries.update(read_header(file))
         return cls(directory, hf_config, entries)
 
-    def _read_tensor(self, name: str) -> np.ndarray:
+    def _entry(self, name: str) -> TensorEntry:
         keys = [name] if name == LM_HEAD else [f"model.{name}", name]
         entry = next((self._entries[key] for key in keys if key in self._entries), None)
         if entry is None:
             raise ModelLoadError(f"{self.path} has no tensor {keys[0]}")
-        return read_tensor(entry)
+        return entry
+
+    def stored_format(self, name: str) -> str:
+        if name == LM_HEAD and self.config.tie_word_embeddings and LM_HEAD not in self._entries:
+            name = EMBEDDING
+        return self._entry(name).dtype
+
+    def _read_tensor(self, name: str) -> np.ndarray:
+        return read_tensor(self._entry(name))
 
     def _load_tokenizer(self) -> PreTrainedTokenizerBase:
         from transformers import AutoTokenizer

@@ -17,6 +17,7 @@ import numpy as np
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import ModelConfig
+from mohawk_common.model_store.quantized import GroupQuantized
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -73,6 +74,21 @@ class ModelSource(ABC):
             else:
                 weights[name] = self._checked(name)
         return weights
+
+    def read_tensor(self, name: str) -> np.ndarray:
+        """One tensor by canonical name: float32, C-contiguous, in HF orientation, shape checked."""
+        if name == LM_HEAD and self.config.tie_word_embeddings:
+            name = EMBEDDING  # a tied model's LM head is its embedding matrix
+        return self._checked(name)
+
+    def stored_format(self, name: str) -> str:
+        """How the file stores a tensor: a GGUF type name (`Q4_1`, `Q8_0`, `F16`, ...) or a dtype."""
+        return "F32"
+
+    def read_quantized(self, name: str) -> GroupQuantized | None:
+        """A tensor's own groupwise codes when the file stores it in a format `quantized.py` decodes
+        (Q4_0, Q4_1, Q8_0), else None. Rows are in HF orientation, as `read_tensor` gives them."""
+        return None
 
     def _checked(self, name: str) -> np.ndarray:
         array = self._read_tensor(name)

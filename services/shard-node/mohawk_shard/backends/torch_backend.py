@@ -16,9 +16,8 @@ from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.attention import AttentionMetadata, KVCache
 from mohawk_shard.model.kv_quant import Int8Store, KVTiers
-from mohawk_shard.model.linear import prefers_transposed
-from mohawk_shard.model.llama import LlamaStage
 from mohawk_shard.model.rope import RotaryTable
+from mohawk_shard.model.weight_loading import build_stage, resolve_weight_dtype
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _NAMES = {v: k for k, v in _DTYPES.items()}
@@ -59,17 +58,11 @@ class TorchBackend:
         self.has_embedding, self.has_head = start == 0, end == config.num_layers
         self.torch_device = resolve_device(device)
         self.device = str(self.torch_device)
-        self.dtype = resolve_dtype(dtype, self.torch_device)
-        tensors = source.load_weights(start, end, embedding=self.has_embedding, head=self.has_head)
-        with torch.device("meta"):
-            model = LlamaStage(config, start, end, embedding=self.has_embedding, head=self.has_head)
-        self.model = model.to(self.dtype).to_empty(device=self.torch_device)
-        self.model.tie_weights()
-        self.model.load_weights(tensors)
-        del tensors
+        self.dtype = resolve_dtype(resolve_weight_dtype(weights, dtype), self.torch_device)
         self.weights = weights
-        if prefers_transposed(self.torch_device, self.dtype):
-            self.model.store_linear_weights_transposed()
+        self.model, self.formats = build_stage(
+            source, start, end, device=self.torch_device, dtype=self.dtype, weights=weights
+        )
         self.rotary = RotaryTable(config, source.hf_config, self.torch_device, self.dtype)
         self.kv_caches: list[KVCache] = []
         if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -81,8 +74,10 @@ class TorchBackend:
 
     @property
     def weight_bytes(self) -> int:
-        unique = {id(p): p for p in self.model.parameters()}
-        return sum(p.numel() * p.element_size() for p in unique.values())
+        """Bytes of parameters and buffers (packed 4-bit codes, scales), each tensor counted once."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        unique = {id(t): t for t in tensors}
+        return sum(t.numel() * t.element_size() for t in unique.values())
 
     def kv_tier_bytes(self, block_size: int) -> TierBytes:
         element = torch.empty((), dtype=self.dtype).element_size()

@@ -79,19 +79,25 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def load_weights(self, take: Callable[[str], torch.Tensor], prefix: str) -> None:
+        """Copy in the dense tensors; a matmul already swapped for a quantized layer is skipped."""
         attn, mlp = self.self_attn, self.mlp
         self.input_layernorm.weight.copy_(take(prefix + "input_layernorm.weight"))
         self.post_attention_layernorm.weight.copy_(take(prefix + "post_attention_layernorm.weight"))
-        attn.qkv_proj.weight.copy_(torch.cat([take(f"{prefix}self_attn.{p}_proj.weight") for p in "qkv"]))
-        if attn.qkv_proj.bias is not None:
-            attn.qkv_proj.bias.copy_(torch.cat([take(f"{prefix}self_attn.{p}_proj.bias") for p in "qkv"]))
-        attn.o_proj.weight.copy_(take(prefix + "self_attn.o_proj.weight"))
+        if isinstance(attn.qkv_proj, Linear):
+            attn.qkv_proj.weight.copy_(torch.cat([take(f"{prefix}self_attn.{p}_proj.weight") for p in "qkv"]))
+            if attn.qkv_proj.bias is not None:
+                biases = [take(f"{prefix}self_attn.{p}_proj.bias") for p in "qkv"]
+                attn.qkv_proj.bias.copy_(torch.cat(biases))
+        if isinstance(attn.o_proj, Linear):
+            attn.o_proj.weight.copy_(take(prefix + "self_attn.o_proj.weight"))
         if attn.q_norm is not None and attn.k_norm is not None:
             attn.q_norm.weight.copy_(take(prefix + "self_attn.q_norm.weight"))
             attn.k_norm.weight.copy_(take(prefix + "self_attn.k_norm.weight"))
-        gate_up = (take(prefix + "mlp.gate_proj.weight"), take(prefix + "mlp.up_proj.weight"))
-        mlp.gate_up_proj.weight.copy_(torch.cat(gate_up))
-        mlp.down_proj.weight.copy_(take(prefix + "mlp.down_proj.weight"))
+        if isinstance(mlp.gate_up_proj, Linear):
+            gate_up = (take(prefix + "mlp.gate_proj.weight"), take(prefix + "mlp.up_proj.weight"))
+            mlp.gate_up_proj.weight.copy_(torch.cat(gate_up))
+        if isinstance(mlp.down_proj, Linear):
+            mlp.down_proj.weight.copy_(take(prefix + "mlp.down_proj.weight"))
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), meta, cache)
@@ -105,18 +111,30 @@ class LlamaStage(nn.Module):
         super().__init__()
         self.config = config
         self.start, self.end = start, end
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if embedding else None
+        self.embed_tokens: nn.Module | None = (
+            nn.Embedding(config.vocab_size, config.hidden_size) if embedding else None
+        )
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(start, end))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if head else None
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False) if head else None
+        self.lm_head: nn.Module | None = (
+            Linear(config.hidden_size, config.vocab_size, bias=False) if head else None
+        )
         self.tie_weights()
         self.requires_grad_(False)
         self._embeds = embedding
 
     def tie_weights(self) -> None:
         """Share one matrix between embedding and LM head when the model ties them and the stage has both."""
-        if self.lm_head is not None and self.embed_tokens is not None and self.config.tie_word_embeddings:
-            self.lm_head.weight = cast(nn.Parameter, self.embed_tokens.weight)
+        if self._holds_tied_pair():
+            self.lm_head.weight = cast(nn.Parameter, self.embed_tokens.weight)  # type: ignore[union-attr]
+
+    def _holds_tied_pair(self) -> bool:
+        """Both ends of a tied embedding, both dense (a quantized end keeps its own copy)."""
+        return (
+            self.config.tie_word_embeddings
+            and isinstance(self.lm_head, Linear)
+            and isinstance(self.embed_tokens, nn.Embedding)
+        )
 
     @property
     def has_embedding(self) -> bool:
@@ -127,16 +145,17 @@ class LlamaStage(nn.Module):
 
         A tied LM head keeps one matrix: the embedding then looks token rows up as its columns.
         """
+        tied = self._holds_tied_pair()
         for module in self.modules():
             if isinstance(module, Linear):
                 module.store_transposed()
-        if self.embed_tokens is not None and self.lm_head is not None and self.config.tie_word_embeddings:
+        if tied:
             self.embed_tokens = None
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is not None:
             return self.embed_tokens(token_ids)
-        if self.lm_head is None or not self._embeds:
+        if not isinstance(self.lm_head, Linear) or not self._embeds:
             raise RuntimeError("this stage does not hold the embedding")
         return self.lm_head.weight.index_select(1, token_ids).t().contiguous()
 
@@ -168,11 +187,11 @@ class LlamaStage(nn.Module):
             return torch.from_numpy(weights[name])
 
         with torch.no_grad():
-            if self.embed_tokens is not None:
+            if isinstance(self.embed_tokens, nn.Embedding):
                 self.embed_tokens.weight.copy_(take("embed_tokens.weight"))
             for offset, layer in enumerate(self.layers):
                 cast(DecoderLayer, layer).load_weights(take, f"layers.{self.start + offset}.")
             if self.norm is not None and self.lm_head is not None:
                 self.norm.weight.copy_(take("norm.weight"))
-                if self.lm_head.weight is not getattr(self.embed_tokens, "weight", None):
+                if isinstance(self.lm_head, Linear) and not self._holds_tied_pair():
                     self.lm_head.weight.copy_(take("lm_head.weight"))

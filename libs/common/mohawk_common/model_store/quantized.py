@@ -1,0 +1,130 @@
+"""Groupwise-quantized tensors: GGUF's 4- and 8-bit blocks as codes, scales and minimums.
+
+Design. Every format a kernel can run as stored reduces to one form: a weight matrix [N, K] cut
+into groups of `group_size` consecutive inputs per row, each group holding integer codes and one
+scale (and, for asymmetric formats, one minimum), so that `w = scale · code + minimum`. GGUF's
+Q4_0 (`w = d·(q − 8)`, 32 weights a block) is scale `d`, minimum `−8d`; Q4_1 (`w = d·q + m`) is
+scale `d`, minimum `m`; Q8_0 (`w = d·q`, q signed) has no minimum. The codes are read straight
+from the file's blocks, never re-derived from dequantized floats, so a kernel that takes codes,
+scales and minimums multiplies by exactly the file's weights. `quantize_groupwise` makes the same
+form from float weights (min/max per group, as llama.cpp's Q4_1 quantizer does) for checkpoints
+stored in fp16/bf16/fp32, or for tensors a kernel cannot run in their stored format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mohawk_common.errors import ModelLoadError
+
+GROUP_SIZE = 32  # weights per block in every GGUF format handled here
+# GGUF type name -> bytes of one 32-weight block
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+FOUR_BIT_FORMATS = frozenset({"Q4_0", "Q4_1"})
+
+
+@dataclass(frozen=True, slots=True)
+class GroupQuantized:
+    """`w[n, k] = scales[n, k // group_size] · codes[n, k] + mins[n, k // group_size]`.
+
+    `codes` are uint8 in [0, 2^bits) for 4-bit formats and int8 for 8-bit ones; `mins` is None for
+    symmetric formats. `source_format` names where the codes came from (a GGUF type, or `int4`
+    when they were quantized at load).
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    mins: np.ndarray | None
+    bits: int
+    group_size: int
+    source_format: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.codes.shape)
+
+    def dequantize(self) -> np.ndarray:
+        """float32 weights [N, K]."""
+        rows, cols = self.codes.shape
+        groups = self.codes.reshape(rows, cols // self.group_size, self.group_size).astype(np.float32)
+        out = groups * self.scales[..., None]
+        if self.mins is not None:
+            out += self.mins[..., None]
+        return out.reshape(rows, cols)
+
+    def take_rows(self, order: np.ndarray) -> GroupQuantized:
+        """The same tensor with its rows reordered (e.g. undoing llama.cpp's rotary permutation)."""
+        mins = None if self.mins is None else np.ascontiguousarray(self.mins[order])
+        return GroupQuantized(
+            np.ascontiguousarray(self.codes[order]),
+            np.ascontiguousarray(self.scales[order]),
+            mins,
+            self.bits,
+            self.group_size,
+            self.source_format,
+        )
+
+
+def concat_rows(parts: list[GroupQuantized]) -> GroupQuantized:
+    """Stack tensors along output rows (fused q/k/v or gate/up); all must share bits and groups."""
+    first = parts[0]
+    if any(p.bits != first.bits or p.group_size != first.group_size for p in parts):
+        raise ValueError("cannot fuse tensors quantized with different bits or group sizes")
+    mins = None
+    if all(p.mins is not None for p in parts):
+        mins = np.concatenate([p.mins for p in parts if p.mins is not None])
+    elif any(p.mins is not None for p in parts):
+        mins = np.concatenate([p.mins if p.mins is not None else np.zeros_like(p.scales) for p in parts])
+    formats = sorted({p.source_format for p in parts})
+    return GroupQuantized(
+        np.concatenate([p.codes for p in parts]),
+        np.concatenate([p.scales for p in parts]),
+        mins,
+        first.bits,
+        first.group_size,
+        "+".join(formats),
+    )
+
+
+def decode_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> GroupQuantized:
+    """Codes, scales and minimums of a Q4_0, Q4_1 or Q8_0 tensor from its raw block bytes.
+
+    `raw` is the tensor's bytes as [rows, bytes per row]; `shape` its numpy shape [N, K].
+    """
+    if type_name not in _BLOCK_BYTES:
+        raise ModelLoadError(f"no groupwise decoding for GGUF type {type_name}")
+    rows, cols = shape
+    if cols % GROUP_SIZE:
+        raise ModelLoadError(f"a {type_name} row of {cols} weights is not whole blocks of {GROUP_SIZE}")
+    blocks = np.ascontiguousarray(raw).reshape(rows, cols // GROUP_SIZE, _BLOCK_BYTES[type_name])
+    scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if type_name == "Q8_0":
+        codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, cols)
+        return GroupQuantized(codes, scales, None, 8, GROUP_SIZE, type_name)
+    if type_name == "Q4_1":
+        mins = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        packed = blocks[..., 4:]
+    else:
+        mins = -8.0 * scales
+        packed = blocks[..., 2:]
+    # a block's 16 bytes hold weights j (low nibble) and j + 16 (high nibble)
+    codes = np.concatenate((packed & 0x0F, packed >> 4), axis=-1).reshape(rows, cols)
+    return GroupQuantized(codes.astype(np.uint8), scales, mins, 4, GROUP_SIZE, type_name)
+
+
+def quantize_groupwise(weight: np.ndarray, *, bits: int = 4, group_size: int = GROUP_SIZE) -> GroupQuantized:
+    """Asymmetric min/max quantization of float weights [N, K], one scale and minimum per group."""
+    rows, cols = weight.shape
+    if cols % group_size:
+        raise ValueError(f"{cols} inputs are not whole groups of {group_size}")
+    levels = (1 << bits) - 1
+    groups = weight.reshape(rows, cols // group_size, group_size).astype(np.float32)
+    low, high = groups.min(axis=-1), groups.max(axis=-1)
+    scales = (high - low) / levels
+    safe = np.where(scales == 0, 1.0, scales)
+    codes = np.clip(np.rint((groups - low[..., None]) / safe[..., None]), 0, levels)
+    return GroupQuantized(
+        codes.astype(np.uint8).reshape(rows, cols), scales, low, bits, group_size, f"int{bits}"
+    )

@@ -1,0 +1,133 @@
+"""Weights run as stored: 4-bit GGUF layers through tinygemm, the tied Q8_0 table, the formats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import structlog
+import torch
+from gguf import GGMLQuantizationType
+
+from mohawk_common.chat import encode_chat
+from mohawk_common.model_store import ModelSource, open_model
+from mohawk_common.model_store.quantized import quantize_groupwise
+from mohawk_common.model_store.source import weight_names
+from mohawk_shard.backends import make_backend
+from mohawk_shard.backends.batch import ForwardBatch
+from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear, RescoredHead
+from tests.engine.conftest import full_logits
+from tests.model_store.test_store_gguf_tiny import NUM_LAYERS, random_llama_state, write_llama_gguf
+
+Q4_1, Q8_0 = GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
+
+
+def _tiny(tmp_path: Path, matrix_type: GGMLQuantizationType | None) -> ModelSource:
+    write_llama_gguf(tmp_path / "tiny.gguf", random_llama_state(untied=True), matrix_type)
+    return open_model(tmp_path / "tiny.gguf")
+
+
+def _logits(backend: Any, token_ids: list[int]) -> torch.Tensor:
+    backend.allocate_kv_cache(4, 16)
+    batch = ForwardBatch.build([(token_ids, 0, [0, 1], True)], 16, all_logits=True)
+    return backend.forward(batch, None)
+
+
+def _modules(backend: Any, kind: type) -> list[Any]:
+    return [m for m in backend.model.modules() if isinstance(m, kind)]
+
+
+def test_int4_linear_multiplies_by_the_stored_weights() -> None:
+    weights = np.random.default_rng(3).standard_normal((96, 128), dtype=np.float32)
+    quantized = quantize_groupwise(weights)
+    layer = Int4Linear(quantized, torch.device("cpu"))
+    x = torch.randn(5, 128)
+    expected = x @ torch.from_numpy(quantized.dequantize()).t()
+    # bf16 scales and outputs: errors of a few parts in a thousand of the output's size
+    torch.testing.assert_close(layer(x), expected, atol=0.02 * expected.abs().max().item(), rtol=0)
+
+
+def test_rescored_head_gives_exact_logits_on_its_shortlist() -> None:
+    rng = np.random.default_rng(4)
+    table = quantize_groupwise(rng.standard_normal((512, 64), dtype=np.float32), bits=8)
+    exact = GroupwiseEmbedding(table, torch.device("cpu"), torch.float32)
+    approximate = Int4Linear(quantize_groupwise(table.dequantize()), torch.device("cpu"))
+    head = RescoredHead(approximate, exact, shortlist=32)
+    x = torch.randn(3, 64)
+    logits = head(x)
+    reference = x @ torch.from_numpy(table.dequantize()).t()
+    top = reference.topk(4, dim=-1).indices  # the best few are on a shortlist of 32 of 512
+    torch.testing.assert_close(logits.gather(-1, top), reference.gather(-1, top), atol=1e-4, rtol=1e-5)
+    assert torch.equal(logits.argmax(-1), reference.argmax(-1))
+
+
+def test_tiny_q4_1_gguf_runs_4bit_close_to_the_fp32_path(tmp_path: Path) -> None:
+    source = _tiny(tmp_path, Q4_1)
+    native = make_backend("torch", source, 0, NUM_LAYERS, device="cpu", weights="native")
+    dense = make_backend("torch", source, 0, NUM_LAYERS, device="cpu", weights="fp32")
+    assert len(_modules(native, Int4Linear)) == 4 * NUM_LAYERS + 1  # q/k/v, o, gate/up, down; head
+    assert native.formats.counts["int4 from Q4_1"] == 4 * NUM_LAYERS + 1
+    assert native.weight_bytes < dense.weight_bytes / 3
+    tokens = [3, 17, 99, 5, 64, 2, 110, 7]
+    a, b = _logits(native, tokens), _logits(dense, tokens)
+    assert (a - b).abs().max() < 0.05 * b.abs().max()
+
+
+def test_q8_0_layers_fall_back_dense_and_say_so(tmp_path: Path) -> None:
+    source = _tiny(tmp_path, Q8_0)
+    with structlog.testing.capture_logs() as logs:
+        backend = make_backend("torch", source, 0, NUM_LAYERS, device="cpu", weights="native")
+    assert any(e["event"].startswith("weight format has no kernel") for e in logs)
+    assert len(_modules(backend, Int4Linear)) == 1  # only the Q8_0 LM head, re-grouped with a shortlist
+    assert isinstance(backend.model.lm_head, RescoredHead)
+    assert isinstance(backend.model.embed_tokens, GroupwiseEmbedding)
+
+
+def test_int4_mode_quantizes_a_float_checkpoint(tmp_path: Path) -> None:
+    source = _tiny(tmp_path, None)
+    backend = make_backend("torch", source, 0, NUM_LAYERS, device="cpu", weights="int4")
+    assert len(_modules(backend, Int4Linear)) == 4 * NUM_LAYERS + 1
+    assert backend.formats.counts["int4 regrouped from F32"] == 4 * NUM_LAYERS + 1
+    bf16 = make_backend("torch", source, 0, NUM_LAYERS, device="cpu", weights="bf16")
+    assert bf16.dtype == torch.bfloat16 and not _modules(bf16, Int4Linear)
+
+
+def test_bundled_native_memory_is_close_to_the_gguf_bytes(bundled: ModelSource) -> None:
+    from mohawk_common.model_store.gguf_source import GGUFSource, gguf_tensor_name
+
+    assert isinstance(bundled, GGUFSource)
+    num_layers = bundled.config.num_layers
+    # a last stage without the tied embedding keeps the Q8_0 table for the head's exact shortlist
+    # beside its 4-bit copy: 1.37x there (see README), within 1.25x everywhere else
+    for start, end, bound in ((0, num_layers, 1.25), (0, 10, 1.25), (10, 20, 1.25), (20, num_layers, 1.4)):
+        stage = make_backend("torch", bundled, start, end, device="cpu", weights="native")
+        names = {
+            gguf_tensor_name(n if n != "lm_head.weight" else "embed_tokens.weight")
+            for n in weight_names(bundled.config, start, end, embedding=start == 0, head=end == num_layers)
+        }
+        gguf_bytes = sum(bundled._file.tensors[n].nbytes for n in names)
+        assert stage.weight_bytes <= bound * gguf_bytes, (start, end, stage.weight_bytes, gguf_bytes)
+
+
+@pytest.mark.slow
+def test_bundled_native_picks_the_fp32_token_except_at_near_ties(
+    bundled: ModelSource, engine_factory: Any
+) -> None:
+    """Teacher-forced along the fp32 path's greedy answers: the 4-bit stage picks the same next token
+    everywhere but where the fp32 path's two best logits lie within 0.1 (measured: 252 of 254
+    positions over six prompts, both misses at gaps of 0.065 and 0.013)."""
+    tokenizer = bundled.load_tokenizer()
+    questions = ["Write a haiku about the sea.", "What is 17 times 23? Show your work."]
+    prompts = [encode_chat(tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    answers = engine_factory(weights="fp32").generate(prompts, SamplingParams(temperature=0.0, max_tokens=32))
+    for question, prompt, answer in zip(questions, prompts, answers, strict=True):
+        tokens = prompt + answer.token_ids
+        ref = full_logits(bundled, tokens, weights="fp32")[len(prompt) - 1 :]
+        native = full_logits(bundled, tokens, weights="native")[len(prompt) - 1 :]
+        top2 = ref.topk(2, dim=-1).values
+        near_tie = (top2[:, 0] - top2[:, 1]) < 0.1
+        same = ref.argmax(-1) == native.argmax(-1)
+        assert bool((same | near_tie).all()), question

@@ -14,7 +14,8 @@ Memory. Every block has an int8 home; the compute-dtype ("hot") tier is a smalle
 `num_hot_blocks(num_blocks)` blocks that recent blocks borrow (one in `HOT_FRACTION`, at least
 `MIN_HOT_BLOCKS` so that one step's writes always fit). A block therefore costs, on average,
 `cold + hot / HOT_FRACTION` bytes, and that is what budget sizing divides by: the same
-`kv_cache_memory_mb` holds about 2.6x the blocks of an fp32 cache (2x of a bf16 one).
+`kv_cache_memory_mb` holds about 2.7x the blocks of an fp32 cache and 1.6x those of a bf16 one
+(SmolLM2, 16-token blocks: 277,200 bytes a block instead of 737,280 in fp32).
 """
 
 from __future__ import annotations

@@ -2,49 +2,111 @@
 
 A decoder layer's bytes are measured on the one-layer backend the node builds to time itself
 (`Backend.weight_bytes`, node/capacity.py); the embedding and the final norm + LM head are not
-built there, so they are computed here from the model's shape. Pure functions: no array library.
+built there, so they are computed here from the model's shape and from the formats a torch stage
+holds them in, as `weight_formats.py` decides them for the loader: a groupwise token table is
+`GroupwiseEmbedding`'s codes and fp32 scales (and minimums), a 4-bit head `Int4Linear`'s packed
+codes and bf16 (scale, zero) pairs, a rescored head adds its Q8_0 table. Pure functions: no array
+library.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from mohawk_common.model_store import ModelSource
+from mohawk_common.model_store.quantized import GROUP_SIZE
+from mohawk_common.model_store.source import LM_HEAD
+from mohawk_shard.model.weight_formats import (
+    INT4,
+    TableFormat,
+    embedding_format,
+    head_is_rescored,
+    layer_matmul_formats,
+    matmul_format,
+)
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_SCALE_BYTES = 4  # GroupwiseEmbedding's scales and minimums are float32
+_PAIR_BYTES = 4  # Int4Linear's (scale, zero) per group and output: two bf16
+_WEIGHT_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # weight modes that fix the compute dtype
+_Q8_0_TABLE = TableFormat(bits=8, has_mins=False, from_file=True)
 
 
 @dataclass(frozen=True, slots=True)
 class StageWeightBytes:
-    """Bytes of the embedding (stage 0) and of the final norm + LM head (last stage)."""
+    """Bytes of the embedding (stage 0) and of the final norm + LM head (last stage).
+
+    Each is what a stage holding only that end holds. A stage holding both ends of a tied model
+    holds `shared` bytes once that both counts include (the one matrix of a dense tied pair, or the
+    Q8_0 table a rescored head shares with the embedding): `held` says what a stage holds. The
+    heartbeat carries `embedding` and `head` only, so the coordinator counts a single-stage plan
+    as `embedding + head`, over by `shared`: on the safe side (31.8 MB for SmolLM2-135M native).
+    """
 
     embedding: int
     head: int
+    shared: int = 0
+
+    def held(self, *, embedding: bool, head: bool) -> int:
+        """Bytes of the ends a stage holds (`embedding` on stage 0, `head` on the last stage)."""
+        both = embedding and head
+        return (
+            (self.embedding if embedding else 0) + (self.head if head else 0) - (self.shared if both else 0)
+        )
 
 
-def compute_dtype(dtype: str, device: str) -> str:
-    """The dtype a backend computes in for the settings' `dtype` (auto: bf16 on CUDA, fp32 elsewhere)."""
-    if dtype == "auto":
-        return "bfloat16" if device.startswith("cuda") else "float32"
-    return dtype
+def compute_dtype(dtype: str, device: str, weights: str = "native") -> str:
+    """The dtype a backend computes in for the settings' `dtype`: auto is bf16 under `bf16`
+    weights, fp32 under `fp32`, and otherwise bf16 on CUDA and fp32 elsewhere."""
+    if dtype != "auto":
+        return dtype
+    if weights in _WEIGHT_DTYPES:
+        return _WEIGHT_DTYPES[weights]
+    return "bfloat16" if device.startswith("cuda") else "float32"
 
 
 def stage_weight_bytes(source: ModelSource, weights: str, dtype: str) -> StageWeightBytes:
-    """Embedding and head bytes as a node with weight format `weights` and compute dtype `dtype`
-    (resolved, e.g. "float32") holds them.
-
-    For now every format keeps these two matrices in the compute dtype: vocab × hidden elements
-    each, plus `hidden` for the final norm; the head is counted in full even when tied to the
-    embedding, since the last stage holds its own copy. `weights` is the hook for formats that keep
-    them quantized.
-    """
+    """Embedding and head bytes as a torch stage with weight mode `weights` and compute dtype
+    `dtype` (resolved, e.g. "float32") holds them; the head includes the final norm."""
     config = source.config
     element = ELEMENT_BYTES.get(dtype, 4)
-    matrix = config.vocab_size * config.hidden_size * element
-    return StageWeightBytes(embedding=matrix, head=matrix + config.hidden_size * element)
+    rows, columns = config.vocab_size, config.hidden_size
+    dense = rows * columns * element
+    table = embedding_format(source, weights)
+    embedding = dense if table is None else groupwise_table_bytes(table, rows, columns)
+    four_bit = matmul_format(source, [LM_HEAD], weights, is_head=True).is_int4
+    head = columns * element + (int4_matmul_bytes(rows, columns) if four_bit else dense)
+    shared = 0
+    if head_is_rescored(source, weights):
+        exact = groupwise_table_bytes(_Q8_0_TABLE, rows, columns)
+        head += exact
+        shared = exact if config.tie_word_embeddings else 0
+    elif config.tie_word_embeddings and table is None and not four_bit:
+        shared = dense  # the stage's embedding and head are one parameter
+    return StageWeightBytes(embedding=embedding, head=head, shared=shared)
 
 
-def weights_format(weights: str, dtype: str) -> str:
-    """The format the node's weights are held in, for operators: the `weights` setting, or for
-    `native` (weights as the file stores them, dequantized today) the compute dtype."""
-    return dtype if weights == "native" else weights
+def groupwise_table_bytes(table: TableFormat, rows: int, columns: int) -> int:
+    """`GroupwiseEmbedding`: one byte a code (int8 or uint8), fp32 scales (and minimums) per group."""
+    groups = rows * (columns // GROUP_SIZE)
+    return rows * columns + groups * _SCALE_BYTES * (2 if table.has_mins else 1)
+
+
+def int4_matmul_bytes(rows: int, columns: int) -> int:
+    """`Int4Linear` [rows, columns]: two codes a byte, a bf16 (scale, zero) pair per group and row."""
+    return rows * columns // 2 + rows * (columns // GROUP_SIZE) * _PAIR_BYTES
+
+
+def weights_format(source: ModelSource, weights: str, dtype: str) -> str:
+    """The format most of a torch stage's decoder matmuls are held in, for operators:
+    `int4 (Q4_1)` for a file's own 4-bit codes, `int4 (regrouped from F32)`, or the compute dtype."""
+    counts: Counter[str] = Counter()
+    for layer in range(source.config.num_layers):
+        for held in layer_matmul_formats(source, layer, weights).values():
+            if not held.is_int4:
+                counts[dtype] += 1
+            else:
+                stored = "+".join(sorted(set(held.stored)))
+                counts[f"int4 ({stored})" if held.held == INT4 else f"int4 (regrouped from {stored})"] += 1
+    return counts.most_common(1)[0][0] if counts else dtype

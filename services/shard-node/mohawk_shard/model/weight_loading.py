@@ -11,6 +11,7 @@ compute dtype, and the log says which tensors fell back and why. With `int4` eve
 4-bit, quantized at load where the file holds something else; `bf16`/`fp32` are dense. A token
 table stored groupwise (Q8_0, Q4_x) stays so (`GroupwiseEmbedding`); with `int4`, a float one is
 re-grouped to 8 bits. What is left on meta (norms, dense matrices) is then allocated and read.
+The decisions themselves are `weight_formats.py`'s, which the heartbeat's byte counts share.
 """
 
 from __future__ import annotations
@@ -28,28 +29,25 @@ from mohawk_common.errors import ConfigError, ModelLoadError
 from mohawk_common.model_store import ModelSource
 from mohawk_common.model_store.quantized import (
     FOUR_BIT_FORMATS,
-    GROUP_SIZE,
     GroupQuantized,
     concat_rows,
     quantize_groupwise,
 )
-from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, expected_shape, weight_names
+from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, weight_names
 from mohawk_shard.model.linear import Linear, prefers_transposed
 from mohawk_shard.model.llama import LlamaStage
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear, RescoredHead
+from mohawk_shard.model.weight_formats import (
+    INT4,
+    LAYER_MATMULS,
+    embedding_format,
+    head_is_rescored,
+    matmul_format,
+)
 
 log = structlog.get_logger("mohawk.shard.weights")
 
 WEIGHT_MODES = ("native", "int4", "bf16", "fp32")
-_FLOAT_FORMATS = frozenset({"F32", "F16", "BF16", "F64"})
-_GROUPWISE_TABLES = frozenset({"Q4_0", "Q4_1", "Q8_0"})
-# module path inside a decoder layer -> the canonical tensors fused into it
-_LAYER_MATMULS = {
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "self_attn.o_proj": ("self_attn.o_proj",),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-    "mlp.down_proj": ("mlp.down_proj",),
-}
 
 
 @dataclass(slots=True)
@@ -105,7 +103,7 @@ def _quantize_matmuls(
     model: LlamaStage, source: ModelSource, weights: str, device: torch.device, report: FormatReport
 ) -> None:
     for offset, layer in enumerate(model.layers):
-        for path, parts in _LAYER_MATMULS.items():
+        for path, parts in LAYER_MATMULS.items():
             names = [f"layers.{model.start + offset}.{p}.weight" for p in parts]
             quantized = _four_bit(source, names, weights, is_head=False, report=report)
             if quantized is not None:
@@ -127,7 +125,7 @@ def _quantize_head(
     if quantized is None:
         return
     head = Int4Linear(quantized, device)
-    if weights == "native" and source.stored_format(LM_HEAD) == "Q8_0":
+    if head_is_rescored(source, weights):
         table = model.embed_tokens if source.config.tie_word_embeddings else None
         if not isinstance(table, GroupwiseEmbedding):  # the stage holds no tied table to share
             table = GroupwiseEmbedding(_stored(source, LM_HEAD), device, dtype)
@@ -140,24 +138,18 @@ def _four_bit(
     source: ModelSource, names: list[str], weights: str, *, is_head: bool, report: FormatReport
 ) -> GroupQuantized | None:
     """4-bit groups for the fused matmul of `names`, or None when it stays dense."""
-    formats = [source.stored_format(n) for n in names]
-    in_features = expected_shape(source.config, names[0])[1]
-    if in_features % GROUP_SIZE:
-        report.fallbacks.append(f"{names[0]}: {in_features} inputs are not whole groups of {GROUP_SIZE}")
+    held = matmul_format(source, names, weights, is_head=is_head)
+    if held.fallback is not None:
+        report.fallbacks.append(held.fallback)
+    if not held.is_int4:
         return None
-    if all(f in FOUR_BIT_FORMATS for f in formats):
-        report.counts[f"int4 from {'+'.join(sorted(set(formats)))}"] += 1
+    report.counts[held.label] += 1
+    if held.held == INT4:
         return concat_rows([_stored(source, n) for n in names])
-    regroup = weights == "int4" or (is_head and set(formats) == {"Q8_0"})
-    if not regroup:
-        if any(f not in _FLOAT_FORMATS for f in formats):
-            report.fallbacks.append(f"{', '.join(names)} stored as {'/'.join(formats)}")
-        return None
     parts = [
         _stored(source, n) if f in FOUR_BIT_FORMATS else quantize_groupwise(source.read_tensor(n))
-        for n, f in zip(names, formats, strict=True)
+        for n, f in zip(names, held.stored, strict=True)
     ]
-    report.counts[f"int4 regrouped from {'+'.join(sorted(set(formats)))}"] += 1
     return concat_rows(parts)
 
 
@@ -185,13 +177,15 @@ def _quantize_embedding(
 ) -> None:
     if model.embed_tokens is None:
         return
-    stored = source.stored_format(EMBEDDING)
-    table = source.read_quantized(EMBEDDING) if stored in _GROUPWISE_TABLES else None
-    if table is None and weights == "int4":
-        table = quantize_groupwise(source.read_tensor(EMBEDDING), bits=8)
-    if table is not None:
-        model.embed_tokens = GroupwiseEmbedding(table, device, dtype)
-        report.counts[f"embedding {table.bits}-bit from {table.source_format}"] += 1
+    held = embedding_format(source, weights)
+    if held is None:
+        return
+    if held.from_file:
+        table = _stored(source, EMBEDDING)
+    else:
+        table = quantize_groupwise(source.read_tensor(EMBEDDING), bits=held.bits)
+    model.embed_tokens = GroupwiseEmbedding(table, device, dtype)
+    report.counts[f"embedding {table.bits}-bit from {table.source_format}"] += 1
 
 
 def _materialize(model: nn.Module, device: torch.device) -> None:

@@ -73,10 +73,10 @@ def measure_capacity(
         total = psutil.virtual_memory().total
     limit = memory_limit_mb << 20 if memory_limit_mb else int(total * _MEMORY_SHARE)
     kv_bytes = (kv_cache_memory_mb << 20) if kv_cache_memory_mb else min(1 << 30, limit // 4)
-    held_dtype = compute_dtype(dtype, resolved)
+    held_dtype = compute_dtype(dtype, resolved, weights)
     ends = stage_weight_bytes(source, weights, held_dtype)
     # the measured layer comes alone, except in a model of one or two layers, where it is layer 0
-    ends_held = (ends.embedding if stage.has_embedding else 0) + (ends.head if stage.has_head else 0)
+    ends_held = ends.held(embedding=stage.has_embedding, head=stage.has_head)
     return Capacity(
         device=resolved,
         total_memory_bytes=int(total),
@@ -87,7 +87,7 @@ def measure_capacity(
         layer_weight_bytes=max(1, stage.weight_bytes - ends_held),
         embedding_weight_bytes=ends.embedding,
         head_weight_bytes=ends.head,
-        weights_format=weights_format(weights, held_dtype),
+        weights_format=weights_format(source, weights, held_dtype),
     )
 
 

@@ -1,0 +1,110 @@
+"""Which format a torch stage holds each matmul and token table in, decided from the file alone.
+
+Design. The torch loader (`weight_loading.py`) builds what these functions decide, and the
+heartbeat's byte counts (`footprint.py`) are computed from the same decisions, so the bytes a node
+reports cannot drift from the bytes it holds. A decision needs only `source.stored_format` and the
+model's shape: no tensor is read and no array library is imported. The rules, per weight mode:
+`native` runs a matmul whose parts are all stored Q4_0/Q4_1 as 4-bit codes, re-groups a Q8_0 LM
+head to 4 bits (kept exact on a shortlist by the Q8_0 table, `RescoredHead`), and keeps the rest
+dense; `int4` runs every matmul 4-bit, re-grouping what the file stores otherwise; `bf16`/`fp32`
+keep everything dense. A token table stored Q8_0/Q4_x stays groupwise under `native` and `int4`,
+and `int4` re-groups a float one to 8 bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mohawk_common.model_store import ModelSource
+from mohawk_common.model_store.quantized import FOUR_BIT_FORMATS, GROUP_SIZE
+from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, expected_shape
+
+QUANTIZING_MODES = ("native", "int4")
+FLOAT_FORMATS = frozenset({"F32", "F16", "BF16", "F64"})
+GROUPWISE_TABLES = frozenset({"Q4_0", "Q4_1", "Q8_0"})
+# module path inside a decoder layer -> the canonical tensors fused into it
+LAYER_MATMULS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attn.o_proj": ("self_attn.o_proj",),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.down_proj": ("mlp.down_proj",),
+}
+INT4, REGROUPED, DENSE = "int4", "int4 regrouped", "dense"
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulFormat:
+    """How one (fused) matmul is held: `int4` from the file's own 4-bit codes, `int4 regrouped`
+    from other weights, or `dense` in the compute dtype. `fallback` says why a tensor stored
+    quantized stays dense (the loader logs it)."""
+
+    held: str
+    stored: tuple[str, ...]
+    fallback: str | None = None
+
+    @property
+    def is_int4(self) -> bool:
+        return self.held != DENSE
+
+    @property
+    def label(self) -> str:
+        """`int4 from Q4_1`, `int4 regrouped from F32`, or `dense`: what the stage's report counts."""
+        return self.held if self.held == DENSE else f"{self.held} from {'+'.join(sorted(set(self.stored)))}"
+
+
+@dataclass(frozen=True, slots=True)
+class TableFormat:
+    """A token table held groupwise (`GroupwiseEmbedding`): `bits`-bit codes, fp32 scales and, when
+    `has_mins`, fp32 minimums per group; `from_file` when the codes are the file's own."""
+
+    bits: int
+    has_mins: bool
+    from_file: bool
+
+
+def matmul_format(source: ModelSource, names: Sequence[str], weights: str, *, is_head: bool) -> MatmulFormat:
+    """How the matmul fusing the canonical tensors `names` is held under weight mode `weights`."""
+    formats = tuple(source.stored_format(n) for n in names)
+    if weights not in QUANTIZING_MODES:
+        return MatmulFormat(DENSE, formats)
+    in_features = expected_shape(source.config, names[0])[1]
+    if in_features % GROUP_SIZE:
+        reason = f"{names[0]}: {in_features} inputs are not whole groups of {GROUP_SIZE}"
+        return MatmulFormat(DENSE, formats, reason)
+    if all(f in FOUR_BIT_FORMATS for f in formats):
+        return MatmulFormat(INT4, formats)
+    if weights == "int4" or (is_head and set(formats) == {"Q8_0"}):
+        return MatmulFormat(REGROUPED, formats)
+    if any(f not in FLOAT_FORMATS for f in formats):
+        return MatmulFormat(DENSE, formats, f"{', '.join(names)} stored as {'/'.join(formats)}")
+    return MatmulFormat(DENSE, formats)
+
+
+def layer_matmul_formats(source: ModelSource, layer: int, weights: str) -> dict[str, MatmulFormat]:
+    """Each fused matmul of decoder layer `layer`, by its module path inside the layer."""
+    return {
+        path: matmul_format(source, [f"layers.{layer}.{p}.weight" for p in parts], weights, is_head=False)
+        for path, parts in LAYER_MATMULS.items()
+    }
+
+
+def embedding_format(source: ModelSource, weights: str) -> TableFormat | None:
+    """The token table's groupwise form, or None when it is held dense in the compute dtype."""
+    if weights not in QUANTIZING_MODES:
+        return None
+    stored = source.stored_format(EMBEDDING)
+    if stored in GROUPWISE_TABLES:
+        return TableFormat(bits=8 if stored == "Q8_0" else 4, has_mins=stored != "Q8_0", from_file=True)
+    if weights == "int4":
+        return TableFormat(bits=8, has_mins=True, from_file=False)
+    return None
+
+
+def head_is_rescored(source: ModelSource, weights: str) -> bool:
+    """A 4-bit LM head whose shortlist is rescored from the file's Q8_0 rows (`RescoredHead`)."""
+    return (
+        weights == "native"
+        and source.stored_format(LM_HEAD) == "Q8_0"
+        and matmul_format(source, [LM_HEAD], weights, is_head=True).is_int4
+    )

@@ -13,7 +13,8 @@ import torch
 
 from mohawk_common.chat import encode_chat
 from mohawk_common.model_store import ModelSource, open_model
-from mohawk_common.model_store.gguf_source import GGUFSource, gguf_tensor_name
+from mohawk_common.model_store.gguf_source import gguf_tensor_name
+from mohawk_common.model_store.quantized import decode_gguf_blocks
 from mohawk_common.model_store.source import layer_names
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.batch import ForwardBatch
@@ -30,7 +31,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from mohawk_shard.backends.mlx_backend import MlxBackend
-from mohawk_shard.backends.mlx_quant import from_gguf_blocks, pack, unpack_blocks
+from mohawk_shard.backends.mlx_quant import affine_groups, from_stored, pack
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Name three primary colours."]
 
@@ -67,7 +68,7 @@ def test_gguf_blocks_unpack_to_the_dequantized_values(kind: str) -> None:
     values = np.random.default_rng(0).normal(size=(6, 96)).astype(np.float32)
     raw = quantize(values, tensor_type)
     expected = dequantize(raw, tensor_type).reshape(values.shape)
-    q, scales, biases = unpack_blocks(raw, tensor_type)
+    q, scales, biases = affine_groups(decode_gguf_blocks(raw, kind, values.shape))
     bits = 8 if kind == "Q8_0" else 4
     ours = mx.dequantize(
         mx.array(pack(q, bits)), mx.array(scales), mx.array(biases), group_size=32, bits=bits
@@ -83,12 +84,9 @@ def test_bundled_blocks_are_held_exactly(bundled: ModelSource) -> None:
         "layers.4.self_attn.k_proj.weight",
         "layers.4.mlp.down_proj.weight",
     ]
-    assert isinstance(bundled, GGUFSource)
     floats = bundled.load_weights(4, 5, embedding=True, head=False)
     for name in [*names, "embed_tokens.weight"]:
-        error = np.abs(
-            np.array(from_gguf_blocks(bundled, name, mx.float32).dequantize()) - floats[name]
-        ).max()
+        error = np.abs(np.array(from_stored(bundled, name, mx.float32).dequantize()) - floats[name]).max()
         print(f"{name}: max |error| {error:.1e}")
         assert error == 0.0, name
 

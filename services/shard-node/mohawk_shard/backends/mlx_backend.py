@@ -34,11 +34,11 @@ import mlx.nn as nn
 import numpy as np
 import structlog
 import torch
-from gguf.constants import GGMLQuantizationType
 
 from mohawk_common.errors import ConfigError
 from mohawk_common.model_store import ModelSource
 from mohawk_common.model_store.config import ModelConfig
+from mohawk_common.model_store.source import expected_shape, weight_names
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.mlx_quant import (
     GROUP_SIZE,
@@ -47,7 +47,6 @@ from mohawk_shard.backends.mlx_quant import (
     chosen_bits,
     has_no_kernel,
     quantize_weight,
-    stored_type,
 )
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
 from mohawk_shard.engine.outputs import SampledToken
@@ -146,25 +145,24 @@ class MlxBackend:
     def _load(self, model: nn.Module, source: ModelSource) -> list[mx.array]:
         """Load the stage's weights into `model` in their formats (see `mlx_quant`); the arrays held."""
         held = _WEIGHT_DTYPES.get(self.weights, self.dtype)
-        tensors = source.load_weights(self.start, self.end, embedding=self.has_embedding, head=self.has_head)
+        names = weight_names(
+            self.config, self.start, self.end, embedding=self.has_embedding, head=self.has_head
+        )
         floats: list[tuple[str, mx.array]] = []
         quantized: dict[str, QuantizedWeight] = {}  # module path -> weight
         formats: Counter[str] = Counter()
-        for name, array in tensors.items():
+        for name in names:
             mlx_name = self._mlx_name(name)
             if mlx_name is None:
                 continue
-            stored = stored_type(source, name)
-            bits = _held_bits(name, stored, array.shape[-1], self.weights)
+            stored = source.stored_format(name)
+            bits = _held_bits(name, stored, expected_shape(self.config, name)[-1], self.weights)
             if bits is None:
-                floats.append((mlx_name, mx.array(array).astype(held)))
+                floats.append((mlx_name, mx.array(source.read_tensor(name)).astype(held)))
                 formats[_NAMES[held]] += 1
             else:
-                quantized[mlx_name.removesuffix(".weight")] = quantize_weight(
-                    source, name, array, bits, self.dtype
-                )
-                formats[f"{bits}-bit" + (f" from {stored.name}" if stored is not None else "")] += 1
-        del tensors
+                quantized[mlx_name.removesuffix(".weight")] = quantize_weight(source, name, bits, self.dtype)
+                formats[f"{bits}-bit from {stored}"] += 1
         nn.quantize(model, class_predicate=lambda path, _: _group_params(quantized.get(path)))
         for path, weight in quantized.items():
             floats += [(f"{path}.{key}", getattr(weight, key)) for key in ("weight", "scales", "biases")]
@@ -269,7 +267,7 @@ class MlxBackend:
         return mx.array(np.frombuffer(data, dtype=np.dtype(dtype))).reshape(tuple(shape))
 
 
-def _held_bits(name: str, stored: GGMLQuantizationType | None, columns: int, weights: str) -> int | None:
+def _held_bits(name: str, stored: str, columns: int, weights: str) -> int | None:
     """`chosen_bits`, and a log line for each weight that has no kernel and is held unquantized."""
     bits = chosen_bits(name, stored, weights)
     if bits is not None and columns % GROUP_SIZE:
@@ -280,11 +278,11 @@ def _held_bits(name: str, stored: GGMLQuantizationType | None, columns: int, wei
             group_size=GROUP_SIZE,
         )
         return None
-    if bits is None and has_no_kernel(stored) and stored is not None:
+    if bits is None and has_no_kernel(stored):
         log.warning(
-            "no MLX kernel for this GGUF type, held dequantized in the compute dtype",
+            "no MLX kernel for this stored format, held dequantized in the compute dtype",
             tensor=name,
-            format=stored.name,
+            format=stored,
         )
     return bits
 

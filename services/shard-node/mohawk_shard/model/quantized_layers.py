@@ -48,16 +48,7 @@ class Int4Linear(nn.Module):
         self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        if flat.dtype == KERNEL_DTYPE:
-            y = self._kernel(flat)
-        else:
-            # fp32 activations as two bf16 rows each (x = hi + lo), one kernel call: the weights
-            # stream from memory once, and the input keeps ~16 bits of mantissa instead of 8
-            high = flat.to(KERNEL_DTYPE)
-            low = (flat - high.to(flat.dtype)).to(KERNEL_DTYPE)
-            both = self._kernel(torch.cat((high, low))).to(flat.dtype)
-            y = both[: flat.shape[0]] + both[flat.shape[0] :]
+        y = self._kernel(x.reshape(-1, self.in_features).to(KERNEL_DTYPE))
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 

@@ -31,17 +31,22 @@ class RotaryTable:
         freqs = torch.outer(positions, inv_freq)
         angles = torch.cat((freqs, freqs), dim=-1)
         self.cos = (angles.cos() * scale).to(device=device, dtype=dtype)
-        self.sin = (angles.sin() * scale).to(device=device, dtype=dtype)
+        # rotate_half(x) = roll(x, half) with its first half negated: the sign lives in the table
+        half = angles.shape[-1] // 2
+        sign = torch.cat((-torch.ones(half), torch.ones(half)))
+        self.sin = (angles.sin() * scale * sign).to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [num_tokens, 1, head_dim], broadcasting over heads."""
+        """cos, signed sin of shape [num_tokens, 1, head_dim], broadcasting over heads."""
         return self.cos.index_select(0, positions).unsqueeze(1), self.sin.index_select(
             0, positions
         ).unsqueeze(1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x·cos + rotate_half(x)·sin for x of shape [num_tokens, num_heads, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x·cos + rotate_half(x)·sin for x of shape [num_tokens, num_heads, head_dim].
+
+    `signed_sin` is `RotaryTable`'s: sin with its first half negated, so rotate_half is one roll
+    and the whole rotation three kernels (a decode step runs it once per layer, for q and k at once).
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)

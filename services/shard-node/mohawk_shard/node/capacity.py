@@ -57,6 +57,7 @@ def measure_capacity(
     device: str,
     dtype: str,
     weights: str = "native",
+    kv_cache_dtype: str = "auto",
     block_size: int,
     memory_limit_mb: int | None,
     kv_cache_memory_mb: int | None,
@@ -65,7 +66,16 @@ def measure_capacity(
     """`held`: the only layers the node has (a slice package); the measured layer is one of them."""
     num_layers = source.config.num_layers
     layer = held[0] if held is not None else (1 if num_layers > 2 else 0)
-    stage = make_backend(backend, source, layer, layer + 1, device=device, dtype=dtype, weights=weights)
+    stage = make_backend(
+        backend,
+        source,
+        layer,
+        layer + 1,
+        device=device,
+        dtype=dtype,
+        weights=weights,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     resolved = stage.device
     if resolved.startswith("cuda"):
         _free, total = _cuda_memory(resolved)

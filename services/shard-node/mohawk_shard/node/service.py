@@ -123,6 +123,7 @@ class ShardNode:
             device=s.device,
             dtype=s.dtype,
             weights=s.weights,
+            kv_cache_dtype=s.kv_cache_dtype,
             block_size=s.block_size,
             memory_limit_mb=s.memory_limit_mb,
             kv_cache_memory_mb=s.kv_cache_memory_mb,

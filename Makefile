@@ -35,8 +35,11 @@ test: setup
 up: setup
 	$(VENV)/bin/mohawk up
 
+# llama-cpp-python (the `bench` extra, compiled from source: ~9 minutes) is installed here only.
 bench: setup
+	$(PIP) install -e ".[bench]"
 	$(PY) bench/matmul_floor.py
+	$(PY) bench/engine.py --full --weights native,fp32 --json bench/results/engine-cpu-native-fp32.json
 	$(PY) bench/engine.py --full --dtype float32 --json bench/results/engine-cpu-float32.json
 	$(PY) bench/engine.py --full --dtype bfloat16 --json bench/results/engine-cpu-bfloat16.json
 	$(PY) bench/distributed.py --full --json bench/results/distributed-cpu.json

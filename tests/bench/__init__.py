@@ -11,10 +11,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_bench(script: str, out: Path) -> dict[str, Any]:
-    """Run bench/<script> in its short form and return the figures it wrote to `out` (JSON)."""
+def run_bench(script: str, out: Path, *args: str) -> dict[str, Any]:
+    """Run bench/<script> in its short form (with `args`) and return the figures it wrote to `out`."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--json", str(out)],
+        [sys.executable, str(ROOT / "bench" / script), "--json", str(out), *args],
         capture_output=True,
         text=True,
         timeout=900,

@@ -75,8 +75,15 @@ def compare(source: ModelSource, steps: list[list[Step]], tables: list[list[int]
     """Largest logit difference, int8 KV against compute-dtype KV, relative to the largest logit."""
     results = []
     for kv in ("auto", "int8"):
-        backend = make_backend(
-            "torch", source, 0, source.config.num_layers, device="cpu", dtype="float32", kv_cache_dtype=kv
+        backend = make_backend(  # fp32 weights: the difference measured is the KV tier's alone
+            "torch",
+            source,
+            0,
+            source.config.num_layers,
+            device="cpu",
+            dtype="float32",
+            weights="fp32",
+            kv_cache_dtype=kv,
         )
         backend.allocate_kv_cache(max(map(max, tables)) + 1, block_size)
         results.append(run_steps(backend, steps, tables, block_size))

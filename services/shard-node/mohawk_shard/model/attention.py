@@ -161,6 +161,15 @@ def paged_attention(
     batch = meta.num_seqs
     keys = gather_context(cache.key, cache.key_int8, meta).view(batch, -1, *key.shape[1:])
     values = gather_context(cache.value, cache.value_int8, meta).view(batch, -1, *value.shape[1:])
+    if meta.max_query_len == 1 and batch == 1:
+        # one sequence decoding: torch's fused kernel over the context as it lies in the cache
+        out = F.scaled_dot_product_attention(
+            query.view(1, 1, num_heads, head_dim).transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            enable_gqa=True,
+        )
+        return out.reshape(1, num_heads * head_dim)
     if meta.max_query_len == 1:
         out = grouped_attention(query.view(batch, 1, num_heads, head_dim), keys, values, meta.mask)
         return out.reshape(batch, num_heads * head_dim)

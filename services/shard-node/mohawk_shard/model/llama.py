@@ -29,9 +29,12 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
         self.eps = eps
+        self.shape = (dim,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.shape, self.weight, self.eps)
+        return F.rms_norm(x.float(), self.shape, self.weight.float(), self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -48,7 +51,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj.forward(x)
         heads = self.num_heads + self.num_kv_heads
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
@@ -59,7 +62,7 @@ class Attention(nn.Module):
         else:
             qk = qkv[:, : self.q_size + self.kv_size].view(-1, heads, self.head_dim)
         q, k = apply_rotary(qk, meta.cos, meta.sin).split([self.num_heads, self.num_kv_heads], dim=1)
-        return self.o_proj(paged_attention(q, k, v, cache, meta))
+        return self.o_proj.forward(paged_attention(q, k, v, cache, meta))
 
 
 class MLP(nn.Module):
@@ -69,8 +72,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up_proj.forward(x).chunk(2, dim=-1)
+        return self.down_proj.forward(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -103,8 +106,10 @@ class DecoderLayer(nn.Module):
             mlp.down_proj.weight.copy_(take(prefix + "mlp.down_proj.weight"))
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), meta, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # submodules' forward is called directly: nn.Module.__call__'s hook machinery costs about
+        # as much as the small ops of a batch-1 step (measured: 2 ms of 9 over 30 layers)
+        x = x + self.self_attn.forward(self.input_layernorm.forward(x), meta, cache)
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
 class LlamaStage(nn.Module):
@@ -176,12 +181,12 @@ class LlamaStage(nn.Module):
         """Token ids [T] (first stage) or hidden states [T, hidden] -> hidden states or logits."""
         x = self.embed(inputs) if self._embeds else inputs
         for layer, cache in zip(self.layers, caches, strict=True):
-            x = layer(x, meta, cache)
+            x = layer.forward(x, meta, cache)
         if self.norm is None or self.lm_head is None:
             return x
         if logits_rows is not None:
             x = x.index_select(0, logits_rows)
-        return self.lm_head(self.norm(x)).float()
+        return self.lm_head.forward(self.norm.forward(x)).float()
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """Copy canonical-name arrays from the model store in, fusing q/k/v and gate/up."""

@@ -45,19 +45,17 @@ class Int4Linear(nn.Module):
         pairs = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
         self.register_buffer("scales_and_zeros", pairs.to(device=device, dtype=KERNEL_DTYPE))
         self.register_buffer("packed", pack_int4(codes, device))
+        on_cpu = device.type == "cpu"
+        self._matmul = (
+            torch.ops.aten._weight_int4pack_mm_for_cpu if on_cpu else torch.ops.aten._weight_int4pack_mm
+        )
         self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._kernel(x.reshape(-1, self.in_features).to(KERNEL_DTYPE))
-        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        y = self._matmul(flat.to(KERNEL_DTYPE), self.packed, self.group_size, self.scales_and_zeros)
+        y = y.to(x.dtype) if x.dim() == 2 else y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
-
-    def _kernel(self, flat: torch.Tensor) -> torch.Tensor:
-        if self.packed.device.type == "cpu":
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                flat, self.packed, self.group_size, self.scales_and_zeros
-            )
-        return torch.ops.aten._weight_int4pack_mm(flat, self.packed, self.group_size, self.scales_and_zeros)
 
     def extra_repr(self) -> str:
         shape = f"in={self.in_features}, out={self.out_features}, group={self.group_size}"
@@ -130,7 +128,7 @@ class RescoredHead(nn.Module):
         self.source_format = f"{approximate.source_format}, shortlist from {exact.source_format}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.approximate(x).float()
+        logits = self.approximate.forward(x).float()
         candidates = logits.topk(self.shortlist, dim=-1).indices  # [M, shortlist]
         rows = self.exact.rows(candidates)  # [M, shortlist, hidden]
         exact = torch.matmul(rows, x.float().unsqueeze(-1)).squeeze(-1)

@@ -39,9 +39,10 @@ up: setup
 bench: setup
 	$(PIP) install -e ".[bench]"
 	$(PY) bench/matmul_floor.py
-	$(PY) bench/engine.py --full --weights native,fp32 --json bench/results/engine-cpu-native-fp32.json
-	$(PY) bench/engine.py --full --dtype float32 --json bench/results/engine-cpu-float32.json
-	$(PY) bench/engine.py --full --dtype bfloat16 --json bench/results/engine-cpu-bfloat16.json
+	$(PY) bench/engine.py --full --weights native,fp32 --no-prefix-cache --json bench/results/engine-cpu-native-fp32.json
+	$(PY) bench/engine.py --full --weights fp32 --dtype float32 --json bench/results/engine-cpu-float32.json
+	$(PY) bench/engine.py --full --weights bf16 --dtype bfloat16 --json bench/results/engine-cpu-bfloat16.json
+	$(PY) bench/native_precision.py
 	$(PY) bench/distributed.py --full --json bench/results/distributed-cpu.json
 	$(PY) bench/security.py --full --json bench/results/security-cpu.json
 	$(PY) bench/backends.py --full --json bench/results/backends-cpu.json

@@ -32,6 +32,8 @@ def _split_points(text: str) -> list[int]:
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    from mohawk_shard.config import add_format_flags
+
     parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
     parser.add_argument("--split", type=_split_points, default=[], help="layer split points, e.g. 10,20")
     parser.add_argument(
@@ -42,16 +44,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtype", help="auto, float32, bfloat16, float16")
-    parser.add_argument(
-        "--weights",
-        choices=("native", "int4", "bf16", "fp32"),
-        help="weight format: native (the file's own quantized tensors, default), int4, bf16, fp32",
-    )
-    parser.add_argument(
-        "--kv-cache-dtype",
-        choices=("auto", "int8"),
-        help="KV cache: auto (compute dtype) or int8 (two tiers)",
-    )
+    add_format_flags(parser)
     parser.add_argument("--log-level", default="warning", help="log level on stderr (default: warning)")
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mohawk_cli.cluster import ClusterError, ClusterSpec, LocalCluster
 from mohawk_common.bus.config import BUNDLED_MODEL_NAME
+from mohawk_shard.config import add_format_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,13 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="gateway port on 127.0.0.1 (default 8000)")
     parser.add_argument("--nats-port", type=int, help="nats-server port (default 4222, or a free one)")
     parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
-    parser.add_argument(
-        "--weights",
-        choices=("native", "int4", "bf16", "fp32"),
-        help="shard nodes' weight format (default native: the file's own quantized tensors)",
-    )
+    add_format_flags(parser)  # passed on to every shard node
     parser.add_argument("--data-dir", default=".mohawk", help="NATS data and logs (default .mohawk)")
     parser.add_argument("--log-level", default="info", help="log level of the services (default info)")
+
+
+def _format_args(args: argparse.Namespace) -> tuple[str, ...]:
+    flags = {"--weights": args.weights, "--kv-cache-dtype": args.kv_cache_dtype}
+    return tuple(part for flag, value in flags.items() if value for part in (flag, value))
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -51,7 +53,7 @@ def run_up(args: argparse.Namespace) -> int:
         data_dir=Path(args.data_dir),
         model=args.model,
         log_level=args.log_level,
-        node_args=("--weights", args.weights) if args.weights else (),
+        node_args=_format_args(args),
     )
     cluster = LocalCluster(spec)
     stopping = False

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+import argparse
+from typing import ClassVar, Literal, get_args
 
 from pydantic import Field
 
 from mohawk_common.settings import MohawkSettings
 
 WeightsMode = Literal["native", "int4", "bf16", "fp32"]
+KVCacheDtype = Literal["auto", "int8"]
+
+
+def add_format_flags(parser: argparse.ArgumentParser) -> None:
+    """`--weights` and `--kv-cache-dtype`, for every command that builds stages."""
+    parser.add_argument(
+        "--weights",
+        choices=get_args(WeightsMode),
+        help="weight format: native (the file's own quantized tensors, default), int4, bf16, fp32",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=get_args(KVCacheDtype),
+        help="KV cache: auto (compute dtype) or int8 (older full blocks int8: two tiers)",
+    )
 
 
 class EngineSettings(MohawkSettings):
@@ -30,7 +46,7 @@ class EngineSettings(MohawkSettings):
     max_num_seqs: int = Field(64, ge=1, description="most sequences running at once")
     max_num_batched_tokens: int = Field(512, ge=1, description="token budget of one step (chunked prefill)")
     max_model_len: int | None = Field(None, ge=2, description="context cap; none = the model's own")
-    kv_cache_dtype: Literal["auto", "int8"] = Field(
+    kv_cache_dtype: KVCacheDtype = Field(
         "auto", description="auto: KV in the compute dtype; int8: older full blocks int8 (two tiers)"
     )
     enable_prefix_caching: bool = True

@@ -12,6 +12,7 @@ from mohawk_common.bus.security import Security
 from mohawk_common.errors import MohawkError
 from mohawk_common.logging import configure_logging, get_logger
 from mohawk_common.settings import load_settings
+from mohawk_shard.config import add_format_flags
 from mohawk_shard.node.config import NodeSettings
 
 
@@ -23,16 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("torch", "mlx"), help="array library (default torch)")
     parser.add_argument("--device", help="auto, cpu, cuda, cuda:N (torch); auto, cpu, gpu (mlx)")
     parser.add_argument("--dtype", help="auto, float32, bfloat16, float16")
-    parser.add_argument(
-        "--weights",
-        choices=("native", "int4", "bf16", "fp32"),
-        help="weight format: native (the file's own quantized tensors, default), int4, bf16, fp32",
-    )
-    parser.add_argument(
-        "--kv-cache-dtype",
-        choices=("auto", "int8"),
-        help="KV cache: auto (compute dtype) or int8 (two tiers)",
-    )
+    add_format_flags(parser)
     parser.add_argument("--memory-limit-mb", type=int, help="memory offered for weights + KV")
     parser.add_argument("--num-threads", type=int, help="torch CPU threads")
     parser.add_argument(

@@ -12,7 +12,7 @@ import numpy as np
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import check_architecture, config_from_hf
 from mohawk_common.model_store.quantized import GroupQuantized, decode_gguf_blocks
-from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, ModelSource, expected_shape, one_line
+from mohawk_common.model_store.source import ModelSource, expected_shape, one_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -79,13 +79,10 @@ class GGUFSource(ModelSource):
         return info
 
     def stored_format(self, name: str) -> str:
-        if name == LM_HEAD and self.config.tie_word_embeddings:
-            name = EMBEDDING
-        return self._info(name).tensor_type.name
+        return self._info(self.stored_name(name)).tensor_type.name
 
     def read_quantized(self, name: str) -> GroupQuantized | None:
-        if name == LM_HEAD and self.config.tie_word_embeddings:
-            name = EMBEDDING
+        name = self.stored_name(name)
         info = self._info(name)
         if info.tensor_type.name not in DECODABLE_FORMATS or len(info.shape) != 2:
             return None

@@ -18,7 +18,7 @@ import numpy as np
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import check_architecture, config_from_hf, generation_eos_token_ids
-from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, ModelSource, one_line
+from mohawk_common.model_store.source import LM_HEAD, ModelSource, one_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -75,9 +75,7 @@ class SafetensorsSource(ModelSource):
         return entry
 
     def stored_format(self, name: str) -> str:
-        if name == LM_HEAD and self.config.tie_word_embeddings and LM_HEAD not in self._entries:
-            name = EMBEDDING
-        return self._entry(name).dtype
+        return self._entry(self.stored_name(name)).dtype
 
     def _read_tensor(self, name: str) -> np.ndarray:
         return read_tensor(self._entry(name))

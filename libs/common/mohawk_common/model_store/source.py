@@ -69,17 +69,17 @@ class ModelSource(ABC):
             )
         weights: dict[str, np.ndarray] = {}
         for name in weight_names(self.config, start, end, embedding=embedding, head=head):
-            if name == LM_HEAD and self.config.tie_word_embeddings:
-                weights[name] = weights[EMBEDDING] if EMBEDDING in weights else self._checked(EMBEDDING)
-            else:
-                weights[name] = self._checked(name)
+            stored = self.stored_name(name)
+            weights[name] = weights[stored] if stored in weights else self._checked(stored)
         return weights
+
+    def stored_name(self, name: str) -> str:
+        """The canonical name a tensor is read from: a tied model's LM head is its embedding matrix."""
+        return EMBEDDING if name == LM_HEAD and self.config.tie_word_embeddings else name
 
     def read_tensor(self, name: str) -> np.ndarray:
         """One tensor by canonical name: float32, C-contiguous, in HF orientation, shape checked."""
-        if name == LM_HEAD and self.config.tie_word_embeddings:
-            name = EMBEDDING  # a tied model's LM head is its embedding matrix
-        return self._checked(name)
+        return self._checked(self.stored_name(name))
 
     def stored_format(self, name: str) -> str:
         """How the file stores a tensor: a GGUF type name (`Q4_1`, `Q8_0`, `F16`, ...) or a dtype."""

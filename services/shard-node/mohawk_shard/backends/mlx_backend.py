@@ -42,7 +42,6 @@ from mohawk_common.model_store.source import expected_shape, weight_names
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.mlx_quant import (
     GROUP_SIZE,
-    WEIGHT_FORMATS,
     QuantizedWeight,
     chosen_bits,
     has_no_kernel,
@@ -51,6 +50,7 @@ from mohawk_shard.backends.mlx_quant import (
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.model.weight_formats import weights_dtype
 
 _DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 _NAMES = {v: k for k, v in _DTYPES.items()}
@@ -122,10 +122,9 @@ class MlxBackend:
         if device != "auto":
             mx.set_default_device(mx.cpu if device == "cpu" else mx.gpu)
         self.device = f"mlx:{mx.default_device()}"
-        if weights not in WEIGHT_FORMATS:
-            raise ConfigError(f"weights {weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+        name = weights_dtype(weights, dtype)  # checks `weights`; auto is fp32 on MLX
         self.weights = weights
-        name = ("bfloat16" if weights == "bf16" else "float32") if dtype == "auto" else dtype
+        name = "float32" if name == "auto" else name
         if name not in _DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not one of auto, {', '.join(_DTYPES)}")
         self.dtype = _DTYPES[name]

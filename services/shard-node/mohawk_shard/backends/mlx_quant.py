@@ -20,20 +20,17 @@ compute dtype, and the stage says so in its log.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import get_args
 
 import mlx.core as mx
 import numpy as np
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import ModelSource
-from mohawk_common.model_store.quantized import GroupQuantized
+from mohawk_common.model_store.quantized import GROUP_SIZE, GroupQuantized
 from mohawk_common.model_store.source import EMBEDDING, LM_HEAD
-from mohawk_shard.config import WeightsMode
 from mohawk_shard.model.weight_formats import FLOAT_FORMATS
 
-GROUP_SIZE = 32  # GGUF's block length, so one MLX group is one GGUF block
-WEIGHT_FORMATS: tuple[str, ...] = get_args(WeightsMode)
+# one MLX group is one GGUF block (GROUP_SIZE weights)
 # stored formats MLX holds exactly, and the bits it holds them in
 _EXACT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
 

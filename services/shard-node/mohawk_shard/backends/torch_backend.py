@@ -17,7 +17,8 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.attention import AttentionMetadata, KVCache
 from mohawk_shard.model.kv_quant import Int8Store, KVTiers
 from mohawk_shard.model.rope import RotaryTable
-from mohawk_shard.model.weight_loading import build_stage, resolve_weight_dtype
+from mohawk_shard.model.weight_formats import weights_dtype
+from mohawk_shard.model.weight_loading import build_stage
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _NAMES = {v: k for k, v in _DTYPES.items()}
@@ -58,7 +59,7 @@ class TorchBackend:
         self.has_embedding, self.has_head = start == 0, end == config.num_layers
         self.torch_device = resolve_device(device)
         self.device = str(self.torch_device)
-        self.dtype = resolve_dtype(resolve_weight_dtype(weights, dtype), self.torch_device)
+        self.dtype = resolve_dtype(weights_dtype(weights, dtype), self.torch_device)
         self.weights = weights
         self.model, self.formats = build_stage(
             source, start, end, device=self.torch_device, dtype=self.dtype, weights=weights

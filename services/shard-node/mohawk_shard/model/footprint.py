@@ -24,12 +24,12 @@ from mohawk_shard.model.weight_formats import (
     head_is_rescored,
     layer_matmul_formats,
     matmul_format,
+    weights_dtype,
 )
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _SCALE_BYTES = 4  # GroupwiseEmbedding's scales and minimums are float32
 _PAIR_BYTES = 4  # Int4Linear's (scale, zero) per group and output: two bf16
-_WEIGHT_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # weight modes that fix the compute dtype
 _Q8_0_TABLE = TableFormat(bits=8, has_mins=False, from_file=True)
 
 
@@ -59,10 +59,9 @@ class StageWeightBytes:
 def compute_dtype(dtype: str, device: str, weights: str = "native") -> str:
     """The dtype a backend computes in for the settings' `dtype`: auto is bf16 under `bf16`
     weights, fp32 under `fp32`, and otherwise bf16 on CUDA and fp32 elsewhere."""
+    dtype = weights_dtype(weights, dtype)
     if dtype != "auto":
         return dtype
-    if weights in _WEIGHT_DTYPES:
-        return _WEIGHT_DTYPES[weights]
     return "bfloat16" if device.startswith("cuda") else "float32"
 
 

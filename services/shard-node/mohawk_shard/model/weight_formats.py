@@ -15,12 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import get_args
 
+from mohawk_common.errors import ConfigError
 from mohawk_common.model_store import ModelSource
 from mohawk_common.model_store.quantized import FOUR_BIT_FORMATS, GROUP_SIZE
 from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, expected_shape
+from mohawk_shard.config import WeightsMode
 
+WEIGHT_MODES: tuple[str, ...] = get_args(WeightsMode)
 QUANTIZING_MODES = ("native", "int4")
+_MODE_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # weight modes that fix the compute dtype
 FLOAT_FORMATS = frozenset({"F32", "F16", "BF16", "F64"})
 GROUPWISE_TABLES = frozenset({"Q4_0", "Q4_1", "Q8_0"})
 # module path inside a decoder layer -> the canonical tensors fused into it
@@ -61,6 +66,15 @@ class TableFormat:
     bits: int
     has_mins: bool
     from_file: bool
+
+
+def weights_dtype(weights: str, dtype: str) -> str:
+    """The settings' `dtype` with `auto` resolved where the weight mode fixes it (`bf16` weights
+    compute in bfloat16, `fp32` in float32); still `auto` otherwise, for the backend to resolve.
+    Raises ConfigError for an unknown weight mode."""
+    if weights not in WEIGHT_MODES:
+        raise ConfigError(f"weights {weights!r} is not one of {', '.join(WEIGHT_MODES)}")
+    return _MODE_DTYPES.get(weights, dtype) if dtype == "auto" else dtype
 
 
 def matmul_format(source: ModelSource, names: Sequence[str], weights: str, *, is_head: bool) -> MatmulFormat:

@@ -5,7 +5,8 @@ chosen. Then each matmul of the stage (fused q/k/v, o, fused gate/up, down, LM h
 on its own: with `native`, tensors the file stores as Q4_0/Q4_1 become `Int4Linear`s built from
 the file's own codes (the same weights as the fp32 path); a Q8_0 LM head (SmolLM2's tied
 embedding) is re-grouped to 4 bits, the fastest choice measured (1.6 ms a batch-1 head against
-4.8 ms fp32 and 6.8 ms bf16, 1 thread) and one that keeps greedy answers (tests/engine); anything
+4.8 ms fp32 and 6.2 ms bf16, 1 thread, `bench/int4_kernels.py`), and its best logits are
+recomputed from the Q8_0 rows (`RescoredHead`), which keeps greedy answers (tests/engine); anything
 else (float tensors, Q8_0 layers, K-quants, a fused matmul whose parts differ) stays dense in the
 compute dtype, and the log says which tensors fell back and why. With `int4` every matmul is
 4-bit, quantized at load where the file holds something else; `bf16`/`fp32` are dense. A token
@@ -25,7 +26,7 @@ import structlog
 import torch
 from torch import nn
 
-from mohawk_common.errors import ConfigError, ModelLoadError
+from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import ModelSource
 from mohawk_common.model_store.quantized import (
     FOUR_BIT_FORMATS,
@@ -47,8 +48,6 @@ from mohawk_shard.model.weight_formats import (
 
 log = structlog.get_logger("mohawk.shard.weights")
 
-WEIGHT_MODES = ("native", "int4", "bf16", "fp32")
-
 
 @dataclass(slots=True)
 class FormatReport:
@@ -56,20 +55,6 @@ class FormatReport:
 
     counts: Counter[str] = field(default_factory=Counter)
     fallbacks: list[str] = field(default_factory=list)
-
-    @property
-    def summary(self) -> str:
-        """The dominant format, as a short name for heartbeats and plans (`int4`, `float32`)."""
-        return self.counts.most_common(1)[0][0].split(" ")[0] if self.counts else "none"
-
-
-def resolve_weight_dtype(weights: str, dtype: str) -> str:
-    """The compute dtype name: `bf16` weights with dtype auto compute in bf16, `fp32` in fp32."""
-    if weights not in WEIGHT_MODES:
-        raise ConfigError(f"weights {weights!r} is not one of {', '.join(WEIGHT_MODES)}")
-    if dtype == "auto":
-        return {"bf16": "bfloat16", "fp32": "float32"}.get(weights, "auto")
-    return dtype
 
 
 def build_stage(

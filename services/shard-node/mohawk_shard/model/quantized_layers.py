@@ -4,9 +4,10 @@ Design. `Int4Linear` hands the codes to torch's tinygemm kernels, which compute
 `y = x · ((q − 8) · scale + zero)ᵀ` with one bf16 scale and zero per group of input columns: on
 CPU `_weight_int4pack_mm_for_cpu`, on CUDA `_weight_int4pack_mm`, each with its own packing of the
 codes. A group `w = scale · code + minimum` is the same weights with `zero = minimum + 8 · scale`.
-Measured here (torch 2.13, SmolLM2-135M's 30 layers, 1 thread, distinct weights per layer so
-they stream from memory as in a real step): 7.2 ms a batch-1 step against 34 ms in fp32; the
-kernel's fast path takes bf16 activations (fp32 and fp16 activations run 20-50x slower), so
+Printed by `python bench/int4_kernels.py` (torch 2.13, SmolLM2-135M's 30 layers, 1 thread,
+distinct weights per layer so they stream from memory as in a real step): 6.3 ms a batch-1 step
+against 25.4 ms in fp32; the kernel's fast path takes bf16 activations (fp32 and fp16
+activations run about 30x slower), so
 activations are cast to bf16 at the kernel and the result back to the caller's dtype. The scales
 and zeros are bf16 too, the kernel's only choice: a GGUF scale (fp16) loses 3 mantissa bits there,
 an error of at most 1/64 of a quantization step per weight. `GroupwiseEmbedding` keeps a token
@@ -115,10 +116,10 @@ class RescoredHead(nn.Module):
     """An LM head run 4-bit, whose best `shortlist` logits per row are then recomputed exactly.
 
     The 4-bit pass ranks the whole vocabulary (1.6 ms a batch-1 step for SmolLM2's 49152 × 576
-    head, 1 thread, against 4.8 ms in fp32); the shortlist is rescored in fp32 from the file's own
-    rows (Q8_0 for SmolLM2), so the tokens greedy decoding and top-k sampling pick among carry the
-    file's exact logits. The regrouping error of a logit is far below the gap between a row's best
-    logit and its 64th, so the exact best token is always on the shortlist.
+    head, 1 thread, against 4.8 ms in fp32: `bench/int4_kernels.py`); the shortlist is rescored
+    in fp32 from the file's own rows (Q8_0 for SmolLM2), so the tokens greedy decoding and top-k
+    sampling pick among carry the file's exact logits. The exact best token misses the shortlist
+    only when a row's 64 best logits all lie within the regrouping error of each other.
     """
 
     def __init__(self, approximate: Int4Linear, exact: GroupwiseEmbedding, shortlist: int = 64) -> None:

@@ -18,7 +18,7 @@ from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.engine.kv_tiers import num_cold_blocks
 from mohawk_shard.engine.llm_engine import LLMEngine
 from mohawk_shard.engine.sampling_params import SamplingParams
-from mohawk_shard.model.attention import AttentionMetadata
+from mohawk_shard.model.attention import AttentionMetadata, AttentionPart
 from mohawk_shard.model.kv_quant import dequantize, quantize_blocks
 
 from .test_architectures import build_tiny
@@ -39,9 +39,10 @@ def test_context_is_a_view_only_for_one_sequence_on_consecutive_blocks(bundled: 
     backend = make_backend("torch", bundled, 0, 1, device="cpu", dtype="float32")
     assert isinstance(backend, TorchBackend)
 
-    def meta(tables: list[list[int]]) -> AttentionMetadata:
+    def meta(tables: list[list[int]]) -> AttentionPart:
         chunks = [([1], 20, table, True) for table in tables]
-        return AttentionMetadata.build(ForwardBatch.build(chunks, 8), backend.rotary, torch.device("cpu"))
+        built = AttentionMetadata.build(ForwardBatch.build(chunks, 8), backend.rotary, torch.device("cpu"))
+        return built.parts[0]
 
     consecutive = meta([[3, 4, 5]])
     assert consecutive.context_range == (24, 21) and consecutive.context_slots is None

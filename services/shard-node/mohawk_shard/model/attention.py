@@ -3,14 +3,16 @@
 Design. Each layer's cache is two tensors of shape [num_blocks × block_size, kv_heads, head_dim];
 a step writes its new keys and values into their slots with one `index_copy_`, then gathers
 every sequence's context through its block table into a padded [batch, context, kv_heads, head_dim]
-view. Everything that depends only on the batch shape (slots, masks, padding indices, rotary
-cos/sin) is built once per step in `AttentionMetadata` and shared by all layers. Three shapes keep
-the common cases cheap: a single fresh prompt attends causally to its own keys with no gather
-(torch's fused SDPA); a decode step (one query per sequence) runs as two batched matmuls, query
-heads grouped over the KV head they share (no copies of K/V per query head); a mixed step with
-chunked prefills pads queries to the longest chunk, masks by absolute position and runs torch's
-fused SDPA, which never materialises the [query × context] scores. A single sequence whose
-context sits in consecutive slots (blocks come off the free list in order) reads it as a view, with
+view. Everything that depends only on the batch shape (slots, masks, rotary cos/sin) is built once
+per step in `AttentionMetadata` and shared by all layers. A step is cut into parts, each attended in
+one call: all its decoding sequences together, and each prompt chunk on its own (padding chunks and
+decoders to one query length would cost every decoder as many query rows as the longest chunk).
+Three shapes keep the parts cheap: a fresh prompt attends causally to its own keys with no gather
+(torch's fused SDPA); several decoders (one query each) run as two batched matmuls, query heads
+grouped over the KV head they share (no copies of K/V per query head); one sequence continuing
+(a decode or a later chunk) runs torch's fused SDPA over its context, masked by absolute position,
+which never materialises the [query × context] scores. A single sequence whose context sits in
+consecutive slots (blocks come off the free list in order) reads it as a view, with
 no gather at all. With an int8 tier (`kv_quant.py`) slots are those of the hot pool, and context
 that is cold is dequantized into the gathered tensor.
 """
@@ -51,19 +53,30 @@ class ColdContext:
 
 
 @dataclass(slots=True)
-class AttentionMetadata:
+class AttentionPart:
+    """Sequences attended together in one call: every decoding sequence of a step, or one prompt chunk.
+
+    `row_range` (a prompt chunk's consecutive token rows) or `rows` (decoders' rows) picks the part's
+    queries from the step's; both are None when the part is the whole step.
+    """
+
     num_seqs: int
     max_query_len: int
-    slot_mapping: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
     fresh_prompt: bool
+    row_range: tuple[int, int] | None = None
+    rows: torch.Tensor | None = None
     context_slots: torch.Tensor | None = None
     context_range: tuple[int, int] | None = None
     cold: ColdContext | None = None
     mask: torch.Tensor | None = None
-    query_pad_index: torch.Tensor | None = None
-    query_unpad_index: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    parts: list[AttentionPart]
 
     @classmethod
     def build(
@@ -76,37 +89,94 @@ class AttentionMetadata:
 
         positions = tensor(batch.positions)
         cos, sin = rotary.lookup(positions)
-        fresh = batch.num_seqs == 1 and int(batch.context_lens[0]) == batch.num_tokens
         slot_mapping = batch.slot_mapping if tiers is None else tiers.slot_mapping
-        meta = cls(batch.num_seqs, batch.max_query_len, tensor(slot_mapping), cos, sin, fresh)
-        if fresh:
-            return meta
-        context = batch.context_slots() if tiers is None else tiers.context_slots
-        if tiers is not None and tiers.cold_index is not None:
-            meta.cold = cold_context(tiers, context, tensor)
-        else:
-            meta.context_range = contiguous_range(context)
-        if meta.context_range is None:
-            meta.context_slots = tensor(context)
-        key_pos = np.arange(batch.max_context_len)
-        if meta.max_query_len == 1:
-            if (batch.context_lens != batch.max_context_len).any():
-                valid = key_pos[None, :] < batch.context_lens[:, None]
-                meta.mask = additive_mask(tensor(valid[:, None, None, None, :]), rotary.cos.dtype)
-            return meta
-        max_q = meta.max_query_len
-        row = np.arange(max_q)
-        real = row[None, :] < batch.query_lens[:, None]
-        query_pos = (batch.context_lens - batch.query_lens)[:, None] + row[None, :]
-        mask = key_pos[None, None, :] <= query_pos[:, :, None]
-        mask[:, :, 0] |= ~real  # padded query rows attend to slot 0 only, so no row is empty
-        meta.mask = additive_mask(tensor(mask[:, None, :, :]), rotary.cos.dtype)  # SDPA's [B, 1, Q, L]
-        flat = np.arange(batch.num_seqs)[:, None] * max_q + row[None, :]
-        token_index = np.full((batch.num_seqs, max_q), batch.num_tokens, dtype=np.int64)
-        token_index[real] = np.arange(batch.num_tokens)
-        meta.query_pad_index = tensor(token_index.reshape(-1))
-        meta.query_unpad_index = tensor(flat[real])
-        return meta
+        context = StepContext(batch, tiers)
+        groups = part_groups(batch.query_lens)
+        first_rows = np.cumsum(batch.query_lens) - batch.query_lens
+        parts = []
+        for seqs in groups:
+            part = build_part(batch, seqs, context, rotary.cos.dtype, tensor)
+            if len(groups) > 1 and part.max_query_len == 1:
+                part.rows = tensor(first_rows[seqs])
+            elif len(groups) > 1:
+                part.row_range = (int(first_rows[seqs[0]]), int(batch.query_lens[seqs[0]]))
+            parts.append(part)
+        return cls(tensor(slot_mapping), cos, sin, parts)
+
+
+def part_groups(query_lens: np.ndarray) -> list[np.ndarray]:
+    """Sequence indices of each part: all decoders together, each prompt chunk alone.
+
+    A chunk's queries would otherwise be padded to the longest chunk for every sequence in the
+    step, decoders included: 32 decoders beside one 378-token chunk cost 32 × 378 query rows.
+    """
+    if query_lens.shape[0] == 1 or int(query_lens.max()) == 1:
+        return [np.arange(query_lens.shape[0])]
+    decoding = np.flatnonzero(query_lens == 1)
+    chunks = [np.array([i]) for i in np.flatnonzero(query_lens > 1)]
+    return ([decoding] if decoding.size else []) + chunks
+
+
+class StepContext:
+    """The step's context slots ([num_seqs, max_context_len]) and, in two-tier mode, which are cold."""
+
+    def __init__(self, batch: ForwardBatch, tiers: TierPlan | None) -> None:
+        self.block_size = batch.block_size
+        self._batch, self._tiers = batch, tiers
+        self._slots: np.ndarray | None = None
+        self._cold: np.ndarray | None = None
+
+    @property
+    def slots(self) -> np.ndarray:
+        if self._slots is None:
+            tiers = self._tiers
+            self._slots = self._batch.context_slots() if tiers is None else tiers.context_slots
+        return self._slots
+
+    @property
+    def cold_slots(self) -> np.ndarray | None:
+        """int8 slot of each cold position, -1 where hot; None when nothing is cold."""
+        tiers = self._tiers
+        if tiers is None or tiers.cold_index is None or tiers.cold_slots is None:
+            return None
+        if self._cold is None:
+            self._cold = np.full(self.slots.shape, -1, dtype=np.int64)
+            self._cold.reshape(-1)[tiers.cold_index] = tiers.cold_slots
+        return self._cold
+
+
+def build_part(
+    batch: ForwardBatch,
+    seqs: np.ndarray,
+    context: StepContext,
+    dtype: torch.dtype,
+    tensor: Callable[[np.ndarray], torch.Tensor],
+) -> AttentionPart:
+    query_lens, context_lens = batch.query_lens[seqs], batch.context_lens[seqs]
+    max_query, max_context = int(query_lens.max()), int(context_lens.max())
+    fresh = seqs.shape[0] == 1 and int(context_lens[0]) == int(query_lens[0])
+    part = AttentionPart(int(seqs.shape[0]), max_query, fresh)
+    if fresh:
+        return part
+    slots = context.slots[seqs, :max_context]
+    cold = context.cold_slots
+    cold = None if cold is None else cold[seqs, :max_context]
+    if cold is not None and (cold >= 0).any():
+        part.cold = cold_context(slots, cold, context.block_size, tensor)
+    else:
+        part.context_range = contiguous_range(slots)
+    if part.context_range is None:
+        part.context_slots = tensor(slots)
+    key_pos = np.arange(max_context)
+    if max_query == 1:
+        if (context_lens != max_context).any():
+            valid = key_pos[None, :] < context_lens[:, None]
+            part.mask = additive_mask(tensor(valid[:, None, None, None, :]), dtype)
+        return part
+    # one prompt chunk continuing a sequence: its rows attend up to their own positions
+    query_pos = int(context_lens[0] - query_lens[0]) + np.arange(max_query)
+    part.mask = additive_mask(tensor((key_pos[None, :] <= query_pos[:, None])[None, None]), dtype)
+    return part
 
 
 def contiguous_range(context_slots: np.ndarray) -> tuple[int, int] | None:
@@ -120,18 +190,22 @@ def contiguous_range(context_slots: np.ndarray) -> tuple[int, int] | None:
 
 
 def cold_context(
-    tiers: TierPlan, context: np.ndarray, tensor: Callable[[np.ndarray], torch.Tensor]
+    hot_slots: np.ndarray,
+    cold_slots: np.ndarray,
+    block_size: int,
+    tensor: Callable[[np.ndarray], torch.Tensor],
 ) -> ColdContext:
-    if tiers.cold_index is None or tiers.cold_slots is None or tiers.cold_blocks is None:
-        raise RuntimeError("a tier plan without its cold positions")
-    if tiers.hot_index is None:
-        raise RuntimeError("a tier plan without its hot positions")
+    flat_cold = cold_slots.reshape(-1)
+    is_cold = flat_cold >= 0
+    (cold_index,) = np.nonzero(is_cold)
+    (hot_index,) = np.nonzero(~is_cold)
+    cold = flat_cold[cold_index]
     return ColdContext(
-        tensor(tiers.cold_index),
-        tensor(tiers.cold_slots),
-        tensor(tiers.cold_blocks),
-        tensor(tiers.hot_index),
-        tensor(context.reshape(-1)[tiers.hot_index]),
+        tensor(cold_index),
+        tensor(cold),
+        tensor(cold // block_size),
+        tensor(hot_index),
+        tensor(hot_slots.reshape(-1)[hot_index]),
     )
 
 
@@ -146,10 +220,30 @@ def paged_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, meta: AttentionMetadata
 ) -> torch.Tensor:
     """query [T, H, D], key/value [T, KVH, D] of this step's tokens -> attention output [T, H·D]."""
-    num_tokens, num_heads, head_dim = query.shape
     cache.key.index_copy_(0, meta.slot_mapping, key)
     cache.value.index_copy_(0, meta.slot_mapping, value)
-    if meta.fresh_prompt:
+    if len(meta.parts) == 1:
+        return attend(meta.parts[0], query, key, value, cache)
+    num_tokens, num_heads, head_dim = query.shape
+    out = query.new_empty(num_tokens, num_heads * head_dim)
+    for part in meta.parts:
+        if part.row_range is not None:
+            first, count = part.row_range
+            rows = (t.narrow(0, first, count) for t in (query, key, value))
+            out.narrow(0, first, count).copy_(attend(part, *rows, cache))
+        elif part.rows is not None:
+            out.index_copy_(0, part.rows, attend(part, query.index_select(0, part.rows), key, value, cache))
+        else:
+            raise RuntimeError("an attention part of a split step without its rows")
+    return out
+
+
+def attend(
+    part: AttentionPart, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache
+) -> torch.Tensor:
+    """One part's attention; `key`/`value` are read only for a fresh prompt (others read the cache)."""
+    num_tokens, num_heads, head_dim = query.shape
+    if part.fresh_prompt:
         out = F.scaled_dot_product_attention(
             query.transpose(0, 1).unsqueeze(0),
             key.transpose(0, 1).unsqueeze(0),
@@ -158,46 +252,34 @@ def paged_attention(
             enable_gqa=True,
         )
         return out.squeeze(0).transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
-    batch = meta.num_seqs
-    keys = gather_context(cache.key, cache.key_int8, meta).view(batch, -1, *key.shape[1:])
-    values = gather_context(cache.value, cache.value_int8, meta).view(batch, -1, *value.shape[1:])
-    if meta.max_query_len == 1 and batch == 1:
-        # one sequence decoding: torch's fused kernel over the context as it lies in the cache
-        out = F.scaled_dot_product_attention(
-            query.view(1, 1, num_heads, head_dim).transpose(1, 2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            enable_gqa=True,
-        )
-        return out.reshape(1, num_heads * head_dim)
-    if meta.max_query_len == 1:
-        out = grouped_attention(query.view(batch, 1, num_heads, head_dim), keys, values, meta.mask)
+    batch = part.num_seqs
+    keys = gather_context(cache.key, cache.key_int8, part).view(batch, -1, *cache.key.shape[1:])
+    values = gather_context(cache.value, cache.value_int8, part).view(batch, -1, *cache.value.shape[1:])
+    if part.max_query_len == 1 and batch > 1:
+        out = grouped_attention(query.view(batch, 1, num_heads, head_dim), keys, values, part.mask)
         return out.reshape(batch, num_heads * head_dim)
-    if meta.query_pad_index is None or meta.query_unpad_index is None or meta.mask is None:
-        raise RuntimeError("attention metadata without padding indices or mask for a mixed batch")
-    query = torch.cat((query, query.new_zeros(1, num_heads, head_dim))).index_select(0, meta.query_pad_index)
+    # one sequence (decoding, or a chunk continuing a prompt): torch's fused kernel
     out = F.scaled_dot_product_attention(
-        query.view(batch, meta.max_query_len, num_heads, head_dim).transpose(1, 2),
+        query.view(1, num_tokens, num_heads, head_dim).transpose(1, 2),
         keys.transpose(1, 2),
         values.transpose(1, 2),
-        attn_mask=meta.mask,
+        attn_mask=part.mask,
         enable_gqa=True,
     )
-    out = out.transpose(1, 2).reshape(batch * meta.max_query_len, num_heads * head_dim)
-    return out.index_select(0, meta.query_unpad_index)
+    return out.transpose(1, 2).reshape(num_tokens, num_heads * head_dim)
 
 
-def gather_context(pool: torch.Tensor, home: Int8Store | None, meta: AttentionMetadata) -> torch.Tensor:
+def gather_context(pool: torch.Tensor, home: Int8Store | None, part: AttentionPart) -> torch.Tensor:
     """Every sequence's context slots, flat [num_seqs × max_context_len, kv_heads, dim]."""
-    if meta.context_range is not None:
-        return pool.narrow(0, *meta.context_range)
-    if meta.cold is None:
-        if meta.context_slots is None:
+    if part.context_range is not None:
+        return pool.narrow(0, *part.context_range)
+    if part.cold is None:
+        if part.context_slots is None:
             raise RuntimeError("attention metadata without context slots for a non-fresh batch")
-        return pool.index_select(0, meta.context_slots.view(-1))
+        return pool.index_select(0, part.context_slots.view(-1))
     if home is None:
         raise RuntimeError("attention metadata with cold context on a cache without an int8 tier")
-    cold = meta.cold
+    cold = part.cold
     size = cold.index.shape[0] + cold.hot_index.shape[0]
     out = pool.new_empty(size, *pool.shape[1:])
     scales = home.scale.index_select(0, cold.blocks)

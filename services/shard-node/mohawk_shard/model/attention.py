@@ -229,8 +229,8 @@ def paged_attention(
     for part in meta.parts:
         if part.row_range is not None:
             first, count = part.row_range
-            rows = (t.narrow(0, first, count) for t in (query, key, value))
-            out.narrow(0, first, count).copy_(attend(part, *rows, cache))
+            q, k, v = (t.narrow(0, first, count) for t in (query, key, value))
+            out.narrow(0, first, count).copy_(attend(part, q, k, v, cache))
         elif part.rows is not None:
             out.index_copy_(0, part.rows, attend(part, query.index_select(0, part.rows), key, value, cache))
         else:

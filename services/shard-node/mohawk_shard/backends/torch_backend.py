@@ -94,16 +94,17 @@ class TorchBackend:
         two_tier = self.kv_cache_dtype == "int8"
         num_hot = num_hot_blocks(num_blocks) if two_tier else num_blocks
         self.kv_tiers = KVTiers(num_blocks, block_size, num_hot) if two_tier else None
-        heads = (self.config.num_kv_heads, self.config.head_dim)
+        kv_heads, head_dim = self.config.num_kv_heads, self.config.head_dim
 
-        def zeros(num_slots: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros((num_slots, *heads), dtype=dtype, device=self.torch_device)
+        def zeros(num_slots: int, dtype: torch.dtype) -> torch.Tensor:  # head-major: attention.py
+            return torch.zeros((kv_heads, num_slots, head_dim), dtype=dtype, device=self.torch_device)
 
         def int8_home() -> Int8Store | None:
             if not two_tier:
                 return None
-            scale = torch.zeros(num_blocks, heads[0], dtype=torch.float32, device=self.torch_device)
-            return Int8Store(zeros(num_blocks * block_size, torch.int8), scale)
+            scale = torch.zeros(num_blocks, kv_heads, dtype=torch.float32, device=self.torch_device)
+            data = torch.zeros((num_blocks * block_size, kv_heads, head_dim), dtype=torch.int8)
+            return Int8Store(data.to(self.torch_device), scale)
 
         self.kv_caches = [
             KVCache(

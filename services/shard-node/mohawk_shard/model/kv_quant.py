@@ -47,7 +47,7 @@ def dequantize(quantized: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype)
 class Int8Store:
     """The int8 home of every block of one layer, for K or V."""
 
-    data: torch.Tensor  # int8 [num_blocks × block_size, kv_heads, dim]
+    data: torch.Tensor  # int8 [num_blocks × block_size, kv_heads, dim] (the hot pool is head-major)
     scale: torch.Tensor  # fp32 [num_blocks, kv_heads]
 
 
@@ -160,14 +160,15 @@ def _tiers(caches: Sequence[KVCache]) -> list[tuple[torch.Tensor, Int8Store]]:
 def _store(
     pool: torch.Tensor, home: Int8Store, hot: torch.Tensor, blocks: torch.Tensor, block_size: int
 ) -> None:
-    by_block = pool.view(-1, block_size, *pool.shape[1:])
-    quantized, scale = quantize_blocks(by_block.index_select(0, hot))
-    home.data.view(-1, block_size, *pool.shape[1:]).index_copy_(0, blocks, quantized)
+    kv_heads, _, head_dim = pool.shape  # head-major pool [kv_heads, slots, dim]
+    by_block = pool.view(kv_heads, -1, block_size, head_dim).index_select(1, hot).permute(1, 2, 0, 3)
+    quantized, scale = quantize_blocks(by_block)
+    home.data.view(-1, block_size, kv_heads, head_dim).index_copy_(0, blocks, quantized)
     home.scale.index_copy_(0, blocks, scale)
 
 
 def _restore(pool: torch.Tensor, home: Int8Store, block_id: int, hot: int, block_size: int) -> None:
     rows = slice(block_id * block_size, (block_id + 1) * block_size)
-    pool[hot * block_size : (hot + 1) * block_size] = dequantize(
+    pool[:, hot * block_size : (hot + 1) * block_size] = dequantize(
         home.data[rows], home.scale[block_id].expand(block_size, -1), pool.dtype
-    )
+    ).transpose(0, 1)

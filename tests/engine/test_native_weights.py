@@ -18,7 +18,14 @@ from mohawk_common.model_store.source import weight_names
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.engine.sampling_params import SamplingParams
-from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear, RescoredHead
+from mohawk_shard.model.quantized_layers import (
+    DENSE_MIN_ROWS,
+    GroupwiseEmbedding,
+    Int4Linear,
+    RescoredHead,
+    native_bf16_matmul,
+    unpack_int4_cpu,
+)
 from tests.engine.conftest import full_logits
 from tests.model_store.test_store_gguf_tiny import NUM_LAYERS, random_llama_state, write_llama_gguf
 
@@ -48,6 +55,24 @@ def test_int4_linear_multiplies_by_the_stored_weights() -> None:
     expected = x @ torch.from_numpy(quantized.dequantize()).t()
     # bf16 scales and outputs: errors of a few parts in a thousand of the output's size
     torch.testing.assert_close(layer(x), expected, atol=0.02 * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.skipif(not native_bf16_matmul(), reason="this CPU has no native bf16 matmul (AVX512-BF16/AMX)")
+def test_many_rows_run_dense_bf16_with_the_kernels_weights() -> None:
+    weights = np.random.default_rng(5).standard_normal((128, 96), dtype=np.float32)
+    quantized = quantize_groupwise(weights)
+    layer = Int4Linear(quantized, torch.device("cpu"))
+    codes = torch.from_numpy(quantized.codes)
+    assert layer._cpu_block is not None
+    assert torch.equal(unpack_int4_cpu(layer.packed, 128, 96, layer._cpu_block), codes)
+    stored = torch.from_numpy(quantized.dequantize())
+    # the unpacked weight is the stored one up to bf16 rounding (scales and zeros are bf16)
+    torch.testing.assert_close(layer.dense_weight().float(), stored, atol=0.02, rtol=0.01)
+    x = torch.randn(DENSE_MIN_ROWS, 96)
+    kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(
+        x.bfloat16(), layer.packed, layer.group_size, layer.scales_and_zeros
+    ).float()
+    torch.testing.assert_close(layer(x), kernel, atol=0.02 * kernel.abs().max().item(), rtol=0)
 
 
 def test_rescored_head_gives_exact_logits_on_its_shortlist() -> None:

@@ -10,19 +10,27 @@ against 25.4 ms in fp32; the kernel's fast path takes bf16 activations (fp32 and
 activations run about 30x slower), so
 activations are cast to bf16 at the kernel and the result back to the caller's dtype. The scales
 and zeros are bf16 too, the kernel's only choice: a GGUF scale (fp16) loses 3 mantissa bits there,
-an error of at most 1/64 of a quantization step per weight. `GroupwiseEmbedding` keeps a token
+an error of at most 1/64 of a quantization step per weight. The kernel suits a few rows (decode):
+from `DENSE_MIN_ROWS` rows on (prefill chunks) a CPU with native bf16 matmuls (AVX512-BF16 or AMX)
+unpacks the codes to a bf16 weight for the one call and runs a dense bf16 matmul, 4x faster at 512
+rows for SmolLM2's MLP on this machine's AMX (`python bench/int4_kernels.py` prints both); nothing
+dense is kept between calls. `GroupwiseEmbedding` keeps a token
 table's codes (int8 for Q8_0, uint8 for 4-bit) and dequantizes only the rows a step looks up.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mohawk_common.model_store.quantized import GroupQuantized
 
 KERNEL_DTYPE = torch.bfloat16
+DENSE_MIN_ROWS = 96  # from here on a bf16 matmul over the unpacked weight beats the 4-bit kernel
 
 
 class Int4Linear(nn.Module):
@@ -50,13 +58,27 @@ class Int4Linear(nn.Module):
         self._matmul = (
             torch.ops.aten._weight_int4pack_mm_for_cpu if on_cpu else torch.ops.aten._weight_int4pack_mm
         )
+        self._cpu_block = cpu_pack_block(self.out_features, self.in_features) if on_cpu else None
         self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        y = self._matmul(flat.to(KERNEL_DTYPE), self.packed, self.group_size, self.scales_and_zeros)
+        if self._cpu_block is not None and flat.shape[0] >= DENSE_MIN_ROWS:
+            y = F.linear(flat.to(KERNEL_DTYPE), self.dense_weight())
+        else:
+            y = self._matmul(flat.to(KERNEL_DTYPE), self.packed, self.group_size, self.scales_and_zeros)
         y = y.to(x.dtype) if x.dim() == 2 else y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def dense_weight(self) -> torch.Tensor:
+        """The bf16 weight [out, in] the kernel computes with, from the CPU packing."""
+        if self._cpu_block is None:
+            raise RuntimeError("dense_weight reads the CPU packing only")
+        codes = unpack_int4_cpu(self.packed, self.out_features, self.in_features, self._cpu_block)
+        groups = codes.view(self.out_features, -1, self.group_size).to(KERNEL_DTYPE)
+        per_output = self.scales_and_zeros.transpose(0, 1)  # [out, groups, 2]
+        scale, zero = per_output[..., :1], per_output[..., 1:]
+        return groups.sub_(8).mul_(scale).add_(zero).view(self.out_features, self.in_features)
 
     def extra_repr(self) -> str:
         shape = f"in={self.in_features}, out={self.out_features}, group={self.group_size}"
@@ -78,6 +100,47 @@ def pack_int4(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
     pairs = codes.to(torch.uint8)
     packed = (pairs[:, ::2] << 4 | pairs[:, 1::2]).to(device)  # two codes a byte, high nibble first
     return torch.ops.aten._convert_weight_to_int4pack(packed, tiles)
+
+
+def unpack_int4_cpu(packed: torch.Tensor, out_features: int, in_features: int, block: int) -> torch.Tensor:
+    """uint8 codes [N, K] from `_convert_weight_to_int4pack_for_cpu`'s layout: per block of `block`
+    outputs, for each input column, `block / 2` bytes whose low nibbles are the block's first half of
+    outputs and high nibbles its second half."""
+    by_block = packed.view(out_features // block, in_features, block // 2)
+    codes = torch.cat((by_block & 15, by_block >> 4), dim=2)  # [N / block, K, block]
+    return codes.transpose(1, 2).reshape(out_features, in_features)
+
+
+def cpu_pack_block(out_features: int, in_features: int) -> int | None:
+    """The output block size of this CPU's int4 packing, None when no layout `unpack_int4_cpu`
+    knows fits the shape (then the 4-bit kernel runs every call)."""
+    block = probed_pack_block(in_features)
+    return block if block is not None and out_features % block == 0 else None
+
+
+@functools.cache
+def probed_pack_block(in_features: int) -> int | None:
+    """Packs a probe of 128 outputs and finds the block size that unpacks it back."""
+    if not native_bf16_matmul():
+        return None
+    rows = torch.arange(128, dtype=torch.int32)[:, None]
+    cols = torch.arange(in_features, dtype=torch.int32)[None, :]
+    probe = (rows * 7 + cols * 3 + rows // 16) % 16
+    packed = pack_int4(probe, torch.device("cpu"))
+    if packed.numel() * 2 != probe.numel():
+        return None
+    for block in (64, 32, 16):
+        if torch.equal(unpack_int4_cpu(packed, 128, in_features, block).to(torch.int32), probe):
+            return block
+    return None
+
+
+@functools.cache
+def native_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX), so a dense bf16 matmul pays."""
+    cpu = torch.cpu
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
 
 
 class GroupwiseEmbedding(nn.Module):

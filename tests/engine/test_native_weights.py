@@ -26,6 +26,7 @@ from mohawk_shard.model.quantized_layers import (
     native_bf16_matmul,
     unpack_int4_cpu,
 )
+from mohawk_shard.model.split_head import SplitQ8Head
 from tests.engine.conftest import full_logits
 from tests.model_store.test_store_gguf_tiny import NUM_LAYERS, random_llama_state, write_llama_gguf
 
@@ -106,8 +107,10 @@ def test_q8_0_layers_fall_back_dense_and_say_so(tmp_path: Path) -> None:
     with structlog.testing.capture_logs() as logs:
         backend = make_backend("torch", source, 0, NUM_LAYERS, device="cpu", weights="native")
     assert any(e["event"].startswith("weight format has no kernel") for e in logs)
-    assert len(_modules(backend, Int4Linear)) == 1  # only the Q8_0 LM head, re-grouped with a shortlist
-    assert isinstance(backend.model.lm_head, RescoredHead)
+    assert len(_modules(backend, Int4Linear)) == 1  # only the Q8_0 LM head, ranked 4-bit with a shortlist
+    assert isinstance(
+        backend.model.lm_head, SplitQ8Head | RescoredHead
+    )  # split where the CPU packing is known
     assert isinstance(backend.model.embed_tokens, GroupwiseEmbedding)
 
 

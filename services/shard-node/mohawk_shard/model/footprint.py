@@ -5,8 +5,9 @@ A decoder layer's bytes are measured on the one-layer backend the node builds to
 built there, so they are computed here from the model's shape and from the formats a torch stage
 holds them in, as `weight_formats.py` decides them for the loader: a groupwise token table is
 `GroupwiseEmbedding`'s codes and fp32 scales (and minimums), a 4-bit head `Int4Linear`'s packed
-codes and bf16 (scale, zero) pairs, a rescored head adds its Q8_0 table. Pure functions: no array
-library.
+codes and bf16 (scale, zero) pairs, a rescored head adds its Q8_0 table, and a split head (CPU) is
+the packed high nibbles, the low nibbles and fp16 scales, which a tied first stage shares. Pure
+functions: no array library.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mohawk_shard.model.weight_formats import (
     TableFormat,
     embedding_format,
     head_is_rescored,
+    head_is_split,
     layer_matmul_formats,
     matmul_format,
     weights_dtype,
@@ -65,9 +67,12 @@ def compute_dtype(dtype: str, device: str, weights: str = "native") -> str:
     return "bfloat16" if device.startswith("cuda") else "float32"
 
 
-def stage_weight_bytes(source: ModelSource, weights: str, dtype: str) -> StageWeightBytes:
-    """Embedding and head bytes as a torch stage with weight mode `weights` and compute dtype
-    `dtype` (resolved, e.g. "float32") holds them; the head includes the final norm."""
+def stage_weight_bytes(
+    source: ModelSource, weights: str, dtype: str, device: str = "cpu"
+) -> StageWeightBytes:
+    """Embedding and head bytes as a torch stage on `device` ("cpu", "cuda:0") with weight mode
+    `weights` and compute dtype `dtype` (resolved, e.g. "float32") holds them; the head includes
+    the final norm."""
     config = source.config
     element = ELEMENT_BYTES.get(dtype, 4)
     rows, columns = config.vocab_size, config.hidden_size
@@ -77,7 +82,10 @@ def stage_weight_bytes(source: ModelSource, weights: str, dtype: str) -> StageWe
     four_bit = matmul_format(source, [LM_HEAD], weights, is_head=True).is_int4
     head = columns * element + (int4_matmul_bytes(rows, columns) if four_bit else dense)
     shared = 0
-    if head_is_rescored(source, weights):
+    if head_is_split(source, weights, device.split(":")[0]):
+        head = columns * element + split_head_bytes(rows, columns)
+        shared = embedding if config.tie_word_embeddings else 0
+    elif head_is_rescored(source, weights):
         exact = groupwise_table_bytes(_Q8_0_TABLE, rows, columns)
         head += exact
         shared = exact if config.tie_word_embeddings else 0
@@ -90,6 +98,11 @@ def groupwise_table_bytes(table: TableFormat, rows: int, columns: int) -> int:
     """`GroupwiseEmbedding`: one byte a code (int8 or uint8), fp32 scales (and minimums) per group."""
     groups = rows * (columns // GROUP_SIZE)
     return rows * columns + groups * _SCALE_BYTES * (2 if table.has_mins else 1)
+
+
+def split_head_bytes(rows: int, columns: int) -> int:
+    """`SplitQ8Head`: the high nibbles as an `Int4Linear`, the low nibbles two a byte, fp16 scales."""
+    return int4_matmul_bytes(rows, columns) + rows * columns // 2 + rows * (columns // GROUP_SIZE) * 2
 
 
 def int4_matmul_bytes(rows: int, columns: int) -> int:

@@ -58,7 +58,8 @@ class Int4Linear(nn.Module):
         self._matmul = (
             torch.ops.aten._weight_int4pack_mm_for_cpu if on_cpu else torch.ops.aten._weight_int4pack_mm
         )
-        self._cpu_block = cpu_pack_block(self.out_features, self.in_features) if on_cpu else None
+        dense = on_cpu and native_bf16_matmul()
+        self._cpu_block = cpu_pack_block(self.out_features, self.in_features) if dense else None
         self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -93,7 +94,7 @@ def _inner_k_tiles(in_features: int) -> int:
 
 
 def pack_int4(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """uint8 codes [N, K] in [0, 16) -> the tinygemm layout of `device`."""
+    """uint8 codes [N, K] in [0, 16) -> the tinygemm layout of `device` (int32 codes accepted)."""
     tiles = _inner_k_tiles(codes.shape[1])
     if device.type == "cpu":
         return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), tiles)
@@ -121,8 +122,6 @@ def cpu_pack_block(out_features: int, in_features: int) -> int | None:
 @functools.cache
 def probed_pack_block(in_features: int) -> int | None:
     """Packs a probe of 128 outputs and finds the block size that unpacks it back."""
-    if not native_bf16_matmul():
-        return None
     rows = torch.arange(128, dtype=torch.int32)[:, None]
     cols = torch.arange(in_features, dtype=torch.int32)[None, :]
     probe = (rows * 7 + cols * 3 + rows // 16) % 16

@@ -116,9 +116,17 @@ def embedding_format(source: ModelSource, weights: str) -> TableFormat | None:
 
 
 def head_is_rescored(source: ModelSource, weights: str) -> bool:
-    """A 4-bit LM head whose shortlist is rescored from the file's Q8_0 rows (`RescoredHead`)."""
+    """A 4-bit LM head whose shortlist is rescored from the file's Q8_0 rows: `SplitQ8Head` on CPU
+    (`head_is_split`), `RescoredHead` elsewhere."""
     return (
         weights == "native"
         and source.stored_format(LM_HEAD) == "Q8_0"
         and matmul_format(source, [LM_HEAD], weights, is_head=True).is_int4
     )
+
+
+def head_is_split(source: ModelSource, weights: str, device: str) -> bool:
+    """A rescored head held once, as its Q8_0 codes' nibbles (`SplitQ8Head`): on CPU, whose int4
+    packing it reads back (the loader falls back to `RescoredHead`, and says so, on a CPU whose
+    packing layout it does not know)."""
+    return head_is_rescored(source, weights) and device == "cpu"

@@ -4,9 +4,11 @@ Design. The stage is built on the meta device, so no weight memory exists before
 chosen. Then each matmul of the stage (fused q/k/v, o, fused gate/up, down, LM head) is decided
 on its own: with `native`, tensors the file stores as Q4_0/Q4_1 become `Int4Linear`s built from
 the file's own codes (the same weights as the fp32 path); a Q8_0 LM head (SmolLM2's tied
-embedding) is re-grouped to 4 bits, the fastest choice measured (1.6 ms a batch-1 head against
+embedding) is ranked 4-bit, the fastest choice measured (1.6 ms a batch-1 head against
 4.8 ms fp32 and 6.2 ms bf16, 1 thread, `bench/int4_kernels.py`), and its best logits are
-recomputed from the Q8_0 rows (`RescoredHead`), which keeps greedy answers (tests/engine); anything
+recomputed from the Q8_0 rows, which keeps greedy answers (tests/engine): on CPU both come from
+one copy of the table split into nibbles (`SplitQ8Head`, which a tied first stage also looks its
+embeddings up in), elsewhere from a re-grouped 4-bit copy beside the Q8_0 rows (`RescoredHead`); anything
 else (float tensors, Q8_0 layers, K-quants, a fused matmul whose parts differ) stays dense in the
 compute dtype, and the log says which tensors fell back and why. With `int4` every matmul is
 4-bit, quantized at load where the file holds something else; `bf16`/`fp32` are dense. A token
@@ -38,11 +40,13 @@ from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, weight_names
 from mohawk_shard.model.linear import Linear, prefers_transposed
 from mohawk_shard.model.llama import LlamaStage
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear, RescoredHead
+from mohawk_shard.model.split_head import SplitHeadEmbedding, SplitQ8Head, split_head_block
 from mohawk_shard.model.weight_formats import (
     INT4,
     LAYER_MATMULS,
     embedding_format,
     head_is_rescored,
+    head_is_split,
     matmul_format,
 )
 
@@ -106,29 +110,49 @@ def _quantize_head(
 ) -> None:
     if model.lm_head is None:
         return
+    if head_is_split(source, weights, device.type):
+        table = _stored(source, LM_HEAD)
+        block = split_head_block(table, device)
+        if block is None:
+            log.warning("this CPU's int4 packing is not one the split head reads: head kept twice")
+        else:
+            _four_bit(source, [LM_HEAD], weights, is_head=True, report=report, read=False)
+            model.lm_head = SplitQ8Head(table, device, block)
+            if source.config.tie_word_embeddings and model.embed_tokens is not None:
+                model.embed_tokens = SplitHeadEmbedding(model.lm_head, dtype)  # one table, not two
+            return
     quantized = _four_bit(source, [LM_HEAD], weights, is_head=True, report=report)
     if quantized is None:
         return
     head = Int4Linear(quantized, device)
     if head_is_rescored(source, weights):
-        table = model.embed_tokens if source.config.tie_word_embeddings else None
-        if not isinstance(table, GroupwiseEmbedding):  # the stage holds no tied table to share
-            table = GroupwiseEmbedding(_stored(source, LM_HEAD), device, dtype)
-        model.lm_head = RescoredHead(head, table)
+        shared = model.embed_tokens if source.config.tie_word_embeddings else None
+        if not isinstance(shared, GroupwiseEmbedding):  # the stage holds no tied table to share
+            shared = GroupwiseEmbedding(_stored(source, LM_HEAD), device, dtype)
+        model.lm_head = RescoredHead(head, shared)
     else:
         model.lm_head = head
 
 
 def _four_bit(
-    source: ModelSource, names: list[str], weights: str, *, is_head: bool, report: FormatReport
+    source: ModelSource,
+    names: list[str],
+    weights: str,
+    *,
+    is_head: bool,
+    report: FormatReport,
+    read: bool = True,
 ) -> GroupQuantized | None:
-    """4-bit groups for the fused matmul of `names`, or None when it stays dense."""
+    """4-bit groups for the fused matmul of `names`, or None when it stays dense (or, `read`
+    False, once the format is counted)."""
     held = matmul_format(source, names, weights, is_head=is_head)
     if held.fallback is not None:
         report.fallbacks.append(held.fallback)
     if not held.is_int4:
         return None
     report.counts[held.label] += 1
+    if not read:
+        return None
     if held.held == INT4:
         return concat_rows([_stored(source, n) for n in names])
     parts = [

@@ -84,7 +84,7 @@ def measure_capacity(
     limit = memory_limit_mb << 20 if memory_limit_mb else int(total * _MEMORY_SHARE)
     kv_bytes = (kv_cache_memory_mb << 20) if kv_cache_memory_mb else min(1 << 30, limit // 4)
     held_dtype = compute_dtype(dtype, resolved, weights)
-    ends = stage_weight_bytes(source, weights, held_dtype)
+    ends = stage_weight_bytes(source, weights, held_dtype, resolved)
     # the measured layer comes alone, except in a model of one or two layers, where it is layer 0
     ends_held = ends.held(embedding=stage.has_embedding, head=stage.has_head)
     return Capacity(

@@ -1,0 +1,91 @@
+"""A Q8_0 LM head held once as its two nibbles: ranked 4-bit, rescored and looked up exactly.
+
+Design. SmolLM2's tied embedding is Q8_0: 49152 × 576 codes in [-127, 127] with an fp16 scale per
+32. The head must rank the whole vocabulary fast (the 4-bit kernel: `Int4Linear`) yet give the
+file's exact logits to the tokens greedy decoding and top-k pick among, and a first stage must look
+up exact rows of the same table. Holding the Q8_0 table beside a re-grouped 4-bit copy costs
+1.6× the file's bytes. Instead each code, shifted to `u = q + 128` in [1, 255], is split into its
+high nibble `u >> 4` and low nibble `u & 15`. The high nibbles alone are a 4-bit matrix with
+`w ≈ 16·d·hi + d·(7.5 − 128)` (the low nibble's mean, 7.5, stands in for it; error at most 7.5·d),
+which the kernel packs as it likes; the low nibbles sit beside it, two a byte. A shortlist row (or
+an embedding row) is `d · (16·hi + lo − 128)` again, exactly the file's weights, its high nibbles
+read back out of the kernel's CPU packing (`unpack_int4_cpu`'s layout). Bytes: 8 bits of codes,
+1 bit of the kernel's bf16 (scale, zero) pairs and 0.5 bit of fp16 scales a weight, against Q8_0's
+8.5: 1.12× the file, for the head and the tied table together.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from mohawk_common.model_store.quantized import GroupQuantized
+from mohawk_shard.model.quantized_layers import Int4Linear, cpu_pack_block
+
+LOW_NIBBLE_MEAN = 7.5
+Q8_OFFSET = 128
+
+
+def split_head_block(table: GroupQuantized, device: torch.device) -> int | None:
+    """The CPU packing block the split head reads back, or None where it cannot be used (not a
+    Q8_0 table, not on CPU, or a packing this build's layout probe does not know)."""
+    if table.bits != 8 or table.mins is not None or device.type != "cpu":
+        return None
+    rows, columns = table.shape
+    return cpu_pack_block(rows, columns)
+
+
+class SplitQ8Head(nn.Module):
+    """y = x·Wᵀ for a Q8_0 table W: a 4-bit ranking pass, then the `shortlist` best logits exact."""
+
+    low: torch.Tensor
+    scales: torch.Tensor
+
+    def __init__(self, table: GroupQuantized, device: torch.device, block: int, shortlist: int = 64) -> None:
+        super().__init__()
+        rows, columns = table.shape
+        self.num_rows, self.num_columns, self.group_size, self.block = rows, columns, table.group_size, block
+        shifted = table.codes.astype(np.int16) + Q8_OFFSET  # [1, 255]
+        high, low = (shifted >> 4).astype(np.uint8), (shifted & 15).astype(np.uint8)
+        d = table.scales.astype(np.float32)
+        self.approximate = Int4Linear(
+            GroupQuantized(high, 16 * d, (LOW_NIBBLE_MEAN - Q8_OFFSET) * d, 4, table.group_size, "Q8_0 high"),
+            device,
+        )
+        self.register_buffer("low", torch.from_numpy(low[:, ::2] | low[:, 1::2] << 4).to(device))
+        self.register_buffer("scales", torch.from_numpy(table.scales).to(device=device, dtype=torch.float16))
+        self.shortlist = min(shortlist, rows)
+        self.source_format = "Q8_0 split: 4-bit high nibbles ranked, shortlist exact"
+
+    def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The file's exact float32 rows of `token_ids` (any shape) -> [..., columns]."""
+        flat = token_ids.reshape(-1)
+        half = self.block // 2
+        by_block = self.approximate.packed.view(-1, self.num_columns, half).transpose(1, 2)
+        within = flat % self.block
+        packed_high = by_block[flat // self.block, within % half]  # [n, columns] bytes
+        high = (packed_high >> ((within >= half).to(torch.uint8) * 4)[:, None]) & 15
+        low_bytes = self.low.index_select(0, flat)
+        low = torch.stack((low_bytes & 15, low_bytes >> 4), dim=-1).view(-1, self.num_columns)
+        codes = high.to(torch.int16) * 16 + low - Q8_OFFSET
+        groups = codes.float().view(-1, self.num_columns // self.group_size, self.group_size)
+        out = groups * self.scales.index_select(0, flat).float().unsqueeze(-1)
+        return out.view(*token_ids.shape, self.num_columns)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.approximate.forward(x).float()
+        candidates = logits.topk(self.shortlist, dim=-1).indices  # [M, shortlist]
+        exact = torch.matmul(self.rows(candidates), x.float().unsqueeze(-1)).squeeze(-1)
+        return logits.scatter_(-1, candidates, exact)
+
+
+class SplitHeadEmbedding(nn.Module):
+    """A first stage's token table read from the split head it shares (a tied model)."""
+
+    def __init__(self, head: SplitQ8Head, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.head, self.dtype = head, dtype
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.head.rows(token_ids).to(self.dtype)

@@ -1,0 +1,68 @@
+"""The split Q8_0 head: one copy of the table, exact rows, exact logits on its shortlist."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mohawk_common.model_store import ModelSource
+from mohawk_common.model_store.quantized import GroupQuantized
+from mohawk_shard.backends import make_backend
+from mohawk_shard.backends.torch_backend import TorchBackend
+from mohawk_shard.model.split_head import SplitHeadEmbedding, SplitQ8Head, split_head_block
+
+
+def q8_0_table(rows: int, columns: int, seed: int) -> GroupQuantized:
+    """A table as GGUF stores Q8_0: int8 codes in [-127, 127], an fp16 scale per 32."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(-127, 128, size=(rows, columns), dtype=np.int8)
+    scales = rng.uniform(0.001, 0.02, size=(rows, columns // 32)).astype(np.float16).astype(np.float32)
+    return GroupQuantized(codes, scales, None, 8, 32, "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def head() -> tuple[SplitQ8Head, GroupQuantized]:
+    table = q8_0_table(640, 96, seed=1)
+    block = split_head_block(table, torch.device("cpu"))
+    if block is None:
+        pytest.skip("this CPU's int4 packing is not one the split head reads")
+    return SplitQ8Head(table, torch.device("cpu"), block, shortlist=32), table
+
+
+def test_rows_are_the_files_exact_weights(head: tuple[SplitQ8Head, GroupQuantized]) -> None:
+    split, table = head
+    ids = torch.tensor([[0, 63, 64, 65], [639, 320, 31, 32]])
+    expected = torch.from_numpy(table.dequantize())[ids]
+    assert torch.equal(split.rows(ids), expected)
+    embedding = SplitHeadEmbedding(split, torch.float32)
+    assert torch.equal(embedding(ids), expected)
+
+
+def test_logits_are_exact_on_the_shortlist_and_greedy_keeps_the_best(
+    head: tuple[SplitQ8Head, GroupQuantized],
+) -> None:
+    split, table = head
+    x = torch.randn(5, 96)
+    reference = x @ torch.from_numpy(table.dequantize()).t()
+    logits = split(x)
+    top = reference.topk(4, dim=-1).indices
+    torch.testing.assert_close(logits.gather(-1, top), reference.gather(-1, top), atol=1e-4, rtol=1e-5)
+    assert torch.equal(logits.argmax(-1), reference.argmax(-1))
+    # the ranking pass alone is the high nibbles, within 7.5 scale steps a weight of the file's
+    approximate = split.approximate(x).float()
+    bound = (x.abs() @ torch.from_numpy(np.repeat(table.scales, 32, axis=1)).t()) * 7.5 * 1.05 + 0.05
+    assert ((approximate - reference).abs() <= bound).all()
+
+
+def test_bundled_stage_holds_the_table_once(bundled: ModelSource) -> None:
+    whole = make_backend("torch", bundled, 0, bundled.config.num_layers, device="cpu", weights="native")
+    assert isinstance(whole, TorchBackend)
+    model = whole.model
+    if not isinstance(model.lm_head, SplitQ8Head):
+        pytest.skip("this CPU's int4 packing is not one the split head reads")
+    assert isinstance(model.embed_tokens, SplitHeadEmbedding) and model.embed_tokens.head is model.lm_head
+    table = bundled.read_quantized("embed_tokens.weight")
+    assert table is not None
+    ids = torch.tensor([1, 2, 4000, 49151])
+    assert torch.equal(model.embed_tokens(ids), torch.from_numpy(table.dequantize())[ids])

@@ -35,9 +35,10 @@ test: setup
 up: setup
 	$(VENV)/bin/mohawk up
 
-# llama-cpp-python (the `bench` extra, compiled from source: ~9 minutes) is installed here only.
+# llama-cpp-python (the `bench` extra, compiled from source: ~9 minutes) is installed here only,
+# built for the instruction sets /proc/cpuinfo lists (bench/llama_cpp_cmake_args.sh says why).
 bench: setup
-	$(PIP) install -e ".[bench]"
+	CMAKE_ARGS="$$(sh bench/llama_cpp_cmake_args.sh)" $(PIP) install -e ".[bench]"
 	$(PY) bench/matmul_floor.py
 	$(PY) bench/engine.py --full --weights native,fp32 --no-prefix-cache --json bench/results/engine-cpu-native-fp32.json
 	$(PY) bench/engine.py --full --weights fp32 --dtype float32 --json bench/results/engine-cpu-float32.json

@@ -107,6 +107,34 @@ class EngineSetup:
         return len(qs) * num_tokens / (time.perf_counter() - start)
 
 
+class TransformersSetup:
+    """transformers' static batched `generate()`, fp32, on every core: the peer the 32-stream
+    figures are a ratio to (the clusters' own weights are the file's, `--weights native`)."""
+
+    name = "transformers generate, fp32"
+
+    def __init__(self) -> None:
+        import torch
+        from runners import TransformersRunner
+
+        from mohawk_common.model_store import open_model
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        source = open_model(None)
+        self.runner = TransformersRunner(source, torch.device("cpu"), torch.float32)
+        self.tokenizer = source.load_tokenizer()
+
+    def _ids(self, question: str) -> list[int]:
+        return encode_chat(self.tokenizer, [{"role": "user", "content": question}])
+
+    def batch1(self, question: str, num_tokens: int) -> Batch1:
+        ttft, decode = self.runner.batch1(self._ids(question), num_tokens)
+        return Batch1(ttft, decode, [])
+
+    def concurrent(self, qs: Sequence[str], num_tokens: int) -> float:
+        return self.runner.concurrent([self._ids(q) for q in qs], num_tokens)
+
+
 class ClusterSetup:
     def __init__(
         self, num_nodes: int, data_dir: Path, *, secure: bool = True, backends: Sequence[str] = ()
@@ -205,7 +233,7 @@ def measure(setup: Any, form: Form) -> dict[str, Any]:
     for _ in range(form.repeats):
         concurrent.append(setup.concurrent(qs, form.concurrent_tokens))
     hops_busy = setup.hop_stats() if hasattr(setup, "hop_stats") else None
-    gaps.sort()
+    gaps = sorted(gaps) or [float("nan")]  # a peer without a token stream has no gaps
     return {
         "hops_idle_ms": hops_idle,
         "hops_busy_ms": hops_busy,
@@ -222,6 +250,9 @@ def run(form: Form) -> dict[str, dict[str, Any]]:
     engine = EngineSetup()
     results[engine.name] = measure(engine, form)
     del engine
+    peer = TransformersSetup()
+    results[peer.name] = measure(peer, form)
+    del peer
     for num_nodes in form.node_counts:
         with tempfile.TemporaryDirectory(prefix="mohawk-bench-") as data_dir:
             setup = ClusterSetup(num_nodes, Path(data_dir))
@@ -234,22 +265,30 @@ def run(form: Form) -> dict[str, dict[str, Any]]:
 
 def report(results: dict[str, dict[str, Any]], form: Form) -> str:
     single = results["single process"]["concurrent_tps"].median
+    peer = results[TransformersSetup.name]["concurrent_tps"].median
     lines = [
         f"batch-1: {form.batch1_tokens} tokens; concurrent: {form.num_concurrent} streams × "
         f"{form.concurrent_tokens} tokens; medians (min–max) of {form.repeats} run(s)",
         "",
-        "| setup | TTFT ms | batch-1 decode tok/s | 32-stream aggregate tok/s | × single "
+        "| setup | TTFT ms | batch-1 decode tok/s | 32-stream aggregate tok/s | × single | × transformers "
         "| token gap median / p99 ms | hop idle median / p99 ms | hop busy median / p99 ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
-        ratio = r["concurrent_tps"].median / single
+        ratio, versus_peer = r["concurrent_tps"].median / single, r["concurrent_tps"].median / peer
         lines.append(
             f"| {name} | {r['ttft_ms']} | {r['decode_tps']} | {r['concurrent_tps']} | {ratio:.2f} | "
-            f"{r['gap_median_ms']:.1f} / {r['gap_p99_ms']:.1f} | {_hops(r['hops_idle_ms'])} | "
+            f"{versus_peer:.2f} | "
+            f"{_gaps(r)} | {_hops(r['hops_idle_ms'])} | "
             f"{_hops(r['hops_busy_ms'])} |"
         )
     return "\n".join(lines)
+
+
+def _gaps(r: dict[str, Any]) -> str:
+    if r["gap_median_ms"] != r["gap_median_ms"]:  # NaN: no stream
+        return "–"
+    return f"{r['gap_median_ms']:.1f} / {r['gap_p99_ms']:.1f}"
 
 
 def _hops(stats: tuple[float, float] | None) -> str:

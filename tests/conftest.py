@@ -18,3 +18,12 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def reference() -> dict[str, str]:
+    """The single-process engine's greedy texts of the cluster prompts, computed once for every
+    module that compares a cluster's answers with them (integration, chaos)."""
+    from tests.integration.cluster_helpers import reference_texts
+
+    return reference_texts()

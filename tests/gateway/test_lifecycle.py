@@ -148,6 +148,11 @@ def _metrics(client: httpx.Client) -> str:
     return response.text
 
 
+def _counter(client: httpx.Client, name: str) -> float:
+    line = next(x for x in _metrics(client).splitlines() if x.startswith(name + " "))
+    return float(line.split()[1])
+
+
 def test_in_flight_cap_is_429(
     nats_server: NatsServer, pipeline: ScriptedPipeline, start_gateway: Callable[..., ServerThread]
 ) -> None:
@@ -157,8 +162,11 @@ def test_in_flight_cap_is_429(
         stuck = threading.Thread(target=_post_and_give_up, args=(gateway.url, chat("hang"), 1.0))
         stuck.start()
         wait_until(lambda: len(pipeline.requests) == 1)
-        response = client.post(CHAT, json=chat("hi"))
+        tokenized = _counter(client, "mohawk_gateway_prompts_tokenized_total")
+        response = client.post(CHAT, json=chat("word " * 10_000))  # refused before tokenizing
         assert response.status_code == 429 and response.headers["retry-after"] == "1"
+        assert response.json()["error"]["code"] == "rate_limit_exceeded"
+        assert _counter(client, "mohawk_gateway_prompts_tokenized_total") == tokenized
         stuck.join()
         wait_until(lambda: client.post(CHAT, json=chat("hi")).status_code == 200)
 

@@ -109,7 +109,9 @@ def test_gap_and_silence_are_filled_by_replay_and_the_deadline_holds() -> None:
     asyncio.run(scenario())
 
 
-def test_bus_replay_reads_the_request_events_back_from_jetstream(nats_server: NatsServer) -> None:
+def test_token_log_reads_the_request_events_back_from_jetstream_from_its_cursor(
+    nats_server: NatsServer,
+) -> None:
     async def scenario() -> None:
         settings = GatewaySettings.model_validate({"nats_url": nats_server.url, "insecure": True})
         bus = BusClient(settings, Security(None, CryptographyKem(), role="gateway"))
@@ -121,12 +123,18 @@ def test_bus_replay_reads_the_request_events_back_from_jetstream(nats_server: Na
         for e in (event(0), event(1), event(2, finish="stop")):
             await js.publish(names.token_subject(RID), e.SerializeToString())
         await js.publish(names.token_subject("req-2"), event(0).SerializeToString())
-        stream = TokenStream(RID, bus.replay_tokens, gap_wait_s=0.05, idle_probe_s=0.1)
+        reader = bus.token_log(RID)
+        stream = TokenStream(RID, lambda _: reader.read_new(), gap_wait_s=0.05, idle_probe_s=0.1)
         await bus.subscribe_tokens(RID, stream.on_message)
         await js.publish(names.token_subject(RID), event(2, finish="stop").SerializeToString())
         got = await drain(stream)
         assert [e.index for e in got] == [0, 1, 2]
-        assert [e.index for e in await bus.replay_tokens(RID)] == [0, 1, 2, 2]
+        # a fresh reader reads everything in one pass; a used one only what came after its cursor
+        assert [e.index for e in await bus.token_log(RID).read_new()] == [0, 1, 2, 2]
+        await reader.read_new()
+        assert await reader.read_new() == []
+        await js.publish(names.token_subject(RID), event(3).SerializeToString())
+        assert [e.index for e in await reader.read_new()] == [3]
         await nc.close()
         await bus.close()
 

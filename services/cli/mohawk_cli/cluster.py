@@ -75,6 +75,7 @@ class LocalCluster:
         self.pki_dir = self.data_dir / "pki"
         self.model_name = served_model_name(spec.model, spec.env.get("MOHAWK_SERVED_MODEL_NAME"))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._commands: dict[str, tuple[list[str], dict[str, str]]] = {}
         self._node_count = 0
         self._coordinator_count = 0
 
@@ -120,14 +121,32 @@ class LocalCluster:
     def _spawn(
         self, name: str, module: str, args: Sequence[str], env: Mapping[str, str] | None = None
     ) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         role = {"mohawk_shard": "shard", "mohawk_gateway": "gateway"}.get(module, "coordinator")
         credentials = self.credentials(name, role)
         command = [sys.executable, "-m", module, "--log-level", self.spec.log_level, *credentials, *args]
-        self.processes[name] = subprocess.Popen(
-            command, env={**self._env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
+        self._commands[name] = (command, {**self._env(), **(env or {})})
+        self._launch(name)
+
+    def _launch(self, name: str) -> None:
+        command, env = self._commands[name]
+        with open(self.log_dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+            self.processes[name] = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def exited(self) -> dict[str, int]:
+        """Children that have exited, with their exit codes ("nats" for nats-server)."""
+        gone = {name: proc.returncode for name, proc in self.processes.items() if proc.poll() is not None}
+        nats = self.nats.process
+        if nats is None or nats.poll() is not None:
+            gone["nats"] = -1 if nats is None else nats.returncode
+        return gone
+
+    def respawn(self, name: str) -> None:
+        """Start child `name` ("nats" included) again, with the command it first ran."""
+        if name == "nats":
+            self.nats.kill()
+            self.nats.start()
+            return
+        self._launch(name)
 
     def add_coordinator(self) -> str:
         self._coordinator_count += 1

@@ -1,4 +1,5 @@
-"""`mohawk up`: a whole local cluster on the bundled model, until Ctrl-C."""
+"""`mohawk up`: a whole local cluster on the bundled model, until Ctrl-C; a crashed child is restarted
+(`Supervisor`), and one child dying never stops the others."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 from mohawk_cli.cluster import ClusterError, ClusterSpec, LocalCluster
+from mohawk_cli.supervisor import Supervisor
 from mohawk_common.bus.config import BUNDLED_MODEL_NAME
 from mohawk_shard.config import add_format_flags
 
@@ -74,12 +76,10 @@ def run_up(args: argparse.Namespace) -> int:
         _wait_ready(cluster, lambda: stopping)
         if not stopping:
             _banner(cluster, args.model)
+        supervisor = Supervisor(cluster)
         while not stopping:
             time.sleep(0.5)
-            dead = [n for n, p in cluster.processes.items() if p.poll() is not None]
-            if "gateway" in dead:
-                print("mohawk up: the gateway exited; stopping", file=sys.stderr)
-                break
+            supervisor.poll(time.monotonic(), on_event=_say)
     except ClusterError as exc:
         print(f"mohawk up: error: {exc}", file=sys.stderr)
         return 1
@@ -87,6 +87,10 @@ def run_up(args: argparse.Namespace) -> int:
         print("mohawk up: stopping...", file=sys.stderr)
         cluster.stop()
     return 0
+
+
+def _say(event: str) -> None:
+    print(f"mohawk up: {event}", file=sys.stderr, flush=True)
 
 
 def _wait_ready(cluster: LocalCluster, interrupted: object) -> None:

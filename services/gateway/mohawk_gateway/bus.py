@@ -16,12 +16,11 @@ from contextlib import suppress
 import nats.errors
 import structlog
 from google.protobuf.json_format import ParseError
-from google.protobuf.message import DecodeError
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from mohawk_common.bus import names
@@ -30,18 +29,18 @@ from mohawk_common.bus.control import decode_json, read_plan
 from mohawk_common.bus.requests import cancel_tag, seal_request
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
+from mohawk_common.bus.token_log import TokenLogReader
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.errors import GatewayError, overloaded, unavailable
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.seal import EventBox
-from mohawk_proto.v1 import bus_pb2, engine_pb2
+from mohawk_proto.v1 import bus_pb2
 
 log = structlog.get_logger("mohawk.gateway")
 
 ACTIVE = "active"
 _SETUP_RETRY_S = 1.0
-_MAX_REPLAYED_EVENTS = 1_000_000
 
 
 class BusClient:
@@ -123,25 +122,10 @@ class BusClient:
         except nats.errors.Error as exc:
             log.warning("cancel not sent", request_id=request_id, error=str(exc) or type(exc).__name__)
 
-    async def replay_tokens(
-        self, request_id: str, box: EventBox | None = None
-    ) -> list[engine_pb2.TokenEvent]:
-        """Every token event of the request still kept in the TOKENS stream, oldest first (those that
-        do not open with the request's key are skipped)."""
-        js = self._jetstream()
-        subject = names.token_subject(request_id)
-        events: list[engine_pb2.TokenEvent] = []
-        seq = 1
-        while len(events) < _MAX_REPLAYED_EVENTS:
-            try:
-                msg = await js.get_msg(names.TOKENS_STREAM, seq=seq, subject=subject, next=True)
-            except NotFoundError:
-                break
-            with suppress(DecodeError, AuthenticationError):
-                data = msg.data or b""
-                events.append(engine_pb2.TokenEvent.FromString(data if box is None else box.open(data)))
-            seq = (msg.seq or seq) + 1
-        return events
+    def token_log(self, request_id: str, box: EventBox | None = None) -> TokenLogReader:
+        """A reader of the request's token events kept in the TOKENS stream; each `read_new()`
+        returns only what was stored since its last read."""
+        return TokenLogReader(self._jetstream(), request_id, box)
 
     @property
     def _retry(self) -> int:

@@ -23,6 +23,9 @@ class GatewaySettings(BusSettings):
     publish_timeout_s: float = Field(5.0, gt=0, description="wait for JetStream to accept a request")
     max_body_bytes: int = Field(4 * MIB, ge=1024, description="largest request body; past it: 413")
     max_in_flight: int = Field(1024, ge=1, description="requests this gateway runs at once; past it: 429")
+    tokenize_threads: int = Field(
+        4, ge=1, description="prompts tokenized at once, in threads (HF tokenizers release the GIL)"
+    )
     retry_after_s: int = Field(1, ge=0, description="Retry-After of 429 and 503 answers")
     plan_refresh_s: float = Field(5.0, gt=0, description="re-read the plan this often besides watching it")
     token_gap_wait_s: float = Field(0.5, gt=0, description="a missing token index this old is replayed")

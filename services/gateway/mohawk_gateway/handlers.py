@@ -3,6 +3,8 @@
 A request is admitted only when the gateway is ready (NATS connected, an active plan for this
 model, the tokenizer loaded), its prompt fits the plan's context, and fewer than `max_in_flight`
 requests run here; otherwise it is refused with 503, 400 or 429 before anything reaches the bus.
+Room is checked twice: before tokenizing (requests being tokenized count as in flight, so a burst
+of clients gets its 429s without waiting behind the tokenizer) and again at submission.
 `Generation.submit` subscribes to the request's token subject first and only then publishes the
 request to the durable REQUESTS stream (message id = request id, so a retried publish is stored
 once); a stream at its `max_msgs` refuses the publish, which becomes 429 with Retry-After. Token
@@ -23,6 +25,7 @@ import structlog
 from nats.aio.subscription import Subscription
 
 from mohawk_common.bus.requests import new_token_key
+from mohawk_common.bus.token_log import TokenLogReader
 from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.errors import GatewayError, invalid, overloaded, unavailable
@@ -58,13 +61,14 @@ class Gateway:
         self.codec: PromptCodec | None = None
         self.tokenizer_error: str | None = None
         self.num_in_flight = 0
+        self.num_tokenizing = 0
         self._tokenize_limiter: anyio.CapacityLimiter | None = None
 
     @property
     def tokenize_limiter(self) -> anyio.CapacityLimiter:
-        """Prompts are tokenized one at a time, off the event loop."""
+        """Prompts are tokenized `tokenize_threads` at a time, off the event loop."""
         if self._tokenize_limiter is None:
-            self._tokenize_limiter = anyio.CapacityLimiter(1)
+            self._tokenize_limiter = anyio.CapacityLimiter(self.settings.tokenize_threads)
         return self._tokenize_limiter
 
     def not_ready_reason(self) -> str | None:
@@ -90,6 +94,12 @@ class Gateway:
         if reason is not None or self.codec is None:
             raise unavailable(f"not ready: {reason}", self.settings.retry_after_s)
         return self.codec
+
+    def check_room(self) -> None:
+        """429 at once when the requests running here and those being tokenized fill `max_in_flight`:
+        called before tokenizing, so a refusal costs no tokenizer time however long the prompt."""
+        if self.num_in_flight + self.num_tokenizing >= self.settings.max_in_flight:
+            raise overloaded("too many requests in flight; retry later", self.settings.retry_after_s)
 
     async def start(self, submission: Submission) -> Generation:
         """Admit and submit a request; the caller must `close()` the returned generation."""
@@ -148,9 +158,11 @@ class Generation:
         bus = gateway.bus
         self.token_key = new_token_key() if bus.security.secure else b""
         box = EventBox(self.token_key, self.request_id) if self.token_key else None
+        self._box = box
+        self._token_log: TokenLogReader | None = None
         self._stream = TokenStream(
             self.request_id,
-            lambda request_id: bus.replay_tokens(request_id, box),
+            self._read_token_log,
             gap_wait_s=gateway.settings.token_gap_wait_s,
             idle_probe_s=gateway.settings.token_idle_probe_s,
             on_duplicate=metrics.duplicate_events.inc,
@@ -159,6 +171,12 @@ class Generation:
             on_reject=lambda exc: bus.security.reject(exc, request_id=self.request_id, what="token event"),
         )
         self._log = log.bind(request_id=self.request_id)
+
+    async def _read_token_log(self, request_id: str) -> list[engine_pb2.TokenEvent]:
+        """The request's events stored since the last read-back (the reader keeps its cursor)."""
+        if self._token_log is None:
+            self._token_log = self.gateway.bus.token_log(request_id, self._box)
+        return await self._token_log.read_new()
 
     async def submit(self) -> None:
         bus = self.gateway.bus

@@ -41,6 +41,11 @@ class GatewayMetrics:
         self.prompt_tokens = Counter(
             "mohawk_gateway_prompt_tokens", "prompt tokens submitted", ["endpoint"], registry=r
         )
+        self.prompts_tokenized = Counter(
+            "mohawk_gateway_prompts_tokenized",
+            "prompts tokenized (a request refused for lack of room never is)",
+            registry=r,
+        )
         self.generated_tokens = Counter(
             "mohawk_gateway_generated_tokens", "tokens delivered to clients", ["endpoint"], registry=r
         )

@@ -73,8 +73,15 @@ async def _wait_for_disconnect(receive: Receive) -> None:
 async def encode_in_thread(
     gateway: Gateway, encode: Callable[[T], list[int]], prompt: T, param: str
 ) -> list[int]:
-    """Tokenize off the event loop (one at a time: a long prompt takes a while), 400 if it comes out empty."""
-    token_ids = await anyio.to_thread.run_sync(encode, prompt, limiter=gateway.tokenize_limiter)
+    """Tokenize off the event loop, in a few threads, once there is room for the request (else 429 at
+    once); 400 if it comes out empty."""
+    gateway.check_room()
+    gateway.num_tokenizing += 1
+    try:
+        token_ids = await anyio.to_thread.run_sync(encode, prompt, limiter=gateway.tokenize_limiter)
+    finally:
+        gateway.num_tokenizing -= 1
+    gateway.metrics.prompts_tokenized.inc()
     if not token_ids:
         raise invalid("the prompt is empty after tokenization", param)
     return token_ids

@@ -29,6 +29,10 @@ class _Tracked:
     stop_matcher: StopStringMatcher
 
 
+# Emitted tokens a restart replays: pending text never spans more than a few byte tokens.
+_RESUME_REPLAY = 16
+
+
 class TokenEmitter:
     def __init__(self, tokenizer: Any, eos_token_ids: Sequence[int], max_model_len: int) -> None:
         self.tokenizer = tokenizer
@@ -48,15 +52,19 @@ class TokenEmitter:
         prompt_tail: Sequence[int],
         output_token_ids: Sequence[int] = (),
     ) -> None:
-        """Start (or restart) tracking a sequence; `output_token_ids` were already emitted."""
-        context = [*prompt_tail, *output_token_ids][-PROMPT_WINDOW:]
+        """Start (or restart) tracking a sequence; `output_token_ids` were already emitted.
+
+        A restart replays the last emitted tokens through a fresh detokenizer and stop matcher, so
+        text they still held back (half a multi-byte character, the start of a possible stop
+        string) is where it was, and comes out with the next token as it would have."""
+        replayed = list(output_token_ids[-_RESUME_REPLAY:])
+        before = output_token_ids[: len(output_token_ids) - len(replayed)]
+        detokenizer = IncrementalDetokenizer(self.tokenizer, [*prompt_tail, *before][-PROMPT_WINDOW:])
+        stop_matcher = StopStringMatcher(params.stop)
+        for token_id in replayed:  # none of them ended the sequence, so each went through both
+            stop_matcher.feed(detokenizer.add(token_id))
         self._tracked[seq_id] = _Tracked(
-            request_id,
-            params,
-            num_prompt_tokens,
-            len(output_token_ids),
-            IncrementalDetokenizer(self.tokenizer, context),
-            StopStringMatcher(params.stop),
+            request_id, params, num_prompt_tokens, len(output_token_ids), detokenizer, stop_matcher
         )
 
     def drop(self, seq_id: int) -> None:

@@ -14,6 +14,13 @@ micro-batches that keep every stage busy. A request leaves the stream (ack) only
 finished; while it runs, stage 0 keeps extending its ack deadline; when the plan changes, every
 unfinished request is handed back (nak) and the new stage 0 replays its emitted tokens from the
 token stream and continues at the next index. A cancel frees the sequence's KV blocks at once.
+Every step sent down the pipeline has a deadline (`StepDeadlines`: a floor plus a multiple of the
+measured round trip). A step whose result has not come by then (its frames were lost: a NATS
+server restarted, a stage died mid-step) is given up: its sequences are freed and resumed from the
+tokens the token stream holds for them, as after a plan change, and a result that still comes late
+is ignored. A request whose steps expire `MAX_RESUMES` times in a row without a token in between
+ends with an error event (503), so no request waits for its client's timeout: the bound is about
+`MAX_RESUMES × (floor + the expected round trip × factor)`, 15–20 s with the defaults.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +55,7 @@ from mohawk_shard.engine.sequence import Sequence as Seq
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.recovery import read_emitted
+from mohawk_shard.node.step_deadlines import StepDeadlines
 from mohawk_shard.node.tokens import TokenPublisher, event_box, publish_error
 from mohawk_shard.node.wire import Joining, sampling_from_proto, step_batch_to_proto
 from mohawk_shard.stage import Stage, StepBatch
@@ -55,6 +64,8 @@ log = structlog.get_logger("mohawk.shard.head")
 
 _MAX_WAITING = 8
 _IDLE_WAIT_S = 0.5
+_DEADLINE_TICK_S = 0.25
+MAX_RESUMES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +93,7 @@ class HeadDriver:
         tokens: TokenPublisher | None,
         max_inflight_steps: int | None,
         ack_wait_s: float,
+        step_deadline_floor_s: float = 5.0,
     ) -> None:
         self.nc, self.js, self.plan = nc, js, plan
         self.link, self.security = link, security
@@ -92,8 +104,9 @@ class HeadDriver:
         self.max_inflight = max_inflight_steps or self.num_stages
         self.ack_wait_s = ack_wait_s
         self._deliveries: dict[str, _Delivery] = {}
-        self._num_inflight = 0
         self._inflight_steps: dict[int, StepBatch] = {}
+        self.deadlines = StepDeadlines(floor_s=step_deadline_floor_s)
+        self._expiries: dict[str, int] = {}  # request id -> steps expired since its last token
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_acks: set[asyncio.Task[None]] = set()
@@ -126,6 +139,7 @@ class HeadDriver:
             asyncio.create_task(self._pull_loop()),
             asyncio.create_task(self._step_loop()),
             asyncio.create_task(self._keep_alive_loop()),
+            asyncio.create_task(self._deadline_loop()),
         ]
         self._log.info("stage 0 serving", model=model, stages=self.num_stages)
 
@@ -198,7 +212,7 @@ class HeadDriver:
     async def _step_loop(self) -> None:
         while True:
             self._wake.clear()
-            while self._num_inflight < self.max_inflight:
+            while len(self._inflight_steps) < self.max_inflight:
                 batch = self.core.next_batch(self.num_stages)
                 if batch is None:
                     break
@@ -223,9 +237,9 @@ class HeadDriver:
             return
         dtype, shape, data = await loop.run_in_executor(self.executor, self._forward, batch)
         step = step_batch_to_proto(batch, joining, with_token_ids=False)
-        await self.link.send_activations(step, dtype, shape, data)
         self._inflight_steps[batch.step_id] = batch
-        self._num_inflight += 1
+        self.deadlines.sent(batch.step_id, sum(s.num_new_tokens for s in batch.sequences), time.monotonic())
+        await self.link.send_activations(step, dtype, shape, data)
 
     def _forward(self, batch: StepBatch) -> tuple[str, list[int], bytes]:
         output = self.stage.step(batch, None)
@@ -253,8 +267,10 @@ class HeadDriver:
         if result.plan_version != self.plan.version:
             return
         self.hops.record(frame[0].sent_at)
-        self._num_inflight = max(0, self._num_inflight - 1)
         batch = self._inflight_steps.pop(result.step_id, None)
+        if batch is None or not self.deadlines.returned(result.step_id, time.monotonic()):
+            self._log.info("late result of an expired step ignored", step_id=result.step_id)
+            return
         if result.error:
             self._log.error("a stage failed a step", step_id=result.step_id, reason=result.error)
             if batch is not None:
@@ -269,6 +285,7 @@ class HeadDriver:
         if seq is None:
             return  # cancelled while its step was in flight
         delivery = self._deliveries.get(seq.request_id)
+        self._expiries.pop(seq.request_id, None)
         self.core.apply_token(sampled.seq_id, sampled.token_id, finished=bool(sampled.finish_reason))
         if sampled.finish_reason and delivery is not None:
             ack = asyncio.create_task(delivery.msg.ack())
@@ -280,6 +297,7 @@ class HeadDriver:
         if self.tokens is not None:
             self.tokens.drop(seq.seq_id)
         self._deliveries.pop(seq.request_id, None)
+        self._expiries.pop(seq.request_id, None)
 
     async def _fail(self, batch: StepBatch, reason: str) -> None:
         for step in batch.sequences:
@@ -316,3 +334,55 @@ class HeadDriver:
             for delivery in list(self._deliveries.values()):
                 with contextlib.suppress(Exception):
                     await delivery.msg.in_progress()
+
+    # -- step deadlines ----------------------------------------------------------------------------
+
+    async def _deadline_loop(self) -> None:
+        while True:
+            await asyncio.sleep(_DEADLINE_TICK_S)
+            for step_id in self.deadlines.overdue(time.monotonic()):
+                batch = self._inflight_steps.pop(step_id, None)
+                if batch is None:
+                    continue
+                self._log.warning(
+                    "step overdue: its sequences resume", step_id=step_id, sequences=len(batch.sequences)
+                )
+                for step in batch.sequences:
+                    seq = self.core.sequence(step.seq_id)
+                    if seq is not None:
+                        await self._resume(seq)
+                self._wake.set()
+
+    async def _resume(self, seq: Seq) -> None:
+        """Free `seq` everywhere and queue its request again from the tokens the token stream holds
+        (what the gateway has shown, or will), or end it with an error after `MAX_RESUMES`."""
+        request_id = seq.request_id
+        delivery = self._deliveries.get(request_id)
+        if delivery is None:
+            self.core.finish(seq)
+            return
+        expiries = self._expiries.get(request_id, 0) + 1
+        if expiries > MAX_RESUMES:
+            self._log.error("request made no progress: failed", request_id=request_id, expiries=expiries - 1)
+            self.core.finish(seq)
+            reason = f"the pipeline gave no result for {MAX_RESUMES} steps in a row; retry the request"
+            with contextlib.suppress(Exception):
+                await publish_error(self.nc, request_id, reason, 503, delivery.box)
+                await delivery.msg.term()
+            return
+        try:
+            emitted, ended = await read_emitted(self.js, request_id, delivery.box)
+        except Exception as exc:  # the bus is away: resume from what this node applied
+            self._log.warning("token stream unreadable: resuming from the applied tokens", error=repr(exc))
+            emitted, ended = list(seq.output_token_ids), False
+        if self.core.sequence(seq.seq_id) is not seq:
+            return  # cancelled or ended while the stream was read
+        self.core.finish(seq)  # frees its KV blocks here and, with the next step, on every stage
+        if ended:
+            with contextlib.suppress(Exception):
+                await delivery.msg.ack()
+            return
+        self.core.add_request(request_id, seq.token_ids[: seq.num_prompt_tokens], seq.params, emitted)
+        self._deliveries[request_id] = delivery
+        self._expiries[request_id] = expiries
+        self._log.info("request resumed after an overdue step", request_id=request_id, emitted=len(emitted))

@@ -260,6 +260,7 @@ class ShardNode:
                 tokens=tokens,
                 max_inflight_steps=self.settings.max_inflight_steps,
                 ack_wait_s=self.settings.request_ack_wait_s,
+                step_deadline_floor_s=self.settings.step_deadline_floor_s,
             )
             self._head_started = False
         else:

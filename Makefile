@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test up bench proto clean
+.PHONY: setup test up bench chaos proto clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,10 @@ test: setup
 
 up: setup
 	$(VENV)/bin/mohawk up
+
+# the chaos suite's full form: kill -9 every role under load (the short form runs in `make test`)
+chaos: setup
+	$(VENV)/bin/pytest -q -s -p no:cacheprovider tests/chaos
 
 # llama-cpp-python (the `bench` extra, compiled from source: ~9 minutes) is installed here only,
 # built for the instruction sets /proc/cpuinfo lists (bench/llama_cpp_cmake_args.sh says why).

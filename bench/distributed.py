@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import os
@@ -62,9 +63,11 @@ class Form:
     concurrent_tokens: int
     node_counts: tuple[int, ...]
     num_concurrent: int = 32
+    prefix_cache: bool = True  # False: every run recomputes its prompts, as transformers does
+    with_transformers: bool = True  # the peer's batched generate (the full form's ratio column)
 
 
-SHORT = Form(repeats=1, batch1_tokens=16, concurrent_tokens=12, node_counts=(3,))
+SHORT = Form(repeats=1, batch1_tokens=16, concurrent_tokens=12, node_counts=(3,), with_transformers=False)
 FULL = Form(repeats=3, batch1_tokens=64, concurrent_tokens=48, node_counts=(1, 2, 3))
 
 
@@ -86,8 +89,9 @@ class Batch1:
 class EngineSetup:
     name = "single process"
 
-    def __init__(self) -> None:
-        self.engine = build_local_engine(EngineSettings(num_threads=os.cpu_count()))
+    def __init__(self, prefix_cache: bool = True) -> None:
+        settings = EngineSettings(num_threads=os.cpu_count(), enable_prefix_caching=prefix_cache)
+        self.engine = build_local_engine(settings)
         self.tokenizer = self.engine.tokenizer
 
     def _ids(self, question: str) -> list[int]:
@@ -137,7 +141,13 @@ class TransformersSetup:
 
 class ClusterSetup:
     def __init__(
-        self, num_nodes: int, data_dir: Path, *, secure: bool = True, backends: Sequence[str] = ()
+        self,
+        num_nodes: int,
+        data_dir: Path,
+        *,
+        secure: bool = True,
+        backends: Sequence[str] = (),
+        prefix_cache: bool = True,
     ) -> None:
         self.name = f"mohawk up --nodes {num_nodes}"
         spec = ClusterSpec(
@@ -148,6 +158,7 @@ class ClusterSetup:
             log_level="warning",
             secure=secure,
             backends=tuple(backends),
+            env={} if prefix_cache else {"MOHAWK_ENABLE_PREFIX_CACHING": "false"},
         )
         self.cluster = LocalCluster(spec).start()
         self.cluster.wait_ready(timeout=300)
@@ -247,15 +258,16 @@ def measure(setup: Any, form: Form) -> dict[str, Any]:
 
 def run(form: Form) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
-    engine = EngineSetup()
+    engine = EngineSetup(form.prefix_cache)
     results[engine.name] = measure(engine, form)
     del engine
-    peer = TransformersSetup()
-    results[peer.name] = measure(peer, form)
-    del peer
+    if form.with_transformers:
+        peer = TransformersSetup()
+        results[peer.name] = measure(peer, form)
+        del peer
     for num_nodes in form.node_counts:
         with tempfile.TemporaryDirectory(prefix="mohawk-bench-") as data_dir:
-            setup = ClusterSetup(num_nodes, Path(data_dir))
+            setup = ClusterSetup(num_nodes, Path(data_dir), prefix_cache=form.prefix_cache)
             try:
                 results[setup.name] = measure(setup, form) | {"stages": num_nodes}
             finally:
@@ -265,10 +277,12 @@ def run(form: Form) -> dict[str, dict[str, Any]]:
 
 def report(results: dict[str, dict[str, Any]], form: Form) -> str:
     single = results["single process"]["concurrent_tps"].median
-    peer = results[TransformersSetup.name]["concurrent_tps"].median
+    peer_result = results.get(TransformersSetup.name)
+    peer = peer_result["concurrent_tps"].median if peer_result else float("nan")
     lines = [
         f"batch-1: {form.batch1_tokens} tokens; concurrent: {form.num_concurrent} streams × "
-        f"{form.concurrent_tokens} tokens; medians (min–max) of {form.repeats} run(s)",
+        f"{form.concurrent_tokens} tokens; medians (min–max) of {form.repeats} run(s); Mohawk's "
+        f"prefix cache {'on' if form.prefix_cache else 'off'}",
         "",
         "| setup | TTFT ms | batch-1 decode tok/s | 32-stream aggregate tok/s | × single | × transformers "
         "| token gap median / p99 ms | hop idle median / p99 ms | hop busy median / p99 ms |",
@@ -306,9 +320,18 @@ def cluster_bench_main(
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the full form (make bench)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="turn Mohawk's prefix cache off: every run recomputes its prompts, as transformers does",
+    )
     args = parser.parse_args(argv)
     configure_logging("warning")
     form = forms[1] if args.full else forms[0]
+    if args.no_prefix_cache:
+        if not hasattr(form, "prefix_cache"):
+            parser.error("this benchmark has no prefix-cache switch")
+        form = dataclasses.replace(form, prefix_cache=False)  # type: ignore[type-var]
     results = run(form)
     print(report(results, form))
     if args.json:

@@ -13,10 +13,11 @@ def test_three_stage_cluster_against_the_single_process_engine(tmp_path: Path) -
     single = results["single process"]
     cluster = results["mohawk up --nodes 3"]
     assert cluster["stages"] == 3 and cluster["decode_tps"]["median"] > 0
-    # The issue's targets are 0.85x the single process at 32 streams and <= 1 ms per hop; the full
-    # form measures them (README: 0.49x and 0.68 ms on 2 cores, where 3 stages share two cores
-    # with the gateway and NATS). The short form's single runs swing widely on a shared 2-core
-    # CI machine, so here the floor only catches a pipeline that stalls or serialises badly.
+    # The targets are 1.5x transformers' static batch of 32 (and, earlier, 0.85x the single
+    # process) and <= 1 ms per hop; the full form measures them (README: 2.16x, 0.93x and 0.58 ms
+    # on 2 cores, where 3 stages share two cores with the gateway and NATS). The short form's
+    # single runs swing widely on a shared 2-core CI machine, so here the floor only catches a
+    # pipeline that stalls or serialises badly.
     ratio = cluster["concurrent_tps"]["median"] / single["concurrent_tps"]["median"]
     assert ratio >= 0.3, ratio
     idle_hop_median_ms = cluster["hops_idle_ms"][0]

@@ -44,6 +44,27 @@ def test_ready_only_once_a_plan_for_this_model_is_active(
         assert client.post(CHAT, json=chat("hi")).status_code == 200
 
 
+def test_a_plan_change_queues_requests_instead_of_refusing_them(
+    nats_server: NatsServer,
+    start_pipeline: Callable[..., ScriptedPipeline],
+    start_gateway: Callable[..., ServerThread],
+) -> None:
+    pipeline = start_pipeline()
+    gateway = start_gateway(nats_server.url, queue_wait_s=1.0)
+    with httpx.Client(base_url=gateway.url, timeout=10) as client:
+        wait_until(lambda: is_ready(client))
+        pipeline.set_plan("loading", version=2)
+        wait_until(lambda: "loading" in client.get("/ready").json()["reason"])
+        # the stream holds it; a stage 0 that pulls it answers: no 503 during the change
+        assert client.post(CHAT, json=chat("hi")).status_code == 200
+        started = time.monotonic()
+        response = client.post(CHAT, json=chat("hang"))  # no pipeline answers: 503 after the wait
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert "no pipeline became active within 1 s" in response.json()["error"]["message"]
+        assert 1.0 <= time.monotonic() - started < 5.0
+        wait_until(lambda: len(pipeline.cancelled) == 1)  # and it left the cluster
+
+
 def test_nats_down_answers_503_at_once(start_gateway: Callable[..., ServerThread]) -> None:
     gateway = start_gateway(f"nats://127.0.0.1:{free_port()}")  # nobody listens there
     with httpx.Client(base_url=gateway.url, timeout=5) as client:

@@ -165,9 +165,12 @@ class LocalCluster:
         self._spawn(name, "mohawk_shard", args)
         return name
 
-    def start_gateway(self) -> None:
-        args = ["--host", "127.0.0.1", "--port", str(self.spec.port), "--gateway-id", "gateway"]
-        self._spawn("gateway", "mohawk_gateway", args)
+    def start_gateway(self, name: str = "gateway", port: int | None = None) -> str:
+        """A gateway process `name` on `port` (default: the spec's); returns its base URL."""
+        port = port or self.spec.port
+        args = ["--host", "127.0.0.1", "--port", str(port), "--gateway-id", name]
+        self._spawn(name, "mohawk_gateway", args)
+        return f"http://127.0.0.1:{port}"
 
     def wait_ready(self, timeout: float = 180.0, on_wait: object = None) -> None:
         """Block until the gateway's /ready answers 200 (a plan is active and every stage loaded)."""
@@ -198,7 +201,8 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Gateway first (no new work), then nodes and coordinators, NATS last; SIGTERM, then SIGKILL."""
-        order = ["gateway"] + [n for n in self.processes if n.startswith("shard")]
+        order = [n for n in self.processes if n.startswith("gateway")]
+        order += [n for n in self.processes if n.startswith("shard")]
         order += [n for n in self.processes if n.startswith("coordinator")]
         for name in order:
             proc = self.processes.get(name)

@@ -10,6 +10,8 @@ NATS restart cannot leave the gateway believing in a stale plan for long.
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
@@ -53,6 +55,8 @@ class BusClient:
         self._js: JetStreamContext | None = None
         self._task: asyncio.Task[None] | None = None
         self.plan: bus_pb2.Plan | None = None
+        # this process, as requests name it: stage 0 drops the requests of a gateway whose key lapsed
+        self.instance = names.subject_token(f"{settings.gateway_id}-{secrets.token_hex(4)}")
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="gateway-bus")
@@ -83,6 +87,16 @@ class BusClient:
         if plan.state != ACTIVE:
             return f"plan version {plan.version} is {plan.state or 'not active'}, not active"
         return None
+
+    def can_queue(self, model: str) -> bool:
+        """Requests for `model` may wait on the durable stream: connected, and a plan for it exists
+        that is changing (loading) rather than missing."""
+        plan = self.plan
+        return (
+            self.connected
+            and plan is not None
+            and (not plan.model or names.subject_token(plan.model) == names.subject_token(model))
+        )
 
     async def subscribe_tokens(
         self, request_id: str, on_message: Callable[[Msg], Awaitable[None]]
@@ -152,18 +166,30 @@ class BusClient:
             try:
                 await ensure_streams(js, settings.bus_limits())
                 buckets = await ensure_buckets(js, settings.bus_limits())
+                await buckets.gateways.put(self.instance, str(os.getpid()).encode())  # before any request
                 self._js = js
                 failures = 0
                 revocations = asyncio.create_task(self.security.follow_revocations(buckets.pki))
+                presence = asyncio.create_task(self._keep_present(buckets.gateways))
                 try:
                     await self._watch_plan(buckets.plan)
                 finally:
-                    await cancel_and_wait(revocations)
+                    await cancel_and_wait(revocations, presence)
             except (nats.errors.Error, TimeoutError) as exc:
                 failures += 1
                 level = log.warning if failures == 1 else log.debug
                 level("bus setup or plan watch failed, retrying", error=str(exc) or type(exc).__name__)
                 await asyncio.sleep(_SETUP_RETRY_S)
+
+    async def _keep_present(self, kv: KeyValue) -> None:
+        """Refresh this process's key in the gateways bucket (TTL `gateway_ttl_s`) four times a TTL."""
+        interval = self._settings.bus_limits().gateway_ttl_s / 4
+        while True:
+            try:
+                await kv.put(self.instance, str(os.getpid()).encode())
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.debug("presence not refreshed", error=str(exc) or type(exc).__name__)
+            await asyncio.sleep(interval)
 
     async def _watch_plan(self, kv: KeyValue) -> None:
         watcher = await kv.watch(names.PLAN_KEY)

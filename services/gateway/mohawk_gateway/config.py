@@ -23,6 +23,11 @@ class GatewaySettings(BusSettings):
     publish_timeout_s: float = Field(5.0, gt=0, description="wait for JetStream to accept a request")
     max_body_bytes: int = Field(4 * MIB, ge=1024, description="largest request body; past it: 413")
     max_in_flight: int = Field(1024, ge=1, description="requests this gateway runs at once; past it: 429")
+    queue_wait_s: float = Field(
+        30.0,
+        gt=0,
+        description="a request arriving mid plan change waits (durable) this long for a pipeline, then 503",
+    )
     tokenize_threads: int = Field(
         4, ge=1, description="prompts tokenized at once, in threads (HF tokenizers release the GIL)"
     )

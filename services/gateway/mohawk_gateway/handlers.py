@@ -89,9 +89,10 @@ class Gateway:
             )
 
     def ready_codec(self) -> PromptCodec:
-        """The prompt codec, once every part of the pipeline is ready; else 503 with the reason."""
+        """The prompt codec, once every part of the pipeline is ready, or while a plan change is
+        under way (requests then wait on the stream); else 503 with the reason."""
         reason = self.not_ready_reason()
-        if reason is not None or self.codec is None:
+        if self.codec is None or (reason is not None and not self.bus.can_queue(self.model_name)):
             raise unavailable(f"not ready: {reason}", self.settings.retry_after_s)
         return self.codec
 
@@ -188,6 +189,8 @@ class Generation:
             sampling=self.submission.sampling,
             created=time.time(),
             token_key=self.token_key,
+            gateway=bus.instance,
+            deadline=time.time() + max(0.0, self._deadline - asyncio.get_running_loop().time()),
         )
         try:
             await bus.publish_request(request)
@@ -202,9 +205,25 @@ class Generation:
         self._log.info("request submitted", num_prompt_tokens=len(request.prompt_token_ids))
 
     async def next_event(self) -> engine_pb2.TokenEvent:
-        """The next token event, in order; raises `GatewayError` for an engine error or the deadline."""
+        """The next token event, in order; raises `GatewayError` for an engine error or the deadline
+        (503 when no pipeline became active within `queue_wait_s` of the request's arrival)."""
+        queue_deadline = self._arrived + self.gateway.settings.queue_wait_s
+        waiting_for_pipeline = self.num_tokens == 0 and queue_deadline < self._deadline
         try:
-            event = await self._stream.next(self._deadline)
+            if waiting_for_pipeline and self.gateway.not_ready_reason() is not None:
+                try:
+                    event = await self._stream.next(queue_deadline)
+                except TimeoutError:
+                    if self.gateway.not_ready_reason() is not None:
+                        self._cancel_reason = "no pipeline"
+                        wait = self.gateway.settings.queue_wait_s
+                        raise unavailable(
+                            f"no pipeline became active within {wait:g} s of the request",
+                            self.gateway.settings.retry_after_s,
+                        ) from None
+                    event = await self._stream.next(self._deadline)  # one is active now: wait on
+            else:
+                event = await self._stream.next(self._deadline)
         except TimeoutError:
             self._cancel_reason = "timeout"
             timeout = self.gateway.settings.request_timeout_s

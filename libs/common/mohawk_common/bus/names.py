@@ -35,6 +35,7 @@ NODES_BUCKET = "mohawk_nodes"
 PLAN_BUCKET = "mohawk_plan"
 PLAN_KEY = "current"
 PKI_BUCKET = "mohawk_pki"
+GATEWAYS_BUCKET = "mohawk_gateways"  # key: a gateway process; kept alive while it runs (TTL)
 CRL_KEY = "crl"
 SLICES_BUCKET = "mohawk_slices"
 

@@ -38,6 +38,7 @@ class BusLimits:
     tokens_max_age_s: float = 600.0
     lease_ttl_s: float = 3.0
     node_ttl_s: float = 5.0
+    gateway_ttl_s: float = 4.0  # a gateway's presence lapses this long after its last refresh
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,7 @@ class Buckets:
     nodes: KeyValue
     plan: KeyValue
     pki: KeyValue
+    gateways: KeyValue
 
 
 async def ensure_streams(js: JetStreamContext, limits: BusLimits = BusLimits()) -> None:
@@ -88,7 +90,10 @@ async def ensure_buckets(js: JetStreamContext, limits: BusLimits = BusLimits()) 
     pki = await _ensure_bucket(
         js, KeyValueConfig(bucket=names.PKI_BUCKET, history=8, replicas=limits.replicas)
     )
-    return Buckets(leader, nodes, plan, pki)
+    gateways = await _ensure_bucket(
+        js, KeyValueConfig(bucket=names.GATEWAYS_BUCKET, ttl=limits.gateway_ttl_s, replicas=limits.replicas)
+    )
+    return Buckets(leader, nodes, plan, pki, gateways)
 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:

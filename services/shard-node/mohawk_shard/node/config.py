@@ -34,7 +34,11 @@ class NodeSettings(BusSettings, EngineSettings):
         "mohawk_slices object store (no model on this node's disk)",
     )
     heartbeat_interval_s: float = Field(1.0, gt=0)
-    request_ack_wait_s: float = Field(30.0, gt=1, description="a request unacked this long is redelivered")
+    request_ack_wait_s: float = Field(
+        10.0,
+        gt=1,
+        description="a request unacked this long is redelivered (stage 0 died): kept alive every third",
+    )
     step_deadline_floor_s: float = Field(
         5.0, gt=0, description="a pipeline step is given up after this plus 4x its expected round trip"
     )

@@ -20,7 +20,9 @@ server restarted, a stage died mid-step) is given up: its sequences are freed an
 tokens the token stream holds for them, as after a plan change, and a result that still comes late
 is ignored. A request whose steps expire `MAX_RESUMES` times in a row without a token in between
 ends with an error event (503), so no request waits for its client's timeout: the bound is about
-`MAX_RESUMES × (floor + the expected round trip × factor)`, 15–20 s with the defaults.
+`MAX_RESUMES × (floor + the expected round trip × factor)`, 15–20 s with the defaults. A request
+names the gateway process that waits for it and its deadline: one whose gateway's presence key has
+lapsed (`GatewayPresence`), or whose deadline has passed, is cancelled and leaves the stream.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.core import EngineCore
 from mohawk_shard.engine.scheduler import Scheduler
 from mohawk_shard.engine.sequence import Sequence as Seq
+from mohawk_shard.node.gateways import ORPHAN_CHECK_S, GatewayPresence
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.recovery import read_emitted
@@ -75,6 +78,8 @@ class _Delivery:
     msg: Msg
     token_key: bytes
     box: EventBox | None
+    gateway: str = ""  # the submitting gateway process ("" = not tracked)
+    deadline: float = 0.0  # unix seconds; 0 = none
 
 
 class HeadDriver:
@@ -107,6 +112,7 @@ class HeadDriver:
         self._inflight_steps: dict[int, StepBatch] = {}
         self.deadlines = StepDeadlines(floor_s=step_deadline_floor_s)
         self._expiries: dict[str, int] = {}  # request id -> steps expired since its last token
+        self._gateways = GatewayPresence(js)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_acks: set[asyncio.Task[None]] = set()
@@ -140,6 +146,7 @@ class HeadDriver:
             asyncio.create_task(self._step_loop()),
             asyncio.create_task(self._keep_alive_loop()),
             asyncio.create_task(self._deadline_loop()),
+            asyncio.create_task(self._orphan_loop()),
         ]
         self._log.info("stage 0 serving", model=model, stages=self.num_stages)
 
@@ -205,7 +212,9 @@ class HeadDriver:
                 return
             self._log.info("request resumed", request_id=request_id, emitted=len(emitted))
         self.core.add_request(request_id, prompt, params, emitted)
-        self._deliveries[request_id] = _Delivery(msg, request.token_key, box)
+        self._deliveries[request_id] = _Delivery(
+            msg, request.token_key, box, request.gateway, request.deadline
+        )
 
     # -- stepping ------------------------------------------------------------------------------
 
@@ -386,3 +395,27 @@ class HeadDriver:
         self._deliveries[request_id] = delivery
         self._expiries[request_id] = expiries
         self._log.info("request resumed after an overdue step", request_id=request_id, emitted=len(emitted))
+
+    # -- orphans -----------------------------------------------------------------------------------
+
+    async def _orphan_loop(self) -> None:
+        """Drop requests nobody waits for: their gateway's presence lapsed, or their deadline passed."""
+        while True:
+            await asyncio.sleep(ORPHAN_CHECK_S)
+            gateways = {d.gateway for d in self._deliveries.values() if d.gateway}
+            gone = await self._gateways.gone(gateways, time.monotonic())
+            now = time.time()
+            for request_id, delivery in list(self._deliveries.items()):
+                late = delivery.deadline > 0 and now > delivery.deadline + ORPHAN_CHECK_S
+                if delivery.gateway not in gone and not late:
+                    continue
+                self.core.abort_request(request_id)
+                reason = "its gateway is gone" if delivery.gateway in gone else "its deadline passed"
+                self._log.warning("orphaned request cancelled", request_id=request_id, reason=reason)
+                with contextlib.suppress(Exception):
+                    if late:
+                        await publish_error(
+                            self.nc, request_id, "the request's deadline passed", 504, delivery.box
+                        )
+                    await delivery.msg.ack()
+                self._wake.set()

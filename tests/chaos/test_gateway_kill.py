@@ -6,7 +6,7 @@ streams run through gateway 1 and eight long ones (1,000 tokens each, `ignore_eo
 gateway 2, which is killed once they all generate. Nobody is left to read gateway 2's tokens:
 stage 0 sees its presence key lapse (`node/gateways.py`: TTL 4 s + 3 s grace + a 1 s check) and
 cancels its requests, which leave the durable request stream (acked), so the stream is empty
-once gateway 1's streams are done.
+once gateway 1's streams are done, and the survivors hold no more memory than after a warm-up.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.server import free_port
+from tests.chaos.memory import grown, resident_bytes
 from tests.integration.cluster_helpers import (
     PROMPTS,
     REFERENCE_TOKENS,
@@ -81,6 +82,8 @@ def test_a_killed_gateways_requests_are_cancelled(
             httpx.AsyncClient(base_url=running.url, limits=limits) as first,
             httpx.AsyncClient(base_url=second_url, limits=limits) as second,
         ):
+            await asyncio.gather(*(stream_chat(first, p, REFERENCE_TOKENS) for p in PROMPTS))  # warm-up
+            before.update(resident_bytes(running))
             events = [asyncio.Event() for _ in range(8)]
             doomed = [
                 asyncio.create_task(_long_stream(second, p, e)) for p, e in zip(PROMPTS, events, strict=True)
@@ -97,6 +100,7 @@ def test_a_killed_gateways_requests_are_cancelled(
             await asyncio.gather(*doomed)
             return done, cancelled_after
 
+    before: dict[str, int] = {}
     done, cancelled_after = asyncio.run(scenario())
     print(f"\ngateway killed: its 8 requests left the cluster {cancelled_after:.1f} s later")
     assert cancelled_after <= BOUND_S
@@ -104,3 +108,4 @@ def test_a_killed_gateways_requests_are_cancelled(
         assert finish in ("stop", "length") and text == reference[prompt], prompt
     shard_logs = "".join(p.read_text() for p in running.log_dir.glob("shard-*.log"))
     assert shard_logs.count("orphaned request cancelled") == 8
+    assert not grown(before, resident_bytes(running)), "memory did not come back to its level"

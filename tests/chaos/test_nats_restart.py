@@ -6,7 +6,8 @@ stays down `DOWN_S`, and comes back on the same port and data directory. Frames 
 kill are lost; stage 0's step deadlines (`node/step_deadlines.py`) give those steps up and resume
 their sequences from the token stream, and the gateway reads back the token events it missed.
 Every stream must then finish with exactly the text of an undisturbed run (no duplicate or
-missing token) within `BOUND_S` of the restart. The short form (3 s down) runs in `make test`; the
+missing token) within `BOUND_S` of the restart, and no process may hold more memory than after
+the same load undisturbed (`memory.py`). The short form (3 s down) runs in `make test`; the
 full form (10 s down, as operators see a restart) in `make chaos`.
 """
 
@@ -21,6 +22,7 @@ import pytest
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus.server import free_port
+from tests.chaos.memory import grown, resident_bytes
 from tests.integration.cluster_helpers import PROMPTS, REFERENCE_TOKENS, REFERENCE_WEIGHTS, stream_chat
 
 NUM_STREAMS = 16
@@ -58,7 +60,16 @@ async def _streams_through_a_restart(cluster: LocalCluster, down_s: float) -> tu
     return list(zip(prompts, results, strict=True)), took
 
 
+async def _warm_up(cluster: LocalCluster) -> None:
+    limits = httpx.Limits(max_connections=NUM_STREAMS + 4)
+    async with httpx.AsyncClient(base_url=cluster.url, limits=limits) as client:
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(NUM_STREAMS)]
+        await asyncio.gather(*(stream_chat(client, p, REFERENCE_TOKENS) for p in prompts))
+
+
 def _check(cluster: LocalCluster, reference: dict[str, str], down_s: float) -> None:
+    asyncio.run(_warm_up(cluster))  # the same load undisturbed: steady allocations first
+    before = resident_bytes(cluster)
     done, took = asyncio.run(_streams_through_a_restart(cluster, down_s))
     print(f"\nnats-server down {down_s:.0f} s: all {len(done)} streams done {took:.1f} s after the restart")
     for prompt, (text, finish) in done:
@@ -66,6 +77,7 @@ def _check(cluster: LocalCluster, reference: dict[str, str], down_s: float) -> N
         assert text == reference[prompt], prompt
     for name, proc in cluster.processes.items():
         assert proc.poll() is None, f"{name} exited"
+    assert not grown(before, resident_bytes(cluster)), "memory did not come back to its level"
 
 
 def test_nats_restart_loses_no_request(cluster: LocalCluster, reference: dict[str, str]) -> None:

@@ -30,6 +30,11 @@ class CoordinatorSettings(BusSettings):
     plan_settle_s: float = Field(
         1.5, ge=0, description="re-plan once the set of live nodes has been unchanged this long"
     )
+    quarantine_failures: int = Field(
+        3, ge=1, description="a node failing this many steps within quarantine_window_s is left out"
+    )
+    quarantine_window_s: float = Field(60.0, gt=0, description="the window quarantine_failures count in")
+    quarantine_s: float = Field(120.0, gt=0, description="how long a quarantined node stays out of plans")
 
     @field_validator("node_timeout_s")
     @classmethod

@@ -36,6 +36,7 @@ from mohawk_coordinator.election import LeaderElection
 from mohawk_coordinator.planner import PlanningError
 from mohawk_coordinator.planning import ACTIVE, ModelShape, build_plan, is_serving, same_placement
 from mohawk_coordinator.publisher import PlanConflictError, PlanStore
+from mohawk_coordinator.quarantine import Quarantine
 from mohawk_coordinator.registry import NodeMirror, NodeRecord, NodeRegistry
 from mohawk_proto.v1 import bus_pb2
 
@@ -57,6 +58,7 @@ class _Term:
     version: int = 0
     planned_ids: frozenset[str] | None = None  # live node ids the current plan was decided for
     complaints: set[str] = field(default_factory=set)  # problems already logged this term
+    quarantined: frozenset[str] = frozenset()  # live nodes left out of plans now
 
 
 class Coordinator:
@@ -74,6 +76,12 @@ class Coordinator:
         self.nc = nc
         self.buckets = buckets
         self.registry = NodeRegistry(settings.node_timeout_s, clock=clock)
+        self.quarantine = Quarantine(
+            clock,
+            threshold=settings.quarantine_failures,
+            window_s=settings.quarantine_window_s,
+            cool_down_s=settings.quarantine_s,
+        )
         self.store = PlanStore(buckets.plan)
         self._clock = clock
         self.election = self._new_election(settings.lease_ttl_s)
@@ -143,6 +151,8 @@ class Coordinator:
         if self._clock() - self._listening_since < WARMUP_HEARTBEATS * self.settings.heartbeat_interval_s:
             return
         live = {node_id: r.heartbeat for node_id, r in self.registry.live(self.settings.served_model).items()}
+        term.quarantined = frozenset(self.quarantine.excluded(live))
+        live = {node_id: h for node_id, h in live.items() if node_id not in term.quarantined}
         try:
             shape = ModelShape.from_heartbeats(live.values())
         except PlanningError as exc:
@@ -215,6 +225,8 @@ class Coordinator:
         if not await self.election.verify():
             return
         plan.leader = self.settings.coordinator_id
+        del plan.quarantined[:]
+        plan.quarantined.extend(sorted(term.quarantined))
         plan.created = plan.created or time.time()
         try:
             revision = await self.store.write(plan, term.revision)
@@ -236,6 +248,7 @@ class Coordinator:
     async def _on_heartbeat(self, msg: Msg) -> None:
         record: NodeRecord | None = self.registry.observe(msg.data, msg.subject)
         if record is not None:
+            self.quarantine.observe(record.heartbeat)
             self._wake.set()
 
     def _wake_up(self, _leading: bool) -> None:

@@ -120,9 +120,13 @@ def render(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> str:
             f"{weights_cell(node, stage, plan.num_layers):>11} {node.weights_format or '?':<8} "
             f"{node.seconds_per_layer:>9.2g}  {loaded}"
         )
-    idle = sorted(set(nodes) - {s.node_id for s in plan.stages})
+    quarantined = set(plan.quarantined)
+    idle = sorted(set(nodes) - {s.node_id for s in plan.stages} - quarantined)
     if idle:
         lines.append(f"live nodes without a stage: {', '.join(idle)}")
+    for node_id in sorted(quarantined):
+        failed = nodes[node_id].failed_steps if node_id in nodes else "?"
+        lines.append(f"quarantined (steps kept failing; {failed} failed so far): {node_id}")
     lines += ["", "reasons:", *(f"- {reason}" for reason in plan.reasons)]
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.handlers import Gateway
 from mohawk_gateway.metrics import GatewayMetrics
-from mohawk_gateway.middleware import BodyLimitMiddleware, MetricsMiddleware
+from mohawk_gateway.middleware import AdmissionMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from mohawk_gateway.tokenizer import PromptCodec, Tokenizer, load_tokenizer
 
 log = structlog.get_logger("mohawk.gateway")
@@ -66,8 +66,17 @@ def create_app(
     paths = (str(getattr(route, "path", "")) for router in ROUTERS for route in router.routes)
     endpoints = frozenset(path for path in paths if path and "{" not in path)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        AdmissionMiddleware,
+        has_room=gateway.has_room,
+        paths=GENERATION_PATHS,
+        retry_after_s=settings.retry_after_s,
+    )
     app.add_middleware(MetricsMiddleware, metrics=gateway_metrics, endpoints=endpoints)
     return app
+
+
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 def load_security(settings: GatewaySettings) -> Security:

@@ -96,10 +96,14 @@ class Gateway:
             raise unavailable(f"not ready: {reason}", self.settings.retry_after_s)
         return self.codec
 
+    def has_room(self) -> bool:
+        """Whether the requests running here and those being tokenized leave room for one more."""
+        return self.num_in_flight + self.num_tokenizing < self.settings.max_in_flight
+
     def check_room(self) -> None:
-        """429 at once when the requests running here and those being tokenized fill `max_in_flight`:
-        called before tokenizing, so a refusal costs no tokenizer time however long the prompt."""
-        if self.num_in_flight + self.num_tokenizing >= self.settings.max_in_flight:
+        """429 at once when there is no room (`has_room`): called before tokenizing, so a refusal
+        costs no tokenizer time however long the prompt."""
+        if not self.has_room():
             raise overloaded("too many requests in flight; retry later", self.settings.retry_after_s)
 
     async def start(self, submission: Submission) -> Generation:

@@ -1,4 +1,9 @@
-"""ASGI middleware: a hard cap on request bodies (413), and request counts by endpoint and status.
+"""ASGI middleware: early refusal when there is no room (429), a hard cap on request bodies (413), and
+request counts by endpoint and status.
+
+The admission check runs before the body is read, parsed or routed: a burst of clients past
+`max_in_flight` costs the gateway one pre-encoded answer each, so their 429s come back at once
+instead of queueing behind request parsing (`bench/admission.py` measures it).
 
 The body cap reads the body itself, never more than `max_bytes` (plus one chunk): a declared
 Content-Length over the cap is refused before reading anything, and a chunked body is refused
@@ -9,13 +14,44 @@ calls go to the server, so the app still hears a client disconnect.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mohawk_gateway.errors import GatewayError
+from mohawk_gateway.errors import GatewayError, overloaded
 from mohawk_gateway.metrics import GatewayMetrics
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class AdmissionMiddleware:
+    """429 with Retry-After for a generation request when `has_room()` says no, before anything
+    else is done with it (the route checks again, exactly, once the request is admitted)."""
+
+    def __init__(
+        self, app: ASGIApp, has_room: Callable[[], bool], paths: frozenset[str], retry_after_s: int
+    ) -> None:
+        self.app, self.has_room, self.paths = app, has_room, paths
+        error = overloaded("too many requests in flight; retry later", retry_after_s)
+        self._body = json.dumps(error.body()).encode()
+        self._headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(self._body)).encode()),
+            (b"connection", b"close"),  # the unread body is not drained
+            *((k.lower().encode(), v.encode()) for k, v in error.headers.items()),
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope.get("path") in self.paths
+            and not self.has_room()
+        ):
+            await send({"type": "http.response.start", "status": 429, "headers": self._headers})
+            await send({"type": "http.response.body", "body": self._body})
+            return
+        await self.app(scope, receive, send)
 
 
 class BodyLimitMiddleware:

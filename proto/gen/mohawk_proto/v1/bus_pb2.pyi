@@ -52,7 +52,7 @@ class StepResult(_message.Message):
     def __init__(self, plan_version: _Optional[int] = ..., step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SampledResult, _Mapping]]] = ..., sent_at: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role", "hop_ms_p50", "hop_ms_p99", "num_hops", "security_rejections", "insecure", "held_layer_start", "held_layer_end", "model_id", "num_layers", "hidden_size", "vocab_size", "num_kv_heads", "head_dim", "max_position_embeddings", "layer_weight_bytes", "embedding_weight_bytes", "head_weight_bytes", "weights_format")
+    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role", "hop_ms_p50", "hop_ms_p99", "num_hops", "security_rejections", "insecure", "held_layer_start", "held_layer_end", "model_id", "num_layers", "hidden_size", "vocab_size", "num_kv_heads", "head_dim", "max_position_embeddings", "layer_weight_bytes", "embedding_weight_bytes", "head_weight_bytes", "weights_format", "failed_steps", "expired_steps")
     class SecurityRejectionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,8 @@ class Heartbeat(_message.Message):
     EMBEDDING_WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     HEAD_WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    FAILED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_STEPS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     model: str
     backend: str
@@ -128,7 +130,9 @@ class Heartbeat(_message.Message):
     embedding_weight_bytes: int
     head_weight_bytes: int
     weights_format: str
-    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ..., hop_ms_p50: _Optional[float] = ..., hop_ms_p99: _Optional[float] = ..., num_hops: _Optional[int] = ..., security_rejections: _Optional[_Mapping[str, int]] = ..., insecure: _Optional[bool] = ..., held_layer_start: _Optional[int] = ..., held_layer_end: _Optional[int] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., layer_weight_bytes: _Optional[int] = ..., embedding_weight_bytes: _Optional[int] = ..., head_weight_bytes: _Optional[int] = ..., weights_format: _Optional[str] = ...) -> None: ...
+    failed_steps: int
+    expired_steps: int
+    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ..., hop_ms_p50: _Optional[float] = ..., hop_ms_p99: _Optional[float] = ..., num_hops: _Optional[int] = ..., security_rejections: _Optional[_Mapping[str, int]] = ..., insecure: _Optional[bool] = ..., held_layer_start: _Optional[int] = ..., held_layer_end: _Optional[int] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., layer_weight_bytes: _Optional[int] = ..., embedding_weight_bytes: _Optional[int] = ..., head_weight_bytes: _Optional[int] = ..., weights_format: _Optional[str] = ..., failed_steps: _Optional[int] = ..., expired_steps: _Optional[int] = ...) -> None: ...
 
 class PlanStage(_message.Message):
     __slots__ = ("node_id", "start", "end")
@@ -141,7 +145,7 @@ class PlanStage(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("version", "model", "model_id", "num_layers", "stages", "num_kv_blocks", "block_size", "max_model_len", "state", "leader", "created", "reasons")
+    __slots__ = ("version", "model", "model_id", "num_layers", "stages", "num_kv_blocks", "block_size", "max_model_len", "state", "leader", "created", "reasons", "quarantined")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +158,7 @@ class Plan(_message.Message):
     LEADER_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     version: int
     model: str
     model_id: str
@@ -166,4 +171,5 @@ class Plan(_message.Message):
     leader: str
     created: float
     reasons: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, version: _Optional[int] = ..., model: _Optional[str] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[PlanStage, _Mapping]]] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., created: _Optional[float] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...
+    quarantined: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., model: _Optional[str] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[PlanStage, _Mapping]]] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., created: _Optional[float] = ..., reasons: _Optional[_Iterable[str]] = ..., quarantined: _Optional[_Iterable[str]] = ...) -> None: ...

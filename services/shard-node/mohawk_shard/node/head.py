@@ -117,6 +117,7 @@ class HeadDriver:
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_acks: set[asyncio.Task[None]] = set()
         self.hops = HopStats()
+        self.num_failed_steps = 0  # steps stage 0 itself could not run (heartbeats report them)
         self._subs: list[Any] = []
         self._log = log.bind(plan=plan.version)
 
@@ -229,6 +230,7 @@ class HeadDriver:
                     await self._run_step(batch)
                 except Exception:
                     self._log.exception("step failed", step_id=batch.step_id)
+                    self.num_failed_steps += 1
                     await self._fail(batch, "internal error while running the model")
             with contextlib.suppress(TimeoutError):  # not wait_for: 3.11 may swallow a cancel
                 async with asyncio.timeout(_IDLE_WAIT_S):

@@ -63,6 +63,8 @@ class ShardNode:
         self._head_started = False
         self._stop = asyncio.Event()
         self._held: tuple[int, int] | None = None
+        self._failed_steps = 0  # of roles already stopped
+        self._expired_steps = 0
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -157,12 +159,20 @@ class ShardNode:
         heartbeat.security_rejections.update(self.security.rejections)
         if self._held is not None:
             heartbeat.held_layer_start, heartbeat.held_layer_end = self._held
+        heartbeat.failed_steps, heartbeat.expired_steps = self._step_counts()
         if self._role is not None:
             hops = self._role.hops
             heartbeat.hop_ms_p50 = hops.percentile_ms(0.5)
             heartbeat.hop_ms_p99 = hops.percentile_ms(0.99)
             heartbeat.num_hops = hops.num_hops
         return heartbeat
+
+    def _step_counts(self) -> tuple[int, int]:
+        """Steps this node failed, and (stage 0) steps it gave up waiting for, since it started."""
+        role = self._role
+        failed = self._failed_steps + (role.num_failed_steps if role is not None else 0)
+        expired = self._expired_steps + (role.deadlines.num_expired if isinstance(role, HeadDriver) else 0)
+        return failed, expired
 
     def _describe_model(self, heartbeat: bus_pb2.Heartbeat) -> None:
         """The model's shape and this node's weight bytes: all the coordinator needs to plan."""
@@ -304,6 +314,7 @@ class ShardNode:
         return Stage(backend, plan.block_size), backend
 
     async def _stop_role(self) -> None:
+        self._failed_steps, self._expired_steps = self._step_counts()
         role, self._role = self._role, None
         self._loaded = False
         if role is None:

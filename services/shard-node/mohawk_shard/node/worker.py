@@ -55,6 +55,7 @@ class StageWorker:
         self.tokens = tokens  # set on the last stage
         self._inbox: asyncio.Queue[tuple[Msg, float]] = asyncio.Queue()
         self.hops = HopStats()
+        self.num_failed_steps = 0  # steps this stage itself could not run (heartbeats report them)
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
         self._log = log.bind(plan=plan.version, stage=stage_index)
@@ -97,6 +98,7 @@ class StageWorker:
                 await self._handle(header, step, data)
             except Exception as exc:
                 self._log.exception("step failed", step_id=header.step_id)
+                self.num_failed_steps += 1
                 await self._pass_failure(step, f"stage {self.stage_index} failed: {type(exc).__name__}")
 
     async def _pass_failure(self, step: engine_pb2.StepBatch, reason: str) -> None:

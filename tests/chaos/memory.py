@@ -1,0 +1,29 @@
+"""Resident memory of a local cluster's processes, to check that a fault leaves no growth behind."""
+
+from __future__ import annotations
+
+import psutil
+
+from mohawk_cli.cluster import LocalCluster
+
+# After a warm-up the processes hold their steady allocations (weights, the KV pool, allocator
+# caches); a fault may add buffers the allocator keeps, which is not a leak, hence the slack.
+GROWTH = 1.10
+SLACK_BYTES = 32 << 20
+
+
+def resident_bytes(cluster: LocalCluster) -> dict[str, int]:
+    """RSS of every live child, nats-server included."""
+    found = {name: proc.pid for name, proc in cluster.processes.items() if proc.poll() is None}
+    if cluster.nats.process is not None and cluster.nats.process.poll() is None:
+        found["nats"] = cluster.nats.process.pid
+    return {name: psutil.Process(pid).memory_info().rss for name, pid in found.items()}
+
+
+def grown(before: dict[str, int], after: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Processes (present both times) whose RSS grew past GROWTH × before + SLACK_BYTES, MiB."""
+    return {
+        name: (before[name] >> 20, after[name] >> 20)
+        for name in before.keys() & after.keys()
+        if after[name] > before[name] * GROWTH + SLACK_BYTES
+    }

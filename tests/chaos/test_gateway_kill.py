@@ -18,15 +18,15 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from mohawk_cli.cluster import ClusterSpec, LocalCluster
+from mohawk_cli.cluster import LocalCluster
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.server import free_port
+from tests.chaos.clusters import chaos_spec
 from tests.chaos.memory import grown, resident_bytes
 from tests.integration.cluster_helpers import (
     PROMPTS,
     REFERENCE_TOKENS,
-    REFERENCE_WEIGHTS,
     chat_body,
     stream_chat,
 )
@@ -36,15 +36,7 @@ BOUND_S = 10.0  # the issue's: a dead gateway's requests are cancelled on the cl
 
 @pytest.fixture
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, str]]:
-    spec = ClusterSpec(
-        nodes=2,
-        coordinators=1,
-        port=free_port(),
-        nats_port=free_port(),
-        data_dir=tmp_path_factory.mktemp("chaos-gateway"),
-        threads_per_node=1,
-        env={"MOHAWK_WEIGHTS": REFERENCE_WEIGHTS},
-    )
+    spec = chaos_spec(tmp_path_factory.mktemp("chaos-gateway"), 2)
     with LocalCluster(spec) as running:
         second = running.start_gateway("gateway-2", free_port())
         running.wait_ready(timeout=240)

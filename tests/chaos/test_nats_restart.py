@@ -20,10 +20,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from mohawk_cli.cluster import ClusterSpec, LocalCluster
-from mohawk_common.bus.server import free_port
+from mohawk_cli.cluster import LocalCluster
+from tests.chaos.clusters import chaos_spec
 from tests.chaos.memory import grown, resident_bytes
-from tests.integration.cluster_helpers import PROMPTS, REFERENCE_TOKENS, REFERENCE_WEIGHTS, stream_chat
+from tests.integration.cluster_helpers import PROMPTS, REFERENCE_TOKENS, stream_chat
 
 NUM_STREAMS = 16
 BOUND_S = 60.0  # every stream done within this long after nats-server is back
@@ -31,15 +31,7 @@ BOUND_S = 60.0  # every stream done within this long after nats-server is back
 
 @pytest.fixture
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    spec = ClusterSpec(
-        nodes=2,
-        coordinators=1,
-        port=free_port(),
-        nats_port=free_port(),
-        data_dir=tmp_path_factory.mktemp("chaos-nats"),
-        threads_per_node=1,
-        env={"MOHAWK_WEIGHTS": REFERENCE_WEIGHTS, "MOHAWK_STEP_DEADLINE_FLOOR_S": "2"},
-    )
+    spec = chaos_spec(tmp_path_factory.mktemp("chaos-nats"), 2, MOHAWK_STEP_DEADLINE_FLOOR_S="2")
     with LocalCluster(spec) as running:
         running.wait_ready(timeout=240)
         yield running

@@ -17,12 +17,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from mohawk_cli.cluster import ClusterSpec, LocalCluster
-from mohawk_common.bus.server import free_port
+from mohawk_cli.cluster import LocalCluster
+from tests.chaos.clusters import chaos_spec
 from tests.integration.cluster_helpers import (
     PROMPTS,
     REFERENCE_TOKENS,
-    REFERENCE_WEIGHTS,
     current_plan,
     stream_chat,
 )
@@ -33,16 +32,7 @@ BOUND_S = 60.0  # every stream done within this long after the kill
 
 @pytest.fixture
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    spec = ClusterSpec(
-        nodes=3,
-        coordinators=1,
-        port=free_port(),
-        nats_port=free_port(),
-        data_dir=tmp_path_factory.mktemp("chaos-shard"),
-        threads_per_node=1,
-        env={"MOHAWK_WEIGHTS": REFERENCE_WEIGHTS},
-        max_payload=256 * 1024,
-    )
+    spec = chaos_spec(tmp_path_factory.mktemp("chaos-shard"), 3)
     with LocalCluster(spec) as running:
         running.wait_ready(timeout=240)
         yield running

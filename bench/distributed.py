@@ -41,8 +41,9 @@ from engine import TOPICS, Stat
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
-from mohawk_common.bus.control import decode_json
+from mohawk_common.bus.control import decode_json, read_plan
 from mohawk_common.bus.server import free_port
+from mohawk_common.bus.setup import ensure_buckets
 from mohawk_common.chat import encode_chat
 from mohawk_common.logging import configure_logging
 from mohawk_proto.v1 import bus_pb2
@@ -148,8 +149,11 @@ class ClusterSetup:
         secure: bool = True,
         backends: Sequence[str] = (),
         prefix_cache: bool = True,
+        threads_per_node: int | None = None,
+        env: dict[str, str] | None = None,
+        name: str | None = None,
     ) -> None:
-        self.name = f"mohawk up --nodes {num_nodes}"
+        self.name = name or f"mohawk up --nodes {num_nodes}"
         spec = ClusterSpec(
             nodes=num_nodes,
             port=free_port(),
@@ -158,13 +162,26 @@ class ClusterSetup:
             log_level="warning",
             secure=secure,
             backends=tuple(backends),
-            env={} if prefix_cache else {"MOHAWK_ENABLE_PREFIX_CACHING": "false"},
+            threads_per_node=threads_per_node,
+            env=({} if prefix_cache else {"MOHAWK_ENABLE_PREFIX_CACHING": "false"}) | (env or {}),
         )
         self.cluster = LocalCluster(spec).start()
         self.cluster.wait_ready(timeout=300)
 
     def close(self) -> None:
         self.cluster.stop()
+
+    def plan(self) -> bus_pb2.Plan | None:
+        """The cluster's current plan, as `nats kv get mohawk_plan current` shows it."""
+
+        async def read() -> bus_pb2.Plan | None:
+            nc = await connect(self.cluster.nats.url, name="bench", attempts=3)
+            try:
+                return await read_plan((await ensure_buckets(nc.jetstream())).plan)
+            finally:
+                await nc.close()
+
+        return asyncio.run(read())
 
     def hop_stats(self) -> tuple[float, float] | None:
         """(median of the nodes' hop medians, worst p99) in ms, from one round of heartbeats."""

@@ -3,18 +3,25 @@ re-batched recompute then gives the undisturbed run's text exactly)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from mohawk_cli.cluster import ClusterSpec
+import httpx
+
+from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus.server import free_port
-from tests.integration.cluster_helpers import REFERENCE_WEIGHTS
+from tests.integration.cluster_helpers import PROMPTS, REFERENCE_TOKENS, REFERENCE_WEIGHTS, stream_chat
+
+Outcome = tuple[str, tuple[str, str | None]]  # prompt, (text, finish reason)
 
 
-def chaos_spec(data_dir: Path, nodes: int, **env: str) -> ClusterSpec:
-    """`nodes` shard nodes, one coordinator, the gateway, NATS on free ports; `env` on top."""
+def chaos_spec(data_dir: Path, nodes: int, coordinators: int = 1, **env: str) -> ClusterSpec:
+    """`nodes` shard nodes, the coordinators, the gateway, NATS on free ports; `env` on top."""
     return ClusterSpec(
         nodes=nodes,
-        coordinators=1,
+        coordinators=coordinators,
         port=free_port(),
         nats_port=free_port(),
         data_dir=data_dir,
@@ -22,3 +29,30 @@ def chaos_spec(data_dir: Path, nodes: int, **env: str) -> ClusterSpec:
         env={"MOHAWK_WEIGHTS": REFERENCE_WEIGHTS, **env},
         max_payload=256 * 1024,  # a 512-token step's activations cross in chunks
     )
+
+
+def streams_through(
+    cluster: LocalCluster, fault: Callable[[], None], num_streams: int, bound_s: float = 60.0
+) -> tuple[list[Outcome], float]:
+    """`num_streams` greedy streams of the reference prompts; `fault()` 1.5 s in, once every stream
+    is generating. Every outcome, and how long after the fault the last stream finished."""
+
+    async def scenario() -> tuple[list[Outcome], float]:
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(num_streams)]
+        limits = httpx.Limits(max_connections=num_streams + 4)
+        async with httpx.AsyncClient(base_url=cluster.url, limits=limits) as client:
+            tasks = [asyncio.create_task(stream_chat(client, p, REFERENCE_TOKENS)) for p in prompts]
+            await asyncio.sleep(1.5)
+            fault()
+            fault_at = time.monotonic()
+            results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=bound_s)
+            return list(zip(prompts, results, strict=True)), time.monotonic() - fault_at
+
+    return asyncio.run(scenario())
+
+
+def assert_identical(outcomes: list[Outcome], reference: dict[str, str]) -> None:
+    """Every stream finished, with the undisturbed run's text."""
+    for prompt, (text, finish) in outcomes:
+        assert finish in ("stop", "length"), (prompt, text, finish)
+        assert text == reference[prompt], prompt

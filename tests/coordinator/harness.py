@@ -40,6 +40,7 @@ def settings(url: str, coordinator_id: str, **overrides: Any) -> CoordinatorSett
         "heartbeat_interval_s": 0.2,
         "node_timeout_s": 0.6,
         "placement": "spread",
+        "replicas": 1,
         # explicit, so neither MOHAWK_* variables nor config/mohawk.yaml change what tests expect
         "model": None,
         "served_model_name": None,

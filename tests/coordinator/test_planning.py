@@ -12,8 +12,8 @@ from mohawk_coordinator.planner import PlanningError
 from mohawk_coordinator.planning import (
     ModelShape,
     ShapeMismatchError,
+    activate_ready,
     build_plan,
-    is_serving,
     node_capacities,
     quantize_seconds,
     same_placement,
@@ -121,15 +121,17 @@ def test_pack_puts_a_model_that_fits_on_one_node() -> None:
     assert ranges(plan) == [("b", 0, 30)]
 
 
-def test_serving_needs_every_stage_node_loaded_at_this_version() -> None:
+def test_a_pipeline_activates_once_every_stage_node_loaded_this_version() -> None:
     plan = build_plan(SHAPE, [heartbeat("a"), heartbeat("b")], settings())
     plan.version = 4
     live = {"a": heartbeat("a"), "b": heartbeat("b")}
     live["a"].plan_version, live["a"].loaded = 4, True
-    assert not is_serving(plan, live)
+    assert activate_ready(plan, live) is None
     live["b"].plan_version, live["b"].loaded = 3, True
-    assert not is_serving(plan, live)
+    assert activate_ready(plan, live) is None
     live["b"].plan_version = 4
-    assert is_serving(plan, live)
+    active = activate_ready(plan, live)
+    assert active is not None and active.state == "active" and active.pipelines[0].active
+    assert activate_ready(active, live) is None  # nothing left to activate
     del live["b"]
-    assert not is_serving(plan, live)
+    assert activate_ready(plan, live) is None

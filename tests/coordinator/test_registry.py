@@ -49,3 +49,25 @@ def test_unknown_fields_from_newer_nodes_are_ignored() -> None:
     registry = NodeRegistry(3.0, clock=Clock())
     record = registry.observe(b'{"node_id": "a", "model": "m", "future_field": 1}')
     assert record is not None and record.heartbeat.model == "m"
+
+
+def holding(node_id: str, started_at_ms: int, *acks: str) -> bytes:
+    heartbeat = bus_pb2.Heartbeat(node_id=node_id, role="shard", started_at_ms=started_at_ms)
+    heartbeat.held_requests.extend(acks)
+    return encode_json(heartbeat)
+
+
+def test_the_requests_a_dead_or_restarted_stage_0_held_are_handed_back_once() -> None:
+    clock = Clock()
+    registry = NodeRegistry(3.0, clock=clock)
+    registry.observe(holding("a", 1, "$JS.ACK.x.1"))
+    registry.observe(holding("a", 1, "$JS.ACK.x.1", "$JS.ACK.x.2"))  # the latest list counts
+    registry.observe(holding("b", 1, "$JS.ACK.y.1"))
+    assert registry.take_handed_back() == []
+    registry.observe(holding("b", 2))  # b came back as a new process: its old requests go back
+    assert registry.take_handed_back() == ["$JS.ACK.y.1"]
+    clock.now += 3.5
+    registry.observe(holding("b", 2))
+    assert registry.expire() == ["a"]
+    assert registry.take_handed_back() == ["$JS.ACK.x.1", "$JS.ACK.x.2"]
+    assert registry.take_handed_back() == []

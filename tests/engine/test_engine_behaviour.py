@@ -60,10 +60,13 @@ def test_shared_prefix_computed_once_same_answer(bundled: ModelSource, engine_fa
     cached = engine_factory()
     cached.generate([first], GREEDY)
     cached.add_request("second", second, GREEDY)
-    reused = [e.token_id for e in cached.step()]
+    events = cached.step()
     (seq,) = cached.scheduler.running
-    assert seq.num_cached_tokens >= 64  # the shared system prompt's full blocks were not recomputed
-    reused += [e.token_id for e in cached.run()]
+    num_cached = seq.num_cached_tokens
+    assert num_cached >= 64  # the shared system prompt's full blocks were not recomputed
+    events += list(cached.run())
+    reused = [e.token_id for e in events]
+    assert events[-1].num_cached_tokens == num_cached  # usage reports what the cache served
     fresh = engine_factory(enable_prefix_caching=False).generate([second], GREEDY)[0].token_ids
     assert reused == fresh
 

@@ -52,7 +52,8 @@ def test_chat_non_stream_maps_every_sampling_field(client: httpx.Client, pipelin
     assert request.request_id == data["id"] and request.model == "smollm2-135m-instruct"
     assert pipeline.prompt_text() == "<|system|> be brief <|user|> hi there <|assistant|>"
     assert data["usage"] == {"prompt_tokens": len(request.prompt_token_ids), "completion_tokens": 3,
-                             "total_tokens": len(request.prompt_token_ids) + 3}  # fmt: skip
+                             "total_tokens": len(request.prompt_token_ids) + 3,
+                             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
     sampling = request.sampling
     assert abs(sampling.temperature - 0.5) < 1e-6 and abs(sampling.top_p - 0.9) < 1e-6
     assert (sampling.top_k, sampling.max_tokens, sampling.seed, sampling.min_tokens) == (40, 20, 7, 2)

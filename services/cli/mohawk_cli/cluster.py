@@ -165,11 +165,14 @@ class LocalCluster:
         self._spawn(name, "mohawk_shard", args)
         return name
 
-    def start_gateway(self, name: str = "gateway", port: int | None = None) -> str:
-        """A gateway process `name` on `port` (default: the spec's); returns its base URL."""
+    def start_gateway(
+        self, name: str = "gateway", port: int | None = None, env: Mapping[str, str] | None = None
+    ) -> str:
+        """A gateway process `name` on `port` (default: the spec's), `env` on top of the cluster's;
+        returns its base URL."""
         port = port or self.spec.port
         args = ["--host", "127.0.0.1", "--port", str(port), "--gateway-id", name]
-        self._spawn(name, "mohawk_gateway", args)
+        self._spawn(name, "mohawk_gateway", args, env)
         return f"http://127.0.0.1:{port}"
 
     def wait_ready(self, timeout: float = 180.0, on_wait: object = None) -> None:

@@ -21,6 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backends",
         help="one backend per node in stage order, comma-separated, e.g. torch,mlx,torch (default torch)",
     )
+    parser.add_argument(
+        "--replicas",
+        help="pipelines the coordinator forms: N or auto (default 1; with --placement pack a node that "
+        "holds the whole model is a pipeline of its own)",
+    )
+    parser.add_argument("--placement", choices=("spread", "pack"), help="layer placement (default spread)")
     parser.add_argument("--coordinators", type=int, default=1, help="coordinator replicas (2 = a standby)")
     parser.add_argument("--port", type=int, default=8000, help="gateway port on 127.0.0.1 (default 8000)")
     parser.add_argument("--nats-port", type=int, help="nats-server port (default 4222, or a free one)")
@@ -35,10 +41,25 @@ def _format_args(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(part for flag, value in flags.items() if value for part in (flag, value))
 
 
+def _coordinator_env(args: argparse.Namespace) -> dict[str, str]:
+    values = {"MOHAWK_REPLICAS": args.replicas, "MOHAWK_PLACEMENT": args.placement}
+    return {name: value for name, value in values.items() if value}
+
+
 def run_up(args: argparse.Namespace) -> int:
     backends = tuple(b.strip() for b in (args.backends or "").split(",") if b.strip())
     if args.nodes < 1 or args.coordinators < 1:
         print("mohawk up: error: --nodes and --coordinators must be at least 1", file=sys.stderr)
+        return 2
+    if (
+        args.replicas
+        and args.replicas != "auto"
+        and not (args.replicas.isdigit() and int(args.replicas) >= 1)
+    ):
+        print(
+            f"mohawk up: error: --replicas must be auto or a number >= 1, got {args.replicas!r}",
+            file=sys.stderr,
+        )
         return 2
     if backends and (len(backends) != args.nodes or not set(backends) <= {"torch", "mlx"}):
         print(
@@ -56,6 +77,7 @@ def run_up(args: argparse.Namespace) -> int:
         model=args.model,
         log_level=args.log_level,
         node_args=_format_args(args),
+        env=_coordinator_env(args),
     )
     cluster = LocalCluster(spec)
     stopping = False

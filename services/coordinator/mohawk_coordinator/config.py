@@ -10,6 +10,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from mohawk_common.bus.config import BusSettings, served_model_name
 from mohawk_coordinator.planner import Placement
+from mohawk_coordinator.replicas import Replicas
 
 
 def default_coordinator_id() -> str:
@@ -23,6 +24,9 @@ class CoordinatorSettings(BusSettings):
     coordinator_id: str = Field(default_factory=default_coordinator_id, min_length=1, max_length=256)
     model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")
     placement: Placement = Field("spread", description="spread: every node takes layers; pack: fewest hops")
+    replicas: Replicas = Field(
+        1, description="pipelines to form: a number, or auto (as many as the nodes hold); see replicas.py"
+    )
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block (every stage uses it)")
     max_model_len: int | None = Field(None, ge=2, description="context cap; none = the model's and KV's")
     heartbeat_interval_s: float = Field(1.0, gt=0, description="how often shard nodes heartbeat")
@@ -35,6 +39,13 @@ class CoordinatorSettings(BusSettings):
     )
     quarantine_window_s: float = Field(60.0, gt=0, description="the window quarantine_failures count in")
     quarantine_s: float = Field(120.0, gt=0, description="how long a quarantined node stays out of plans")
+
+    @field_validator("replicas")
+    @classmethod
+    def _at_least_one(cls, value: Replicas) -> Replicas:
+        if value != "auto" and value < 1:
+            raise ValueError("must be auto or at least 1")
+        return value
 
     @field_validator("node_timeout_s")
     @classmethod

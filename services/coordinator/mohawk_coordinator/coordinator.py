@@ -34,7 +34,7 @@ from mohawk_common.tasks import cancel_and_wait
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.election import LeaderElection
 from mohawk_coordinator.planner import PlanningError
-from mohawk_coordinator.planning import ACTIVE, ModelShape, build_plan, is_serving, same_placement
+from mohawk_coordinator.planning import ModelShape, activate_ready, build_plan, same_placement, with_pipelines
 from mohawk_coordinator.publisher import PlanConflictError, PlanStore
 from mohawk_coordinator.quarantine import Quarantine
 from mohawk_coordinator.registry import NodeMirror, NodeRecord, NodeRegistry
@@ -42,6 +42,7 @@ from mohawk_proto.v1 import bus_pb2
 
 log = structlog.get_logger("mohawk.coordinator")
 
+NAK = b"-NAK"  # JetStream's negative ack: redeliver now
 TICKS_PER_HEARTBEAT = 4
 WARMUP_HEARTBEATS = 1.5  # a new replica hears every live node before it plans
 
@@ -135,9 +136,11 @@ class Coordinator:
             if self._stopping:
                 return
             self.registry.expire()
+            handed_back = self.registry.take_handed_back()
             if not self.election.is_leader:
                 self._term = None
                 continue
+            await self._hand_back(handed_back)
             try:
                 await self._lead()
             except (NatsError, TimeoutError) as exc:
@@ -164,6 +167,8 @@ class Coordinator:
         if not term.has_read:
             stored = await self.store.read()
             term.plan, term.revision, term.version = stored.plan, stored.revision, stored.version
+            if term.plan is not None:
+                term.plan = with_pipelines(term.plan)
             term.has_read = True
         live_ids = frozenset(live)
         if term.planned_ids is None and self._can_adopt(term.plan, shape, live):
@@ -176,10 +181,8 @@ class Coordinator:
         settled = self._clock() - self._seen_since >= self.settings.plan_settle_s
         if term.planned_ids != live_ids and settled:
             await self._replan(term, shape, live)
-        if term.plan is not None and term.plan.state != ACTIVE and is_serving(term.plan, live):
-            active = bus_pb2.Plan()
-            active.CopyFrom(term.plan)
-            active.state = ACTIVE
+        active = activate_ready(term.plan, live) if term.plan is not None else None
+        if active is not None:
             await self._publish(term, active)
 
     def _can_adopt(
@@ -196,7 +199,7 @@ class Coordinator:
         if stage_ids == live.keys():
             return True
         try:
-            return same_placement(stored, build_plan(shape, live.values(), self.settings))
+            return same_placement(stored, build_plan(shape, live.values(), self.settings, stored))
         except PlanningError:
             return True
 
@@ -211,7 +214,7 @@ class Coordinator:
             )
             return
         try:
-            plan = build_plan(shape, live.values(), self.settings)
+            plan = build_plan(shape, live.values(), self.settings, term.plan)
         except PlanningError as exc:
             self._log.error("no plan for the live nodes", nodes=sorted(live), error=str(exc))
             return
@@ -219,6 +222,8 @@ class Coordinator:
             self._log.info("nodes changed, placement did not", nodes=sorted(live), version=term.version)
             return
         plan.version = term.version + 1
+        for pipeline in plan.pipelines:
+            pipeline.epoch = pipeline.epoch or plan.version  # formed by this version
         await self._publish(term, plan)
 
     async def _publish(self, term: _Term, plan: bus_pb2.Plan) -> None:
@@ -240,10 +245,21 @@ class Coordinator:
             "plan published",
             version=plan.version,
             state=plan.state,
-            stages=[f"{s.node_id}[{s.start},{s.end})" for s in plan.stages],
+            stages=[f"{s.pipeline}:{s.node_id}[{s.start},{s.end})" for s in plan.stages],
+            active=[p.id for p in plan.pipelines if p.active],
+            spares=list(plan.spares),
             num_kv_blocks=plan.num_kv_blocks,
             max_model_len=plan.max_model_len,
         )
+
+    async def _hand_back(self, ack_subjects: list[str]) -> None:
+        """Nak the requests a dead or restarted stage 0 held: the stream redelivers them now."""
+        if not ack_subjects:
+            return
+        for subject in ack_subjects:
+            with contextlib.suppress(NatsError, TimeoutError):
+                await self.nc.publish(subject, NAK)
+        self._log.warning("requests of a lost stage 0 handed back to the stream", requests=len(ack_subjects))
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         record: NodeRecord | None = self.registry.observe(msg.data, msg.subject)

@@ -21,6 +21,7 @@ from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect_or_give_up
 from mohawk_common.bus.control import decode_json, encode_json, read_plan
+from mohawk_common.bus.pipelines import Pipeline, pipelines
 from mohawk_common.errors import ConfigError
 from mohawk_common.logging import LEVELS, configure_logging
 from mohawk_common.settings import load_settings
@@ -96,18 +97,43 @@ async def _read_nodes(js: JetStreamContext) -> dict[str, bus_pb2.Heartbeat]:
 
 
 def render(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> str:
-    """The plan as operators read it: header, one row per stage, live nodes left out, reasons."""
+    """The plan as operators read it: header, each pipeline with a row per stage, spares, live nodes
+    left out, reasons."""
     created = datetime.fromtimestamp(plan.created, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    lines = [
+    lines = pipelines(plan)
+    rows = [
         f"plan version {plan.version} ({plan.state}) for {plan.model} [{plan.model_id}], "
         f"written by leader {plan.leader} at {created}",
-        f"{plan.num_layers} layers in {len(plan.stages)} stage(s); {plan.num_kv_blocks} KV blocks of "
-        f"{plan.block_size} tokens; max_model_len {plan.max_model_len}",
-        "",
+        f"{plan.num_layers} layers in {len(lines)} pipeline(s) of {len(plan.stages)} stage(s) in all; "
+        f"KV blocks of {plan.block_size} tokens; max_model_len {plan.max_model_len}",
+    ]
+    for pipeline in lines:
+        state = "active" if pipeline.active else "loading"
+        rows += [
+            "",
+            f"pipeline {pipeline.id} ({state}, formed by plan version {pipeline.epoch}): "
+            f"{pipeline.num_kv_blocks} KV blocks, max_model_len {pipeline.max_model_len}",
+        ]
+        rows += _stage_rows(pipeline, plan, nodes)
+    quarantined = set(plan.quarantined)
+    if plan.spares:
+        rows.append(f"spares (ready to replace a failed stage): {', '.join(plan.spares)}")
+    idle = sorted(set(nodes) - {s.node_id for s in plan.stages} - quarantined - set(plan.spares))
+    if idle:
+        rows.append(f"live nodes without a stage: {', '.join(idle)}")
+    for node_id in sorted(quarantined):
+        failed = nodes[node_id].failed_steps if node_id in nodes else "?"
+        rows.append(f"quarantined (steps kept failing; {failed} failed so far): {node_id}")
+    rows += ["", "reasons:", *(f"- {reason}" for reason in plan.reasons)]
+    return "\n".join(rows)
+
+
+def _stage_rows(pipeline: Pipeline, plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> list[str]:
+    lines = [
         f"{'stage':>5}  {'node':<20} {'layers':<10} {'backend':<8} {'device':<8} "
         f"{'memory MiB':>10} {'KV MiB':>8} {'weights MiB':>11} {'format':<8} {'s/layer':>9}  loaded",
     ]
-    for index, stage in enumerate(plan.stages):
+    for index, stage in enumerate(pipeline.stages):
         layers = f"[{stage.start}, {stage.end})"
         node = nodes.get(stage.node_id)
         if node is None:
@@ -120,15 +146,7 @@ def render(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> str:
             f"{weights_cell(node, stage, plan.num_layers):>11} {node.weights_format or '?':<8} "
             f"{node.seconds_per_layer:>9.2g}  {loaded}"
         )
-    quarantined = set(plan.quarantined)
-    idle = sorted(set(nodes) - {s.node_id for s in plan.stages} - quarantined)
-    if idle:
-        lines.append(f"live nodes without a stage: {', '.join(idle)}")
-    for node_id in sorted(quarantined):
-        failed = nodes[node_id].failed_steps if node_id in nodes else "?"
-        lines.append(f"quarantined (steps kept failing; {failed} failed so far): {node_id}")
-    lines += ["", "reasons:", *(f"- {reason}" for reason in plan.reasons)]
-    return "\n".join(lines)
+    return lines
 
 
 def stage_weight_bytes(node: bus_pb2.Heartbeat, stage: bus_pb2.PlanStage, num_layers: int) -> int:

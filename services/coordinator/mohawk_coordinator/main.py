@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--served-model-name", help="model name nodes heartbeat (default: from the file)")
     parser.add_argument("--placement", choices=PLACEMENTS, help="spread (default) or pack")
+    parser.add_argument(
+        "--replicas", help="pipelines to form: a number (default 1) or auto (as many as the nodes hold)"
+    )
     parser.add_argument("--lease-ttl", type=float, help="leader lease in seconds (failover time)")
     parser.add_argument("--pki-dir", help="certificate bundle (default: .mohawk/pki/nodes/<coordinator id>)")
     parser.add_argument(
@@ -54,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         "model": args.model,
         "served_model_name": args.served_model_name,
         "placement": args.placement,
+        "replicas": args.replicas,
         "lease_ttl_s": args.lease_ttl,
         "pki_dir": getattr(args, "pki_dir", None),
         "insecure": getattr(args, "insecure", None),

@@ -22,18 +22,19 @@ flip a plan; a node that has not measured yet is taken to be as slow as the slow
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from mohawk_common.bus.pipelines import ACTIVE, LOADING, pipelines
 from mohawk_coordinator.config import CoordinatorSettings
-from mohawk_coordinator.planner import ModelFootprint, NodeCapacity, PlanningError, plan_placement
+from mohawk_coordinator.planner import ModelFootprint, NodeCapacity, PlanningError
+from mohawk_coordinator.replicas import form_pipelines, kept_pipelines, replicas_reason
 from mohawk_proto.v1 import bus_pb2
 
 FP32_BYTES = 4
 INT32_MAX = 2**31 - 1
 UNMEASURED_SECONDS_PER_LAYER = 1e-3  # when no node has measured its speed yet
-LOADING = "loading"
-ACTIVE = "active"
 
 
 class ShapeMismatchError(PlanningError):
@@ -109,29 +110,67 @@ def node_capacities(heartbeats: Iterable[bus_pb2.Heartbeat]) -> list[NodeCapacit
 
 
 def build_plan(
-    shape: ModelShape, heartbeats: Iterable[bus_pb2.Heartbeat], settings: CoordinatorSettings
+    shape: ModelShape,
+    heartbeats: Iterable[bus_pb2.Heartbeat],
+    settings: CoordinatorSettings,
+    current: bus_pb2.Plan | None = None,
 ) -> bus_pb2.Plan:
-    """The plan for these nodes (version, leader and time left for the publisher to fill in).
+    """The plan for these nodes (version, leader and time left for the publisher to fill in; a new
+    pipeline's epoch is 0 until the publisher gives it the new version). With more than one
+    replica asked for, the pipelines of `current` whose nodes all live are kept (replicas.py).
 
     Raises `PlanningError` when the nodes cannot hold the model or a stage has no room for KV.
     """
     nodes = {hb.node_id: hb for hb in heartbeats}
-    placement = plan_placement(shape.footprint, node_capacities(nodes.values()), settings.placement)
-    stages = [bus_pb2.PlanStage(node_id=s.node_id, start=s.start, end=s.end) for s in placement.stages]
-    num_kv_blocks, kv_reason = kv_blocks(shape, stages, nodes, settings.block_size)
-    max_model_len, len_reason = context_length(shape, settings, num_kv_blocks)
     footprint = shape.footprint
-    return bus_pb2.Plan(
+    kept = kept_pipelines(current, footprint, nodes) if settings.replicas != 1 else []
+    taken = {node_id for pipeline in kept for node_id in pipeline.node_ids}
+    free = [c for c in node_capacities(nodes.values()) if c.node_id not in taken]
+    wanted = None if settings.replicas == "auto" else settings.replicas - len(kept)
+    formed = []
+    if free and (wanted is None or wanted > 0):
+        try:
+            formed = form_pipelines(footprint, free, settings.placement, wanted)
+        except PlanningError:
+            if not kept:
+                raise
+    plan = bus_pb2.Plan(
         model=settings.served_model,
         model_id=footprint.model_id,
         num_layers=footprint.num_layers,
-        stages=stages,
-        num_kv_blocks=num_kv_blocks,
         block_size=settings.block_size,
-        max_model_len=max_model_len,
-        state=LOADING,
-        reasons=[*placement.reasons, kv_reason, len_reason],
     )
+    for pipeline in kept:
+        plan.pipelines.add(
+            id=pipeline.id,
+            epoch=pipeline.epoch,
+            active=pipeline.active,
+            num_kv_blocks=pipeline.num_kv_blocks,
+            max_model_len=pipeline.max_model_len,
+        )
+        plan.stages.extend(pipeline.stages)
+    free_ids = (i for i in itertools.count() if i not in {p.id for p in kept})
+    many = len(kept) + len(formed) > 1
+    for placement in formed:
+        pipeline_id = next(free_ids)
+        stages = [
+            bus_pb2.PlanStage(node_id=s.node_id, start=s.start, end=s.end, pipeline=pipeline_id)
+            for s in placement.stages
+        ]
+        num_kv_blocks, kv_reason = kv_blocks(shape, stages, nodes, settings.block_size)
+        max_model_len, len_reason = context_length(shape, settings, num_kv_blocks)
+        plan.pipelines.add(id=pipeline_id, num_kv_blocks=num_kv_blocks, max_model_len=max_model_len)
+        plan.stages.extend(stages)
+        prefix = f"pipeline {pipeline_id}: " if many else ""
+        plan.reasons.extend(f"{prefix}{reason}" for reason in (*placement.reasons, kv_reason, len_reason))
+    in_use = {s.node_id for s in plan.stages}
+    plan.spares.extend(sorted(set(nodes) - in_use))
+    plan.num_kv_blocks = min(p.num_kv_blocks for p in plan.pipelines)
+    plan.max_model_len = min(p.max_model_len for p in plan.pipelines)
+    plan.state = ACTIVE if any(p.active for p in plan.pipelines) else LOADING
+    if settings.replicas != 1 or many:
+        plan.reasons.insert(0, replicas_reason(settings.replicas, len(kept), len(formed), len(plan.spares)))
+    return plan
 
 
 def kv_blocks(
@@ -165,26 +204,51 @@ def context_length(shape: ModelShape, settings: CoordinatorSettings, num_kv_bloc
 
 
 def same_placement(a: bus_pb2.Plan, b: bus_pb2.Plan) -> bool:
-    """Whether two plans ask the same of every node (version, state, leader and time aside)."""
+    """Whether two plans ask the same of every node (version, epochs, states, leader and time aside)."""
 
     def key(plan: bus_pb2.Plan) -> tuple[object, ...]:
-        stages = tuple((s.node_id, s.start, s.end) for s in plan.stages)
-        return (
-            plan.model,
-            plan.model_id,
-            plan.num_layers,
-            stages,
-            plan.num_kv_blocks,
-            plan.block_size,
-            plan.max_model_len,
+        lines = tuple(
+            (p.id, tuple((s.node_id, s.start, s.end) for s in p.stages), p.num_kv_blocks, p.max_model_len)
+            for p in pipelines(plan)
         )
+        return (plan.model, plan.model_id, plan.num_layers, lines, plan.block_size, tuple(plan.spares))
 
     return key(a) == key(b)
 
 
-def is_serving(plan: bus_pb2.Plan, live: Mapping[str, bus_pb2.Heartbeat]) -> bool:
-    """Whether every stage's node is live and reports this plan version loaded."""
-    return bool(plan.stages) and all(
-        (hb := live.get(stage.node_id)) is not None and hb.plan_version == plan.version and hb.loaded
-        for stage in plan.stages
-    )
+def with_pipelines(plan: bus_pb2.Plan) -> bus_pb2.Plan:
+    """`plan` with its pipelines listed (a plan from before pipelines existed lists none)."""
+    if plan.pipelines or not plan.stages:
+        return plan
+    listed = bus_pb2.Plan()
+    listed.CopyFrom(plan)
+    for pipeline in pipelines(plan):
+        listed.pipelines.add(
+            id=pipeline.id,
+            epoch=pipeline.epoch,
+            active=pipeline.active,
+            num_kv_blocks=pipeline.num_kv_blocks,
+            max_model_len=pipeline.max_model_len,
+        )
+    return listed
+
+
+def activate_ready(plan: bus_pb2.Plan, live: Mapping[str, bus_pb2.Heartbeat]) -> bus_pb2.Plan | None:
+    """`plan` with every pipeline whose nodes all report this version loaded marked active; None
+    when no pipeline changes."""
+
+    def loaded(node_id: str) -> bool:
+        hb = live.get(node_id)
+        return hb is not None and hb.plan_version == plan.version and hb.loaded
+
+    ready = {
+        p.id for p in pipelines(plan) if not p.active and p.stages and all(loaded(n) for n in p.node_ids)
+    }
+    if not ready:
+        return None
+    active = bus_pb2.Plan()
+    active.CopyFrom(with_pipelines(plan))
+    for pipeline in active.pipelines:
+        pipeline.active = pipeline.active or pipeline.id in ready
+    active.state = ACTIVE
+    return active

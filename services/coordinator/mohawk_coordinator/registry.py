@@ -2,9 +2,13 @@
 
 Every coordinator replica keeps its own registry (so a standby that takes over already knows the
 cluster); a node is live until `node_timeout_s` passes without a heartbeat from it, measured on
-this replica's monotonic clock, never the sender's. The leader mirrors the live nodes into the KV
-bucket `mohawk_nodes` (key = node id, value = the heartbeat's JSON) so `nats kv ls mohawk_nodes`
-and `mohawk plan --explain` can see them; the bucket's TTL clears what a dead leader left behind.
+this replica's monotonic clock, never the sender's. A stage-0 node lists in its heartbeats the ack
+subjects of the requests it runs; when it dies (or comes back as a new process) the registry hands
+those out once (`take_handed_back`), and the leader naks them so that the stream redelivers them
+at once, a heartbeat timeout after the death instead of an ack wait. The leader mirrors the live
+nodes into the KV bucket `mohawk_nodes` (key = node id, value = the heartbeat's JSON) so `nats kv
+ls mohawk_nodes` and `mohawk plan --explain` can see them; the bucket's TTL clears what a dead
+leader left behind.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class NodeRegistry:
         self.node_timeout_s = node_timeout_s
         self._clock = clock
         self._nodes: dict[str, NodeRecord] = {}
+        self._handed_back: list[str] = []  # ack subjects of requests held by nodes now dead or restarted
 
     def observe(self, raw: bytes, subject: str | None = None) -> NodeRecord | None:
         """Record one heartbeat; None (and a warning) when it is malformed or not from a shard node."""
@@ -62,6 +67,10 @@ class NodeRegistry:
         if heartbeat.role not in SHARD_ROLES:
             return None
         record = NodeRecord(heartbeat, raw, self._clock())
+        previous = self._nodes.get(heartbeat.node_id)
+        if previous is not None and previous.heartbeat.started_at_ms != heartbeat.started_at_ms:
+            log.warning("node restarted", node_id=heartbeat.node_id)
+            self._handed_back.extend(previous.heartbeat.held_requests)
         if heartbeat.node_id not in self._nodes:
             log.info(
                 "node joined",
@@ -79,9 +88,16 @@ class NodeRegistry:
         cutoff = self._clock() - self.node_timeout_s
         dead = [node_id for node_id, record in self._nodes.items() if record.seen_at <= cutoff]
         for node_id in dead:
-            silent = self._clock() - self._nodes.pop(node_id).seen_at
+            record = self._nodes.pop(node_id)
+            silent = self._clock() - record.seen_at
             log.warning("node left (heartbeats stopped)", node_id=node_id, silent_s=round(silent, 2))
+            self._handed_back.extend(record.heartbeat.held_requests)
         return dead
+
+    def take_handed_back(self) -> list[str]:
+        """Ack subjects of the requests that nodes which died or restarted still held (each once)."""
+        taken, self._handed_back = self._handed_back, []
+        return taken
 
     def live(self, model: str | None = None) -> dict[str, NodeRecord]:
         """Live nodes (serving `model`, when given), by id."""

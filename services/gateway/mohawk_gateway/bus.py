@@ -104,15 +104,16 @@ class BusClient:
         """Core-NATS subscription to the request's token events (make it before publishing)."""
         return await self._client().subscribe(names.token_subject(request_id), cb=on_message)
 
-    async def publish_request(self, request: bus_pb2.GenerateRequest) -> None:
-        """Put the request on the durable REQUESTS stream; 429 when the stream is full."""
+    async def publish_request(self, request: bus_pb2.GenerateRequest, route: int | None = None) -> None:
+        """Put the request on the durable REQUESTS stream, for pipeline `route` (None: whichever
+        has room first); 429 when the stream is full."""
         js = self._jetstream()
         try:
             data, headers = seal_request(request, self.security)
         except AuthenticationError as exc:
             raise unavailable(f"cannot seal the request: {exc.detail}", self._retry) from exc
         try:
-            await js.publish(names.request_subject(request.model), data, headers=headers)
+            await js.publish(names.request_subject(request.model, route), data, headers=headers)
         except APIError as exc:
             reason = exc.description or "the request queue is full"
             raise overloaded(

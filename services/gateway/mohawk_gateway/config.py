@@ -7,6 +7,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from mohawk_common.bus.config import BusSettings, served_model_name
+from mohawk_gateway.routing import Routing
 
 MIB = 1024 * 1024
 
@@ -30,6 +31,11 @@ class GatewaySettings(BusSettings):
     )
     tokenize_threads: int = Field(
         4, ge=1, description="prompts tokenized at once, in threads (HF tokenizers release the GIL)"
+    )
+    routing: Routing = Field(
+        "least-queue",
+        description="least-queue: first pipeline with room; round-robin; prefix-affinity: a conversation "
+        "stays on one pipeline (routing.py)",
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After of 429 and 503 answers")
     plan_refresh_s: float = Field(5.0, gt=0, description="re-read the plan this often besides watching it")

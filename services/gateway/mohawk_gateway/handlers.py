@@ -30,6 +30,7 @@ from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.errors import GatewayError, invalid, overloaded, unavailable
 from mohawk_gateway.metrics import GatewayMetrics
+from mohawk_gateway.routing import Router
 from mohawk_gateway.tokenizer import PromptCodec
 from mohawk_gateway.tokens import TokenStream
 from mohawk_pqc.seal import EventBox
@@ -47,6 +48,7 @@ class Submission:
     prompt_token_ids: list[int]
     sampling: engine_pb2.SamplingParams
     prompt_param: str  # the body field that holds the prompt, for error messages
+    affinity_key: bytes = b""  # what prefix-affinity routing hashes (routing.py)
 
 
 class Gateway:
@@ -59,6 +61,7 @@ class Gateway:
         self.model_name = settings.model_name
         self.created = int(time.time())
         self.codec: PromptCodec | None = None
+        self.router = Router(settings.routing)
         self.tokenizer_error: str | None = None
         self.num_in_flight = 0
         self.num_tokenizing = 0
@@ -196,8 +199,9 @@ class Generation:
             gateway=bus.instance,
             deadline=time.time() + max(0.0, self._deadline - asyncio.get_running_loop().time()),
         )
+        route = self.gateway.router.route(bus.plan, self.submission.affinity_key)
         try:
-            await bus.publish_request(request)
+            await bus.publish_request(request, route)
         except BaseException:
             await _unsubscribe(subscription)
             raise

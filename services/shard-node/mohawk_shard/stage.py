@@ -26,6 +26,7 @@ class SequenceSpec:
     num_prompt_tokens: int
     params: SamplingParams
     output_token_ids: tuple[int, ...] = ()
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served when it (re)joined
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,10 +3,14 @@
 Subjects are `mohawk.v1.<entity>.<id>`, lowercase, one token per id, so `nats sub 'mohawk.v1.>'`
 shows the whole system and each entity can be filtered with one wildcard:
 
-    mohawk.v1.req.<model>             requests (JetStream stream MOHAWK_REQUESTS, work queue)
+    mohawk.v1.req.<model>             requests (JetStream stream MOHAWK_REQUESTS, work queue) for
+                                      whichever pipeline has room first
+    mohawk.v1.req.<model>.p<id>       requests routed to pipeline <id> (round robin, prefix affinity)
     mohawk.v1.tok.<request>           token events (JetStream stream MOHAWK_TOKENS, kept briefly)
-    mohawk.v1.act.<plan>.<stage>      activation frames into stage <stage> of plan version <plan>;
-                                      stage 0 receives the last stage's step results here (core NATS)
+    mohawk.v1.act.<epoch>.<pipeline>.<stage>
+                                      activation frames into stage <stage> of pipeline <pipeline>,
+                                      formed by plan version <epoch>; stage 0 receives the last
+                                      stage's step results here (core NATS)
     mohawk.v1.hb.<node>               node heartbeats, JSON (core NATS)
     mohawk.v1.cancel.<request>        cancel a request (core NATS; a tag only the request's key makes)
     mohawk.v1.hs.<node>               channel handshakes with <node> (core NATS request/reply)
@@ -58,8 +62,10 @@ def check_id(kind: str, value: str) -> str:
     return value
 
 
-def request_subject(model: str) -> str:
-    return f"{PREFIX}.req.{subject_token(model)}"
+def request_subject(model: str, route: int | None = None) -> str:
+    """Requests of `model` for any pipeline (None) or routed to pipeline `route`."""
+    base = f"{PREFIX}.req.{subject_token(model)}"
+    return base if route is None else f"{base}.p{int(route)}"
 
 
 def token_subject(request_id: str) -> str:
@@ -70,17 +76,26 @@ def cancel_subject(request_id: str) -> str:
     return f"{PREFIX}.cancel.{check_id('request id', request_id)}"
 
 
-def activation_subject(plan_version: int, stage: int) -> str:
-    return f"{PREFIX}.act.{int(plan_version)}.{int(stage)}"
+def activation_subject(epoch: int, pipeline: int, stage: int) -> str:
+    return f"{PREFIX}.act.{int(epoch)}.{int(pipeline)}.{int(stage)}"
 
 
 def heartbeat_subject(node_id: str) -> str:
     return f"{PREFIX}.hb.{check_id('node id', node_id)}"
 
 
-def stage0_consumer(model: str) -> str:
-    """The durable pull consumer stage-0 nodes of `model` share on MOHAWK_REQUESTS."""
-    return f"stage0-{subject_token(model)}"
+def stage0_consumer(model: str, route: int | None = None) -> str:
+    """The durable pull consumer stage-0 nodes of `model` share on MOHAWK_REQUESTS (None), or the
+    one of the requests routed to pipeline `route`."""
+    base = f"stage0-{subject_token(model)}"
+    return base if route is None else f"{base}-p{int(route)}"
+
+
+def route_of_consumer(model: str, consumer: str) -> int | None:
+    """The pipeline a `stage0_consumer(model, route)` name routes to; None for any other name."""
+    prefix = f"{stage0_consumer(model)}-p"
+    tail = consumer[len(prefix) :] if consumer.startswith(prefix) else ""
+    return int(tail) if tail.isdigit() else None
 
 
 def handshake_subject(node_id: str) -> str:

@@ -35,20 +35,22 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class SequenceSpec(_message.Message):
-    __slots__ = ("num_prompt_tokens", "output_token_ids", "sampling", "request_id", "prompt_tail", "token_key")
+    __slots__ = ("num_prompt_tokens", "output_token_ids", "sampling", "request_id", "prompt_tail", "token_key", "num_cached_tokens")
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TAIL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_KEY_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     num_prompt_tokens: int
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     request_id: str
     prompt_tail: _containers.RepeatedScalarFieldContainer[int]
     token_key: bytes
-    def __init__(self, num_prompt_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_tail: _Optional[_Iterable[int]] = ..., token_key: _Optional[bytes] = ...) -> None: ...
+    num_cached_tokens: int
+    def __init__(self, num_prompt_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_tail: _Optional[_Iterable[int]] = ..., token_key: _Optional[bytes] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class SequenceStep(_message.Message):
     __slots__ = ("seq_id", "start_position", "num_new_tokens", "token_ids", "new_block_ids", "sample", "new_sequence")
@@ -99,14 +101,16 @@ class SampledToken(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("request_id", "index", "token_id", "text", "finish_reason", "usage", "logprob", "top_logprobs", "error", "error_status")

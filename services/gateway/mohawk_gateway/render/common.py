@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from mohawk_gateway.schemas.common import UsagePublic
+from mohawk_gateway.schemas.common import PromptTokensDetails, UsagePublic
 from mohawk_proto.v1 import engine_pb2
 
 
@@ -26,6 +26,7 @@ def usage_of(last: engine_pb2.TokenEvent, num_prompt_tokens: int, num_tokens: in
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             total_tokens=usage.total_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
         )
     return UsagePublic(
         prompt_tokens=num_prompt_tokens,

@@ -84,10 +84,15 @@ class SamplingFields(RequestModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache, not computed again
+
+
 class UsagePublic(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class ModelPublic(BaseModel):

@@ -142,7 +142,10 @@ def to_step_batch(step_id: int, scheduled: SchedulerOutput) -> StepBatch:
 def _sequence_step(s: ScheduledSequence) -> SequenceStep:
     spec = None
     if s.is_new:
-        spec = SequenceSpec(s.seq.num_prompt_tokens, s.seq.params, tuple(s.seq.output_token_ids))
+        seq = s.seq
+        spec = SequenceSpec(
+            seq.num_prompt_tokens, seq.params, tuple(seq.output_token_ids), seq.num_cached_tokens
+        )
     return SequenceStep(
         s.seq.seq_id, s.start_position, tuple(s.token_ids), tuple(s.new_block_ids), s.sample, spec
     )

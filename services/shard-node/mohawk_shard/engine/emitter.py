@@ -27,6 +27,7 @@ class _Tracked:
     num_output_tokens: int
     detokenizer: IncrementalDetokenizer
     stop_matcher: StopStringMatcher
+    num_cached_tokens: int = 0
 
 
 # Emitted tokens a restart replays: pending text never spans more than a few byte tokens.
@@ -51,6 +52,7 @@ class TokenEmitter:
         num_prompt_tokens: int,
         prompt_tail: Sequence[int],
         output_token_ids: Sequence[int] = (),
+        num_cached_tokens: int = 0,
     ) -> None:
         """Start (or restart) tracking a sequence; `output_token_ids` were already emitted.
 
@@ -64,8 +66,20 @@ class TokenEmitter:
         for token_id in replayed:  # none of them ended the sequence, so each went through both
             stop_matcher.feed(detokenizer.add(token_id))
         self._tracked[seq_id] = _Tracked(
-            request_id, params, num_prompt_tokens, len(output_token_ids), detokenizer, stop_matcher
+            request_id,
+            params,
+            num_prompt_tokens,
+            len(output_token_ids),
+            detokenizer,
+            stop_matcher,
+            num_cached_tokens,
         )
+
+    def note_cached(self, seq_id: int, num_cached_tokens: int) -> None:
+        """The prompt tokens the prefix cache served when the sequence was admitted (for usage)."""
+        tracked = self._tracked.get(seq_id)
+        if tracked is not None:
+            tracked.num_cached_tokens = num_cached_tokens
 
     def drop(self, seq_id: int) -> None:
         self._tracked.pop(seq_id, None)
@@ -108,4 +122,5 @@ class TokenEmitter:
             token.logprob,
             token.top_logprobs,
             reason,
+            tracked.num_cached_tokens,
         )

@@ -78,6 +78,9 @@ class LLMEngine:
         batch = self.core.next_batch()
         if batch is None:
             return []
+        for step in batch.sequences:
+            if step.new_sequence is not None:
+                self.emitter.note_cached(step.seq_id, step.new_sequence.num_cached_tokens)
         output = None
         hidden = None
         previous = None

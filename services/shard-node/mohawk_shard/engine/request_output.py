@@ -22,6 +22,7 @@ class RequestOutput:
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
     finish_reason: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:

@@ -5,7 +5,10 @@ Design. Stage 0 owns the scheduler, through the same `EngineCore` the in-process
 pulling, acking and keeping requests alive, cancel messages, and frames to and from the stages.
 It pulls a request from the work-queue stream only while the scheduler has room
 (`Scheduler.num_admittable`): that is the backpressure, and whatever it does not pull waits,
-durable, on the stream. Each step the scheduler picks runs through stage 0's layers and its hidden
+durable, on the stream. It pulls from two consumers: the requests routed to its own pipeline
+(round robin, prefix affinity) and the model's shared ones, which every pipeline's stage 0 pulls
+(least-queue routing); the stage 0 of the lowest active pipeline also drains routes whose pipeline
+is no longer active. Each step the scheduler picks runs through stage 0's layers and its hidden
 states go to stage 1 as activation frames; the last stage samples, publishes the token events
 and sends back `StepResult`s, which append the tokens (or end the sequences) here. Up to one step
 per stage is in flight: a sequence waiting for its token sits out the next steps by itself, and
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -44,6 +48,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from mohawk_common.bus import names
 from mohawk_common.bus.frames import KIND_RESULT, read_result_payload
+from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.bus.requests import cancel_tag, open_request
 from mohawk_common.bus.security import Security
 from mohawk_common.errors import InvalidRequestError
@@ -68,6 +73,7 @@ log = structlog.get_logger("mohawk.shard.head")
 _MAX_WAITING = 8
 _IDLE_WAIT_S = 0.5
 _DEADLINE_TICK_S = 0.25
+_DRAIN_EVERY_S = 2.0
 MAX_RESUMES = 3
 
 
@@ -119,31 +125,32 @@ class HeadDriver:
         self.hops = HopStats()
         self.num_failed_steps = 0  # steps stage 0 itself could not run (heartbeats report them)
         self._subs: list[Any] = []
+        self.route = pipeline_id(plan)  # requests routed to this pipeline come first
+        self.active_routes: set[int] = {self.route}  # the service keeps these two current
+        self.drains_routes = False
         self._log = log.bind(plan=plan.version)
 
     @property
     def num_active(self) -> int:
         return self.core.num_unfinished
 
+    def held_acks(self, limit: int) -> list[str]:
+        """Ack subjects of (at most `limit` of) the requests this stage 0 holds, for its heartbeat."""
+        return [d.msg.reply for d in itertools.islice(self._deliveries.values(), limit) if d.msg.reply]
+
     async def start(self) -> None:
         model = self.plan.model
         await self.link.start()
         if self.num_stages > 1:
             await self.link.connect_neighbours()
-        self._pull = await self.js.pull_subscribe(
-            names.request_subject(model),
-            durable=names.stage0_consumer(model),
-            stream=names.REQUESTS_STREAM,
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s, max_ack_pending=-1
-            ),
-        )
+        self._pulls = [await self._consumer(self.route), await self._consumer(None)]
         self._subs.append(await self.nc.subscribe(names.CANCEL_WILDCARD, cb=self._on_cancel))
         if self.tokens is None:
-            subject = names.activation_subject(self.plan.version, 0)
+            subject = names.activation_subject(self.plan.version, pipeline_id(self.plan), 0)
             self._subs.append(await self.nc.subscribe(subject, cb=self._on_result))
         self._tasks = [
-            asyncio.create_task(self._pull_loop()),
+            *(asyncio.create_task(self._pull_loop(pull)) for pull in self._pulls),
+            asyncio.create_task(self._drain_loop()),
             asyncio.create_task(self._step_loop()),
             asyncio.create_task(self._keep_alive_loop()),
             asyncio.create_task(self._deadline_loop()),
@@ -157,8 +164,9 @@ class HeadDriver:
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        with contextlib.suppress(Exception):
-            await self._pull.unsubscribe()
+        for pull in self._pulls:
+            with contextlib.suppress(Exception):
+                await pull.unsubscribe()
         for delivery in list(self._deliveries.values()):
             with contextlib.suppress(Exception):
                 await delivery.msg.nak()
@@ -168,24 +176,78 @@ class HeadDriver:
 
     # -- admission -----------------------------------------------------------------------------
 
-    async def _pull_loop(self) -> None:
+    async def _consumer(self, route: int | None) -> JetStreamContext.PullSubscription:
+        """The durable consumer of the model's shared requests (None) or of those routed to `route`."""
+        model = self.plan.model
+        return await self.js.pull_subscribe(
+            names.request_subject(model, route),
+            durable=names.stage0_consumer(model, route),
+            stream=names.REQUESTS_STREAM,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s, max_ack_pending=-1
+            ),
+        )
+
+    async def _pull_loop(self, pull: JetStreamContext.PullSubscription) -> None:
+        """Pull while the scheduler has room (the route's loop and the shared one may each take it:
+        at most twice the room is admitted, and the surplus waits in the scheduler)."""
         while True:
             room = self.scheduler.num_admittable(_MAX_WAITING)
             if room == 0:
                 await asyncio.sleep(0.02)
                 continue
             try:
-                msgs = await self._pull.fetch(room, timeout=1.0)
+                msgs = await pull.fetch(room, timeout=1.0)
             except (TimeoutError, NatsTimeoutError):
                 continue
-            for msg in msgs:
-                try:
-                    await self._admit(msg)
-                except Exception:
-                    self._log.exception("request refused: unreadable", subject=msg.subject)
+            await self._admit_all(msgs)
+
+    async def _admit_all(self, msgs: list[Msg]) -> None:
+        for msg in msgs:
+            try:
+                await self._admit(msg)
+            except Exception:
+                self._log.exception("request refused: unreadable", subject=msg.subject)
+                with contextlib.suppress(Exception):
+                    await msg.term()
+        self._wake.set()
+
+    async def _drain_loop(self) -> None:
+        """Serve requests routed to pipelines no longer active, while `drains_routes` says this stage
+        0 is the one to (the lowest active pipeline): none is left waiting on a route nobody pulls."""
+        bound: dict[int, JetStreamContext.PullSubscription] = {}
+        while True:
+            await asyncio.sleep(_DRAIN_EVERY_S)
+            if not self.drains_routes:
+                continue
+            try:
+                infos = await self.js.consumers_info(names.REQUESTS_STREAM)
+            except Exception:
+                continue
+            for info in infos:
+                route = names.route_of_consumer(self.plan.model, info.name)
+                waiting = (info.num_pending or 0) + (info.num_ack_pending or 0)
+                if route is None or route in self.active_routes or waiting == 0:
+                    continue
+                if route not in bound:
                     with contextlib.suppress(Exception):
-                        await msg.term()
-            self._wake.set()
+                        bound[route] = await self.js.pull_subscribe_bind(info.name, names.REQUESTS_STREAM)
+                if route in bound:
+                    await self._drain(route, bound[route])
+
+    async def _drain(self, route: int, pull: JetStreamContext.PullSubscription) -> None:
+        room = self.scheduler.num_admittable(_MAX_WAITING)
+        if room == 0:
+            return
+        try:
+            msgs = await pull.fetch(room, timeout=0.2)
+        except (TimeoutError, NatsTimeoutError):
+            return
+        except Exception as exc:
+            self._log.warning("an orphaned route could not be drained", route=route, error=repr(exc))
+            return
+        self._log.info("requests of an inactive pipeline's route taken", route=route, requests=len(msgs))
+        await self._admit_all(msgs)
 
     async def _admit(self, msg: Msg) -> None:
         try:

@@ -25,6 +25,7 @@ from mohawk_common.bus.frames import (
     activation_payload,
     encode_frames,
 )
+from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.bus.security import Security
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
@@ -35,6 +36,7 @@ class StageLink:
         self, nc: Client, security: Security, *, node_id: str, plan: bus_pb2.Plan, stage: int
     ) -> None:
         self.nc, self.security, self.plan, self.stage = nc, security, plan, stage
+        self.pipeline = pipeline_id(plan)
         peers = {s.node_id: i for i, s in enumerate(plan.stages)}
         self.channels = ChannelManager(
             nc, security, node_id=node_id, plan_version=plan.version, expected_peers=peers
@@ -77,7 +79,7 @@ class StageLink:
             sent_at=time.time(),
         )
         channel = await self._channel(target)
-        subject = names.activation_subject(self.plan.version, target)
+        subject = names.activation_subject(self.plan.version, self.pipeline, target)
         for message in encode_frames(header, activation_payload(step, hidden), self.nc.max_payload, channel):
             await self.nc.publish(subject, message)
 
@@ -90,7 +92,7 @@ class StageLink:
             sent_at=time.time(),
         )
         channel = await self._channel(0)
-        subject = names.activation_subject(self.plan.version, 0)
+        subject = names.activation_subject(self.plan.version, self.pipeline, 0)
         for message in encode_frames(header, result.SerializeToString(), self.nc.max_payload, channel):
             await self.nc.publish(subject, message)
 

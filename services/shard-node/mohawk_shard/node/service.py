@@ -1,11 +1,14 @@
 """A shard node's life: connect, measure itself, heartbeat, follow the plan, serve whatever stage it holds.
 
 The node publishes a heartbeat every second (what it offers the planner, and which plan version it
-has loaded). It watches the plan key: a new version that names this node makes it load exactly its
-layer range (reusing the weights it holds when the range is unchanged) with the plan's KV block
-count, and serve it — a stage-1+ worker subscribes at once so no frame is missed, while stage 0
-starts pulling requests only once the plan is active, that is, once every stage reported loaded.
-A version that leaves the node out stops its stage and frees the memory.
+has loaded). It watches the plan key and serves the one pipeline of it that names this node
+(`node_view`): a pipeline new to the node makes it load exactly its layer range (reusing the
+weights it holds when the range is unchanged) with the pipeline's KV block count, and serve it — a
+stage-1+ worker subscribes at once so no frame is missed, while stage 0 starts pulling requests
+only once the pipeline is active, that is, once every stage of it reported loaded. A version that
+keeps the node's pipeline as it was (same epoch, stages and KV) changes nothing on the node, so
+plan changes elsewhere in the cluster never interrupt it. A version that leaves the node out (a
+spare, or gone from the plan) stops its stage and frees the memory.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from mohawk_common.bus import names
 from mohawk_common.bus.config import served_model_name
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control import decode_json, encode_json
+from mohawk_common.bus.pipelines import ACTIVE, node_view, pipeline_id, pipelines, same_assignment
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
 from mohawk_common.errors import ModelLoadError
@@ -45,6 +49,8 @@ from mohawk_shard.stage import Stage
 
 log = structlog.get_logger("mohawk.shard")
 
+MAX_HELD_IN_HEARTBEAT = 1024  # ack subjects a heartbeat lists (~90 bytes each); the rest wait their ack wait
+
 
 class ShardNode:
     def __init__(self, settings: NodeSettings, security: Security) -> None:
@@ -55,7 +61,8 @@ class ShardNode:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mohawk-compute")
         self._log = log.bind(node_id=self.node_id)
         self._started_at_ms = int(time.time() * 1000)
-        self._plan: bus_pb2.Plan | None = None
+        self._plan: bus_pb2.Plan | None = None  # the whole plan last followed
+        self._view: bus_pb2.Plan | None = None  # the pipeline this node serves in it (node_view)
         self._stage_index = -1
         self._loaded = False
         self._backend: Backend | None = None
@@ -160,6 +167,8 @@ class ShardNode:
         if self._held is not None:
             heartbeat.held_layer_start, heartbeat.held_layer_end = self._held
         heartbeat.failed_steps, heartbeat.expired_steps = self._step_counts()
+        if isinstance(self._role, HeadDriver):
+            heartbeat.held_requests.extend(self._role.held_acks(MAX_HELD_IN_HEARTBEAT))
         if self._role is not None:
             hops = self._role.hops
             heartbeat.hop_ms_p50 = hops.percentile_ms(0.5)
@@ -219,18 +228,30 @@ class ShardNode:
         current = self._plan
         if current is not None and plan.version < current.version:
             return
-        if current is None or plan.version != current.version:
+        found = node_view(plan, self.node_id)
+        if found is None:
             await self._stop_role()
-            self._plan = plan
-            self._stage_index = next((i for i, s in enumerate(plan.stages) if s.node_id == self.node_id), -1)
-            if self._stage_index < 0:
-                self._backend = None
-                self._log.info("not in plan", plan=plan.version)
-                return
-            await self._start_role(plan)
+            self._plan, self._view, self._stage_index, self._backend = plan, None, -1, None
+            self._log.info("not in plan", plan=plan.version, spare=self.node_id in plan.spares)
+            return
+        view, index = found
+        keeps = (
+            self._role is not None
+            and self._view is not None
+            and index == self._stage_index
+            and same_assignment(self._view, view)
+        )
+        if keeps:
+            self._plan, self._view = plan, view  # the pipeline is unchanged: keep serving it
         else:
-            self._plan = plan
-        if plan.state == "active" and isinstance(self._role, HeadDriver) and not self._head_started:
+            await self._stop_role()
+            self._plan, self._view, self._stage_index = plan, view, index
+            await self._start_role(view)
+        if isinstance(self._role, HeadDriver):  # which routed requests it must also serve
+            active = {p.id for p in pipelines(plan) if p.active}
+            self._role.active_routes = active
+            self._role.drains_routes = bool(active) and pipeline_id(view) == min(active)
+        if view.state == ACTIVE and isinstance(self._role, HeadDriver) and not self._head_started:
             self._head_started = True
             await self._role.start()
 

@@ -42,6 +42,7 @@ def token_event(event: RequestOutput) -> engine_pb2.TokenEvent:
                 prompt_tokens=event.num_prompt_tokens,
                 completion_tokens=event.num_output_tokens,
                 total_tokens=event.num_prompt_tokens + event.num_output_tokens,
+                cached_tokens=event.num_cached_tokens,
             )
         )
     return message
@@ -88,7 +89,13 @@ class TokenPublisher:
             if spec is not None and step.seq_id in joining:
                 request_id, tail, token_key = joining[step.seq_id]
                 self.emitter.track(
-                    step.seq_id, request_id, spec.params, spec.num_prompt_tokens, tail, spec.output_token_ids
+                    step.seq_id,
+                    request_id,
+                    spec.params,
+                    spec.num_prompt_tokens,
+                    tail,
+                    spec.output_token_ids,
+                    spec.num_cached_tokens,
                 )
                 self.set_key(step.seq_id, request_id, token_key)
 

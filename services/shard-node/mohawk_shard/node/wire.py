@@ -81,6 +81,7 @@ def step_batch_to_proto(
                     request_id=request_id,
                     prompt_tail=list(tail),
                     token_key=token_key,
+                    num_cached_tokens=spec.num_cached_tokens,
                 )
             )
     return message
@@ -95,7 +96,7 @@ def step_batch_from_proto(message: engine_pb2.StepBatch) -> tuple[StepBatch, dic
         if item.HasField("new_sequence"):
             s = item.new_sequence
             params = sampling_from_proto(s.sampling)
-            spec = SequenceSpec(s.num_prompt_tokens, params, tuple(s.output_token_ids))
+            spec = SequenceSpec(s.num_prompt_tokens, params, tuple(s.output_token_ids), s.num_cached_tokens)
             joining[item.seq_id] = (s.request_id, tuple(s.prompt_tail), s.token_key)
         token_ids = tuple(item.token_ids) or (0,) * item.num_new_tokens
         steps.append(

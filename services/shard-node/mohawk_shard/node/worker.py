@@ -1,6 +1,6 @@
 """Stages 1..N-1: activation frames in, the stage's layers, frames on to the next stage or tokens out.
 
-Frames of one plan arrive on `mohawk.v1.act.<plan>.<stage>` in step order (core NATS keeps one
+Frames of one plan arrive on `mohawk.v1.act.<epoch>.<pipeline>.<stage>` in step order (core NATS keeps one
 publisher's order), are opened on the channel with the previous stage (`StageLink`), and are
 processed one at a time, in that order, so every stage sees a
 sequence's steps in the order stage 0 scheduled them. The model runs on the node's compute thread,
@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 
 from mohawk_common.bus import names
 from mohawk_common.bus.frames import KIND_FAILED, FrameError, read_activation_payload
+from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
 from mohawk_shard.node.hops import HopStats
@@ -62,7 +63,7 @@ class StageWorker:
 
     async def start(self) -> None:
         await self.link.start()
-        subject = names.activation_subject(self.plan.version, self.stage_index)
+        subject = names.activation_subject(self.plan.version, pipeline_id(self.plan), self.stage_index)
         self._sub = await self.nc.subscribe(subject, cb=self._on_message, pending_bytes_limit=1 << 30)
         self._task = asyncio.create_task(self._run())
         self._log.info("stage serving", subject=subject, last=self.tokens is not None)

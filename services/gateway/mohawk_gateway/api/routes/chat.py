@@ -12,6 +12,7 @@ from mohawk_gateway.errors import invalid
 from mohawk_gateway.handlers import Submission
 from mohawk_gateway.render.chat import ChatRenderer
 from mohawk_gateway.render.common import new_request_id, now
+from mohawk_gateway.routing import chat_affinity_key
 from mohawk_gateway.sampling import build_sampling
 from mohawk_gateway.schemas.chat import ChatCompletionCreate
 
@@ -40,5 +41,6 @@ async def create_chat_completion(
         logprobs=bool(body.logprobs),
         include_usage=body.include_usage,
     )
-    submission = Submission(request_id, "chat", prompt, sampling, "messages")
+    key = chat_affinity_key(messages)
+    submission = Submission(request_id, "chat", prompt, sampling, "messages", key)
     return await respond(request, gateway, submission, renderer, stream=bool(body.stream))

@@ -11,6 +11,7 @@ from mohawk_gateway.errors import invalid
 from mohawk_gateway.handlers import Submission
 from mohawk_gateway.render.common import new_request_id, now
 from mohawk_gateway.render.completions import CompletionRenderer
+from mohawk_gateway.routing import prompt_affinity_key
 from mohawk_gateway.sampling import build_sampling
 from mohawk_gateway.schemas.completions import CompletionCreate
 
@@ -43,5 +44,7 @@ async def create_completion(body: CompletionCreate, request: Request, gateway: G
         logprobs=body.logprobs,
         include_usage=body.include_usage,
     )
-    submission = Submission(request_id, "completions", prompt, sampling, "prompt")
+    submission = Submission(
+        request_id, "completions", prompt, sampling, "prompt", prompt_affinity_key(prompt)
+    )
     return await respond(request, gateway, submission, renderer, stream=bool(body.stream))

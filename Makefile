@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test up bench chaos proto clean
+.PHONY: setup test up bench chaos loadtest proto clean
 
 setup: $(STAMP)
 
@@ -30,7 +30,7 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q --durations=25 $(PYTEST_ARGS)
 
 up: setup
 	$(VENV)/bin/mohawk up
@@ -38,6 +38,11 @@ up: setup
 # the chaos suite's full form: kill -9 every role under load (the short form runs in `make test`)
 chaos: setup
 	$(VENV)/bin/pytest -q -s -p no:cacheprovider tests/chaos
+
+# issue 13's load test: 1,000 sessions and 50 chat clients of three tenants against a 1-node cluster
+# with auth on, which it starts (the short form, about 100 sessions, runs in `make test`)
+loadtest: setup
+	$(PY) -m loadtest --sessions 1000 --json loadtest/results/report.json --png loadtest/results/report.png
 
 # llama-cpp-python (the `bench` extra, compiled from source: ~9 minutes) is installed here only,
 # built for the instruction sets /proc/cpuinfo lists (bench/llama_cpp_cmake_args.sh says why).
@@ -49,6 +54,7 @@ bench: setup
 	$(PY) bench/engine.py --full --weights bf16 --dtype bfloat16 --json bench/results/engine-cpu-bfloat16.json
 	$(PY) bench/native_precision.py
 	$(PY) bench/distributed.py --full --json bench/results/distributed-cpu.json
+	$(PY) bench/scaleout.py --full --json bench/results/scaleout-cpu.json
 	$(PY) bench/security.py --full --json bench/results/security-cpu.json
 	$(PY) bench/backends.py --full --json bench/results/backends-cpu.json
 

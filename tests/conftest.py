@@ -1,4 +1,5 @@
-"""Fixtures shared by every test package: a real nats-server on a free port, per test."""
+"""Fixtures shared by every test package: a real nats-server on a free port, per test; a real
+redis-server on a free port, per module, emptied before each test (`redis_url`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from mohawk_cli.redis_server import RedisServer
 from mohawk_common.bus.server import NatsServer
+from tests.redis_server import ensure_running, flush, start_redis
 
 
 @pytest.fixture
@@ -18,6 +21,25 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the module's tests (skipped where redis-server is not installed); a test
+    may kill it, and the next `redis_url` starts it again on the same port."""
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The URL of a running, empty Redis (redis://127.0.0.1:PORT/0)."""
+    ensure_running(redis_server)
+    flush(redis_server)
+    return redis_server.url
 
 
 @pytest.fixture(scope="session")

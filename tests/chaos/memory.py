@@ -27,3 +27,12 @@ def grown(before: dict[str, int], after: dict[str, int]) -> dict[str, tuple[int,
         for name in before.keys() & after.keys()
         if after[name] > before[name] * GROWTH + SLACK_BYTES
     }
+
+
+def total_grown(before: dict[str, int], after: dict[str, int]) -> tuple[int, int] | None:
+    """(before, after) MiB when the cluster's total RSS grew past GROWTH × before + SLACK_BYTES:
+    for faults that move work (a dead node's layers go to the others), only the sum must hold."""
+    total_before, total_after = sum(before.values()), sum(after.values())
+    if total_after > total_before * GROWTH + SLACK_BYTES:
+        return total_before >> 20, total_after >> 20
+    return None

@@ -27,6 +27,9 @@ from mohawk_common.bus.server import free_port
 from tests.chaos.clusters import assert_identical, chaos_spec, streams_through
 from tests.integration.cluster_helpers import current_plan
 
+# about 70 s of two-replica cluster: `make chaos` runs it (`make test` keeps to the cheaper faults)
+pytestmark = pytest.mark.slow
+
 NUM_STREAMS = 8
 BLOCK_SIZE = 16  # the coordinator's default: the prefix cache keeps whole blocks
 MODEL = "smollm2-135m-instruct"

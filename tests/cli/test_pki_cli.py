@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from mohawk_cli.main import main
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.server import NatsServer, free_port
@@ -17,28 +15,20 @@ from mohawk_pqc.certificates import Root, TrustStore
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.pki_files import load_bundle
 from mohawk_proto.v1 import security_pb2
+from tests.cli.helpers import mohawk as run_mohawk
+from tests.cli.helpers import mohawk_in_process
 
 MODEL = "SmolLM2-135M"
 
 
 def mohawk(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mohawk_cli", "pki", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    """`mohawk pki ARGS` as a user runs it."""
+    return run_mohawk("pki", *args, timeout=timeout)
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """`mohawk pki ...` in this process: exit status, stdout, stderr."""
-    try:
-        code = main(["pki", *args])
-    except SystemExit as exc:  # argparse's own errors
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return mohawk_in_process(capsys, "pki", *args)
 
 
 def one_line(stderr: str) -> str:

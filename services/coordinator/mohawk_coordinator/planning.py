@@ -26,7 +26,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from mohawk_common.bus.pipelines import ACTIVE, LOADING, pipelines
+from mohawk_common.bus.pipelines import ACTIVE, LOADING, list_pipeline, pipelines
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.planner import ModelFootprint, NodeCapacity, PlanningError
 from mohawk_coordinator.replicas import form_pipelines, kept_pipelines, replicas_reason
@@ -141,13 +141,7 @@ def build_plan(
         block_size=settings.block_size,
     )
     for pipeline in kept:
-        plan.pipelines.add(
-            id=pipeline.id,
-            epoch=pipeline.epoch,
-            active=pipeline.active,
-            num_kv_blocks=pipeline.num_kv_blocks,
-            max_model_len=pipeline.max_model_len,
-        )
+        list_pipeline(plan, pipeline)
         plan.stages.extend(pipeline.stages)
     free_ids = (i for i in itertools.count() if i not in {p.id for p in kept})
     many = len(kept) + len(formed) > 1
@@ -223,13 +217,7 @@ def with_pipelines(plan: bus_pb2.Plan) -> bus_pb2.Plan:
     listed = bus_pb2.Plan()
     listed.CopyFrom(plan)
     for pipeline in pipelines(plan):
-        listed.pipelines.add(
-            id=pipeline.id,
-            epoch=pipeline.epoch,
-            active=pipeline.active,
-            num_kv_blocks=pipeline.num_kv_blocks,
-            max_model_len=pipeline.max_model_len,
-        )
+        list_pipeline(listed, pipeline)
     return listed
 
 

@@ -7,23 +7,28 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import structlog
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from prometheus_client import CollectorRegistry
 
 from mohawk_common.bus.security import Security
 from mohawk_common.tasks import cancel_and_wait
+from mohawk_gateway.access import Access
+from mohawk_gateway.api.deps import get_tenant
 from mohawk_gateway.api.errors import install_error_handlers
-from mohawk_gateway.api.routes import chat, completions, health, metrics, models
+from mohawk_gateway.api.routes import chat, completions, health, metrics, models, sessions
 from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.handlers import Gateway
 from mohawk_gateway.metrics import GatewayMetrics
 from mohawk_gateway.middleware import AdmissionMiddleware, BodyLimitMiddleware, MetricsMiddleware
+from mohawk_gateway.sessions import Sessions
 from mohawk_gateway.tokenizer import PromptCodec, Tokenizer, load_tokenizer
 
 log = structlog.get_logger("mohawk.gateway")
 
-ROUTERS = (chat.router, completions.router, models.router, health.router, metrics.router)
+API_ROUTERS = (chat.router, completions.router, models.router, sessions.router)  # /v1: a tenant's key
+OPEN_ROUTERS = (health.router, metrics.router)
+ROUTERS = (*API_ROUTERS, *OPEN_ROUTERS)
 
 
 def create_app(
@@ -40,7 +45,8 @@ def create_app(
         security = load_security(settings)
     security.on_reject = lambda reason: gateway_metrics.security_rejections.labels(reason=reason).inc()
     bus = BusClient(settings, security)
-    gateway = Gateway(settings, bus, gateway_metrics)
+    gateway = Gateway(settings, bus, gateway_metrics, Access(settings))
+    sessions = Sessions(settings, gateway.access.redis)
     if tokenizer is not None:
         gateway.codec = PromptCodec(tokenizer)
 
@@ -53,15 +59,20 @@ def create_app(
             yield
         finally:
             await cancel_and_wait(loader)
+            await sessions.close()
             await bus.close()
+            await gateway.access.close()
             log.info("gateway stopped")
 
     app = FastAPI(
         title="Mohawk gateway", summary="OpenAI-compatible API over the Mohawk bus", lifespan=lifespan
     )
     app.state.gateway = gateway
+    app.state.sessions = sessions
     install_error_handlers(app)
-    for router in ROUTERS:
+    for router in API_ROUTERS:
+        app.include_router(router, dependencies=[Depends(get_tenant)])
+    for router in OPEN_ROUTERS:
         app.include_router(router)
     paths = (str(getattr(route, "path", "")) for router in ROUTERS for route in router.routes)
     endpoints = frozenset(path for path in paths if path and "{" not in path)
@@ -71,6 +82,7 @@ def create_app(
         has_room=gateway.has_room,
         paths=GENERATION_PATHS,
         retry_after_s=settings.retry_after_s,
+        max_active=settings.max_in_flight,
     )
     app.add_middleware(MetricsMiddleware, metrics=gateway_metrics, endpoints=endpoints)
     return app

@@ -42,6 +42,26 @@ class GatewaySettings(BusSettings):
     token_gap_wait_s: float = Field(0.5, gt=0, description="a missing token index this old is replayed")
     token_idle_probe_s: float = Field(5.0, gt=0, description="no token event this long: replay the stream")
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, wait this long for open requests")
+    keep_alive_s: float = Field(
+        75.0,
+        gt=0,
+        description="an idle keep-alive connection is closed after this; longer than clients keep "
+        "theirs (httpx and the OpenAI SDK: 5 s), so a client never sends on a connection the "
+        "gateway is closing (uvicorn's own default is those same 5 s)",
+    )
+    redis_url: str | None = Field(
+        None, description="Redis of tenants, rate limits and sessions (redis://host:port/db); none = off"
+    )
+    auth: bool = Field(
+        False, description="every /v1 call needs `Authorization: Bearer KEY` of a tenant (needs redis_url)"
+    )
+    token_estimate: int = Field(
+        256,
+        ge=1,
+        description="completion tokens charged to a tenant's tokens-a-minute up front when a request "
+        "sets no max_tokens (the unused part is given back when it ends)",
+    )
+    session_ttl_s: float = Field(3600.0, gt=0, description="an idle session is forgotten after this long")
 
     @property
     def model_name(self) -> str:

@@ -11,7 +11,10 @@ once); a stream at its `max_msgs` refuses the publish, which becomes 429 with Re
 events come back through a `TokenStream` (ordered, each index once) and every wait is bounded by
 the request's deadline. `close` is called exactly once per submitted request, however it ended:
 when the request did not finish (client gone, timeout, server shutdown) it publishes the cancel
-that makes stage 0 free the request's KV blocks at once.
+that makes stage 0 free the request's KV blocks at once. A tenant's request takes a rate lease
+(access.py) just before it is published and gives it back in `close`; it carries the tenant's
+name, priority and weight (and a latency budget, if its session has one) to stage 0, whose
+scheduler shares the pipeline between tenants by weight.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from nats.aio.subscription import Subscription
 
 from mohawk_common.bus.requests import new_token_key
 from mohawk_common.bus.token_log import TokenLogReader
+from mohawk_common.tenancy import RateDecision, Tenant
+from mohawk_gateway.access import Access
 from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.errors import GatewayError, invalid, overloaded, unavailable
@@ -49,15 +54,35 @@ class Submission:
     sampling: engine_pb2.SamplingParams
     prompt_param: str  # the body field that holds the prompt, for error messages
     affinity_key: bytes = b""  # what prefix-affinity routing hashes (routing.py)
+    tenant: Tenant | None = None  # None: the anonymous tenant (no limits, weight 1)
+    priority: str | None = None  # high | normal | low; None: the tenant's own
+    latency_budget_ms: float = 0.0  # target time per output token at stage 0; 0: none
+    sticky: bool = False  # route by prefix affinity whatever the gateway's routing (sessions)
+
+    @property
+    def charged_tokens(self) -> int:
+        """What the request may use at most: its prompt and its completion limit."""
+        sampling = self.sampling
+        return len(self.prompt_token_ids) + (sampling.max_tokens if sampling.HasField("max_tokens") else 0)
+
+
+PRIORITIES = {
+    "high": bus_pb2.PRIORITY_HIGH,
+    "normal": bus_pb2.PRIORITY_NORMAL,
+    "low": bus_pb2.PRIORITY_LOW,
+}
 
 
 class Gateway:
     """Runtime state shared by every route: settings, the bus, the tokenizer, metrics."""
 
-    def __init__(self, settings: GatewaySettings, bus: BusClient, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, settings: GatewaySettings, bus: BusClient, metrics: GatewayMetrics, access: Access
+    ) -> None:
         self.settings = settings
         self.bus = bus
         self.metrics = metrics
+        self.access = access
         self.model_name = settings.model_name
         self.created = int(time.time())
         self.codec: PromptCodec | None = None
@@ -116,13 +141,25 @@ class Gateway:
         if self.num_in_flight >= self.settings.max_in_flight:
             raise overloaded("too many requests in flight; retry later", self.settings.retry_after_s)
         self.num_in_flight += 1  # held from here, so requests admitted at once cannot overshoot
-        generation = Generation(self, submission)
+        try:
+            lease = await self.access.admit(submission.tenant, self._charge(submission))
+        except BaseException:
+            self.num_in_flight -= 1
+            raise
+        generation = Generation(self, submission, lease)
         try:
             await generation.submit()
         except BaseException:
             self.num_in_flight -= 1
+            await self.access.release(submission.tenant, lease, 0)
             raise
         return generation
+
+    def _charge(self, submission: Submission) -> int:
+        """Tokens charged to the tenant up front: prompt + max_tokens, or + `token_estimate`."""
+        if submission.sampling.HasField("max_tokens"):
+            return submission.charged_tokens
+        return len(submission.prompt_token_ids) + self.settings.token_estimate
 
     def _check_context(self, submission: Submission) -> None:
         limit = self.max_model_len
@@ -150,14 +187,21 @@ class Gateway:
 class Generation:
     """One submitted request: read `next_event()` until an event has a finish_reason, then `close()`."""
 
-    def __init__(self, gateway: Gateway, submission: Submission) -> None:
+    def __init__(self, gateway: Gateway, submission: Submission, lease: RateDecision | None = None) -> None:
         self.gateway = gateway
         self.submission = submission
         self.request_id = submission.request_id
+        self.lease = lease
         loop = asyncio.get_running_loop()
         self._arrived = loop.time()
         self._deadline = self._arrived + gateway.settings.request_timeout_s
         self.num_tokens = 0
+        self.token_times: list[float] = []  # loop time each token arrived (session statistics)
+        self.batch_sizes: list[int] = []  # the stage-0 batch each token was computed in
+        self.num_cached_tokens = 0
+        self.num_budget_missed = 0  # tokens whose step overran the request's latency budget
+        self.texts: list[str] = []  # the answer's text, event by event
+        self.failed = False  # ended with an engine error
         self.finished = False
         self._closed = True
         self._cancel_reason = "disconnect"
@@ -199,7 +243,10 @@ class Generation:
             gateway=bus.instance,
             deadline=time.time() + max(0.0, self._deadline - asyncio.get_running_loop().time()),
         )
-        route = self.gateway.router.route(bus.plan, self.submission.affinity_key)
+        self._describe_tenant(request)
+        route = self.gateway.router.route(
+            bus.plan, self.submission.affinity_key, sticky=self.submission.sticky
+        )
         try:
             await bus.publish_request(request, route)
         except BaseException:
@@ -211,6 +258,27 @@ class Generation:
         self.gateway.metrics.in_flight.labels(endpoint=endpoint).inc()
         self.gateway.metrics.prompt_tokens.labels(endpoint=endpoint).inc(len(request.prompt_token_ids))
         self._log.info("request submitted", num_prompt_tokens=len(request.prompt_token_ids))
+
+    def _describe_tenant(self, request: bus_pb2.GenerateRequest) -> None:
+        """Who the request is for, as stage 0's fair-share scheduler reads it."""
+        submission = self.submission
+        tenant = submission.tenant
+        if tenant is not None:
+            request.tenant = tenant.name
+            request.weight = tenant.weight
+        priority = submission.priority or (tenant.priority if tenant is not None else "normal")
+        request.priority = PRIORITIES[priority]
+        request.latency_budget_ms = submission.latency_budget_ms
+
+    @property
+    def arrived(self) -> float:
+        """Loop time the request arrived at (`token_times` count from the same clock)."""
+        return self._arrived
+
+    @property
+    def rate_headers(self) -> dict[str, str]:
+        """OpenAI's x-ratelimit-* headers of the tenant's lease (none for the anonymous tenant)."""
+        return self.lease.headers() if self.lease is not None else {}
 
     async def next_event(self) -> engine_pb2.TokenEvent:
         """The next token event, in order; raises `GatewayError` for an engine error or the deadline
@@ -239,11 +307,17 @@ class Generation:
                 504, f"the request did not finish within {timeout:g} s", code="timeout"
             ) from None
         if event.error:
-            self.finished = True
+            self.finished = self.failed = True
             status = event.error_status if 400 <= event.error_status <= 599 else 500
             raise GatewayError(status, event.error, code="engine_error" if status >= 500 else None)
         if _carries_token(event):
             self._count_token()
+            if event.batch_size:
+                self.batch_sizes.append(event.batch_size)
+            self.num_budget_missed += event.budget_missed
+        self.texts.append(event.text)
+        if event.HasField("usage"):
+            self.num_cached_tokens = event.usage.cached_tokens
         if event.finish_reason:
             self.finished = True
         return event
@@ -266,6 +340,8 @@ class Generation:
                 self.gateway.metrics.cancelled.labels(reason=self._cancel_reason).inc()
                 self._log.info("request cancelled", reason=self._cancel_reason, num_tokens=self.num_tokens)
             await _unsubscribe(self._subscription)
+            used = len(self.submission.prompt_token_ids) + self.num_tokens
+            await self.gateway.access.release(self.submission.tenant, self.lease, used)
         self.gateway.num_in_flight -= 1
         metrics = self.gateway.metrics
         metrics.in_flight.labels(endpoint=self.submission.endpoint).dec()
@@ -276,9 +352,10 @@ class Generation:
     def _count_token(self) -> None:
         metrics = self.gateway.metrics
         endpoint = self.submission.endpoint
+        arrived_at = asyncio.get_running_loop().time()
+        self.token_times.append(arrived_at)
         if self.num_tokens == 0:
-            elapsed = asyncio.get_running_loop().time() - self._arrived
-            metrics.time_to_first_token.labels(endpoint=endpoint).observe(elapsed)
+            metrics.time_to_first_token.labels(endpoint=endpoint).observe(arrived_at - self._arrived)
         self.num_tokens += 1
         metrics.generated_tokens.labels(endpoint=endpoint).inc()
 

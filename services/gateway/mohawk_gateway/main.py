@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         server_header=False,
         lifespan="on",
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
+        timeout_keep_alive=math.ceil(settings.keep_alive_s),
     )
     server = _Server(config)
     log.info("gateway listening", host=settings.host, port=settings.port, model=settings.model_name)

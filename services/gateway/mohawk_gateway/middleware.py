@@ -25,33 +25,71 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 class AdmissionMiddleware:
-    """429 with Retry-After for a generation request when `has_room()` says no, before anything
-    else is done with it (the route checks again, exactly, once the request is admitted)."""
+    """429 with Retry-After for a generation request when there is no room, before anything else
+    is done with it. Room is `max_active` generation requests inside the app at once, counted here
+    from the moment one is let in until its answer is sent, and `has_room()`, the gateway's own
+    count (requests tokenizing and in flight, sessions' turns included). Counting here matters:
+    the gateway counts a request only once its route starts tokenizing, after the body is read and
+    the dependencies are solved, and a burst that arrives as room frees up would otherwise all
+    pass this check and be refused later, each at the cost of a whole trip through the app. A
+    body of a declared length up to `drain_bytes` is read and dropped, so the client's keep-alive
+    connection serves its retry (as the OpenAI SDK's pooled connections expect); a longer or
+    chunked one is left unread and the connection closed."""
 
     def __init__(
-        self, app: ASGIApp, has_room: Callable[[], bool], paths: frozenset[str], retry_after_s: int
+        self,
+        app: ASGIApp,
+        has_room: Callable[[], bool],
+        paths: frozenset[str],
+        retry_after_s: int,
+        max_active: int,
+        drain_bytes: int = 1 << 20,
     ) -> None:
-        self.app, self.has_room, self.paths = app, has_room, paths
+        self.app, self.has_room, self.paths, self.drain_bytes = app, has_room, paths, drain_bytes
+        self.max_active = max_active
+        self.num_active = 0
         error = overloaded("too many requests in flight; retry later", retry_after_s)
         self._body = json.dumps(error.body()).encode()
-        self._headers = [
+        headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(self._body)).encode()),
-            (b"connection", b"close"),  # the unread body is not drained
             *((k.lower().encode(), v.encode()) for k, v in error.headers.items()),
         ]
+        self._keep_headers = headers
+        self._close_headers = [*headers, (b"connection", b"close")]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["method"] == "POST"
-            and scope.get("path") in self.paths
-            and not self.has_room()
-        ):
-            await send({"type": "http.response.start", "status": 429, "headers": self._headers})
-            await send({"type": "http.response.body", "body": self._body})
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("path") not in self.paths:
+            await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        if self.num_active >= self.max_active or not self.has_room():
+            await self._refuse(scope, receive, send)
+            return
+        self.num_active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.num_active -= 1
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        length = _content_length(scope)
+        headers = self._close_headers
+        if length is not None and length <= self.drain_bytes:
+            if not await _drain(receive):
+                return  # the client left
+            headers = self._keep_headers
+        await send({"type": "http.response.start", "status": 429, "headers": headers})
+        await send({"type": "http.response.body", "body": self._body})
+
+
+async def _drain(receive: Receive) -> bool:
+    """Read a request's body to its end; False when the client disconnected instead."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return False
+        if not message.get("more_body", False):
+            return True
 
 
 class BodyLimitMiddleware:

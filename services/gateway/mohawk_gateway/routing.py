@@ -10,8 +10,10 @@ turns before stay in that pipeline's prefix cache: the key is the conversation's
 system messages and the first user message), which every later turn repeats, hashed with each
 pipeline id, and the highest hash wins (rendezvous hashing: when a pipeline comes or goes, only
 the conversations that were or will be on it move). A raw completion's key is its first
-`AFFINITY_TOKENS` prompt tokens. Requests routed to a pipeline that then leaves the plan are not
-stranded: the stage 0 of the lowest active pipeline drains routes no active pipeline serves.
+`AFFINITY_TOKENS` prompt tokens. A session (the sessions API) may ask for affinity whatever the
+gateway's routing: its turns are then routed by prefix affinity on the session's id. Requests
+routed to a pipeline that then leaves the plan are not stranded: the stage 0 of the lowest active
+pipeline drains routes no active pipeline serves.
 """
 
 from __future__ import annotations
@@ -35,15 +37,17 @@ class Router:
         self.routing = routing
         self._turns = itertools.count()
 
-    def route(self, plan: bus_pb2.Plan | None, affinity_key: bytes) -> int | None:
-        """The pipeline id to publish to, or None for the shared subject (least queue, or while no
-        pipeline is active: the request then waits for whichever comes first)."""
-        if self.routing == "least-queue" or plan is None:
+    def route(self, plan: bus_pb2.Plan | None, affinity_key: bytes, *, sticky: bool = False) -> int | None:
+        """The pipeline id to publish to, or None for the shared subject (least queue; no pipeline
+        active yet, so the request waits for whichever comes first; or only one, so there is nothing
+        to choose). `sticky` routes by prefix affinity whatever the gateway's routing."""
+        routing: Routing = "prefix-affinity" if sticky else self.routing
+        if routing == "least-queue" or plan is None:
             return None
         active = [p.id for p in pipelines(plan) if p.active]
-        if not active:
+        if len(active) < 2:  # none, or the one every stage 0 pulls from the shared subject anyway
             return None
-        if self.routing == "round-robin":
+        if routing == "round-robin":
             return active[next(self._turns) % len(active)]
         return max(active, key=lambda pipeline_id: _score(affinity_key, pipeline_id))
 

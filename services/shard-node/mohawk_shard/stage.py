@@ -27,6 +27,7 @@ class SequenceSpec:
     params: SamplingParams
     output_token_ids: tuple[int, ...] = ()
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served when it (re)joined
+    latency_budget_ms: float = 0.0  # the request's target time per output token (0 = none)
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,14 +79,19 @@ def _view(plan: bus_pb2.Plan, pipeline: Pipeline) -> bus_pb2.Plan:
         leader=plan.leader,
         created=plan.created,
     )
-    view.pipelines.add(
+    list_pipeline(view, pipeline)
+    return view
+
+
+def list_pipeline(plan: bus_pb2.Plan, pipeline: Pipeline) -> None:
+    """Add `pipeline`'s entry (id, epoch, state, KV blocks, context) to `plan.pipelines`."""
+    plan.pipelines.add(
         id=pipeline.id,
         epoch=pipeline.epoch,
         active=pipeline.active,
         num_kv_blocks=pipeline.num_kv_blocks,
         max_model_len=pipeline.max_model_len,
     )
-    return view
 
 
 def pipeline_id(view: bus_pb2.Plan) -> int:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from mohawk_common.errors import ConfigError
+from mohawk_common.processes import kill_process, stop_process
 
 
 def find_nats_server() -> str:
@@ -75,19 +76,9 @@ class NatsServer:
         raise ConfigError(f"nats-server did not listen on port {self.port} within {timeout:.0f} s")
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout)
         self.process = None
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        kill_process(self.process)
         self.process = None

@@ -1,5 +1,6 @@
 from mohawk_proto.v1 import engine_pb2 as _engine_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -7,8 +8,17 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRIORITY_NORMAL: _ClassVar[Priority]
+    PRIORITY_HIGH: _ClassVar[Priority]
+    PRIORITY_LOW: _ClassVar[Priority]
+PRIORITY_NORMAL: Priority
+PRIORITY_HIGH: Priority
+PRIORITY_LOW: Priority
+
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "created", "token_key", "gateway", "deadline")
+    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "created", "token_key", "gateway", "deadline", "tenant", "priority", "weight", "latency_budget_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +27,10 @@ class GenerateRequest(_message.Message):
     TOKEN_KEY_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -25,7 +39,11 @@ class GenerateRequest(_message.Message):
     token_key: bytes
     gateway: str
     deadline: float
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_engine_pb2.SamplingParams, _Mapping]] = ..., created: _Optional[float] = ..., token_key: _Optional[bytes] = ..., gateway: _Optional[str] = ..., deadline: _Optional[float] = ...) -> None: ...
+    tenant: str
+    priority: Priority
+    weight: float
+    latency_budget_ms: float
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_engine_pb2.SamplingParams, _Mapping]] = ..., created: _Optional[float] = ..., token_key: _Optional[bytes] = ..., gateway: _Optional[str] = ..., deadline: _Optional[float] = ..., tenant: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., weight: _Optional[float] = ..., latency_budget_ms: _Optional[float] = ...) -> None: ...
 
 class SampledResult(_message.Message):
     __slots__ = ("seq_id", "token_id", "finish_reason")

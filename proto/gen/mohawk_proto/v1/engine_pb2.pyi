@@ -35,7 +35,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class SequenceSpec(_message.Message):
-    __slots__ = ("num_prompt_tokens", "output_token_ids", "sampling", "request_id", "prompt_tail", "token_key", "num_cached_tokens")
+    __slots__ = ("num_prompt_tokens", "output_token_ids", "sampling", "request_id", "prompt_tail", "token_key", "num_cached_tokens", "latency_budget_ms")
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class SequenceSpec(_message.Message):
     PROMPT_TAIL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_KEY_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
     num_prompt_tokens: int
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -50,7 +51,8 @@ class SequenceSpec(_message.Message):
     prompt_tail: _containers.RepeatedScalarFieldContainer[int]
     token_key: bytes
     num_cached_tokens: int
-    def __init__(self, num_prompt_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_tail: _Optional[_Iterable[int]] = ..., token_key: _Optional[bytes] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
+    latency_budget_ms: float
+    def __init__(self, num_prompt_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_tail: _Optional[_Iterable[int]] = ..., token_key: _Optional[bytes] = ..., num_cached_tokens: _Optional[int] = ..., latency_budget_ms: _Optional[float] = ...) -> None: ...
 
 class SequenceStep(_message.Message):
     __slots__ = ("seq_id", "start_position", "num_new_tokens", "token_ids", "new_block_ids", "sample", "new_sequence")
@@ -71,14 +73,16 @@ class SequenceStep(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., start_position: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., new_sequence: _Optional[_Union[SequenceSpec, _Mapping]] = ...) -> None: ...
 
 class StepBatch(_message.Message):
-    __slots__ = ("step_id", "sequences", "finished_seq_ids")
+    __slots__ = ("step_id", "sequences", "finished_seq_ids", "started_at")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     FINISHED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     sequences: _containers.RepeatedCompositeFieldContainer[SequenceStep]
     finished_seq_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[SequenceStep, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    started_at: float
+    def __init__(self, step_id: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[SequenceStep, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., started_at: _Optional[float] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")
@@ -113,7 +117,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
-    __slots__ = ("request_id", "index", "token_id", "text", "finish_reason", "usage", "logprob", "top_logprobs", "error", "error_status")
+    __slots__ = ("request_id", "index", "token_id", "text", "finish_reason", "usage", "logprob", "top_logprobs", "error", "error_status", "batch_size", "budget_missed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +128,8 @@ class TokenEvent(_message.Message):
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ERROR_STATUS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_MISSED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     index: int
     token_id: int
@@ -134,4 +140,6 @@ class TokenEvent(_message.Message):
     top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprob]
     error: str
     error_status: int
-    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., token_id: _Optional[int] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ..., error: _Optional[str] = ..., error_status: _Optional[int] = ...) -> None: ...
+    batch_size: int
+    budget_missed: bool
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., token_id: _Optional[int] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ..., error: _Optional[str] = ..., error_status: _Optional[int] = ..., batch_size: _Optional[int] = ..., budget_missed: _Optional[bool] = ...) -> None: ...

@@ -8,10 +8,11 @@ gateway waits is noticed at once, and its request cancelled.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 import anyio
+import jinja2
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
@@ -21,7 +22,10 @@ from mohawk_common.tasks import cancel_and_wait
 from mohawk_gateway.api.errors import ClientDisconnected
 from mohawk_gateway.errors import invalid
 from mohawk_gateway.handlers import Gateway, Generation, Submission
+from mohawk_gateway.render.chat import ChatRenderer
+from mohawk_gateway.render.common import now
 from mohawk_gateway.sse import EventStreamResponse, sse_lines
+from mohawk_gateway.tokenizer import PromptCodec
 from mohawk_proto.v1 import engine_pb2
 
 T = TypeVar("T")
@@ -37,19 +41,46 @@ async def respond(
     request: Request, gateway: Gateway, submission: Submission, renderer: Renderer, *, stream: bool
 ) -> Response:
     generation = await gateway.start(submission)
+    return await answer(request, generation, renderer, stream=stream, close=generation.close)
+
+
+async def answer(
+    request: Request,
+    generation: Generation,
+    renderer: Renderer,
+    *,
+    stream: bool,
+    close: Callable[[], Awaitable[None]],
+) -> Response:
+    """The started `generation` as one JSON body or an SSE stream; `close` (which must close the
+    generation) runs once, however the answer ends."""
     if not stream:
         try:
             events = await until_disconnected(request, generation.collect())
         finally:
-            await generation.close()
+            await close()
         body = renderer.completion(events, generation.num_tokens)
-        return JSONResponse(body.model_dump(mode="json"))
+        return JSONResponse(body.model_dump(mode="json"), headers=generation.rate_headers)
     try:
         first = await until_disconnected(request, generation.next_event())
     except BaseException:
-        await generation.close()
+        await close()
         raise
-    return EventStreamResponse(sse_lines(renderer.chunks(first, generation)), on_close=generation.close)
+    chunks = _closing_when_done(renderer.chunks(first, generation), close)
+    response = EventStreamResponse(sse_lines(chunks), on_close=close)
+    response.headers.update(generation.rate_headers)
+    return response
+
+
+async def _closing_when_done(
+    chunks: AsyncIterator[str], close: Callable[[], Awaitable[None]]
+) -> AsyncIterator[str]:
+    """`chunks`, then `close()` before the stream's `[DONE]`: a client that has read the whole answer
+    finds its request accounted for (concurrency quota, in-flight count, a session's turn lock)
+    and may send its next one at once. A stream that ends otherwise is closed by `on_close`."""
+    async for chunk in chunks:
+        yield chunk
+    await close()
 
 
 async def until_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
@@ -85,3 +116,35 @@ async def encode_in_thread(
     if not token_ids:
         raise invalid("the prompt is empty after tokenization", param)
     return token_ids
+
+
+async def encode_chat_in_thread(
+    gateway: Gateway, codec: PromptCodec, messages: Sequence[Mapping[str, str]], param: str
+) -> list[int]:
+    """A chat through the model's chat template and tokenizer (`encode_in_thread`); 400 naming
+    `param` when the template refuses it."""
+    try:
+        return await encode_in_thread(gateway, codec.encode_chat, messages, param)
+    except jinja2.TemplateError as exc:
+        raise invalid(f"the model's chat template refused the {param}: {exc}", param) from exc
+
+
+def chat_renderer(
+    gateway: Gateway,
+    codec: PromptCodec,
+    request_id: str,
+    prompt: Sequence[int],
+    *,
+    logprobs: bool,
+    include_usage: bool,
+) -> ChatRenderer:
+    """The renderer of a chat completion answered now for `prompt`."""
+    return ChatRenderer(
+        codec,
+        request_id=request_id,
+        model=gateway.model_name,
+        created=now(),
+        num_prompt_tokens=len(prompt),
+        logprobs=logprobs,
+        include_usage=include_usage,
+    )

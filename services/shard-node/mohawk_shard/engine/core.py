@@ -10,20 +10,38 @@ got and whether it ended. A driver that keeps state of its own per sequence (a d
 message to ack) passes `on_finish`, called whenever a sequence leaves the table for any reason.
 With several stages in flight the running set is split into `num_groups` micro-batches: each step
 takes at most its share of the unfinished sequences, so every stage has a batch to work on.
+
+Latency budgets. A request may carry a target time per output token. The driver reports how long
+each step took (`record_step`: in process, the stages' wall time; at the bus head, from starting
+a step to its result), which feeds a line t(n) = a + b·n over recent steps (`step_time.py`); while
+any running sequence has a budget, a step takes at most the n tokens (and so sequences) whose
+estimate fits the tightest such budget, never fewer than one. In a pipeline the cap applies to each
+micro-batch: a sequence's next token waits for its own step's round trip, which is what is
+measured, and that round trip already includes the time the step queues behind the other
+micro-batches at each stage, so the fit prices in the pipelining as it runs; shrinking every
+micro-batch shortens every round trip. Whoever samples marks a token whose step overran its
+request's budget (`TokenEmitter`).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Callable, Sequence
+
+import structlog
 
 from mohawk_common.errors import InvalidRequestError
 from mohawk_shard.engine.detokenizer import PROMPT_WINDOW
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
+from mohawk_shard.engine.sequence import DEFAULT_QOS, QoS
 from mohawk_shard.engine.sequence import Sequence as Seq
+from mohawk_shard.engine.step_time import StepTimeModel, Throttle
 from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
+
+log = structlog.get_logger("mohawk.shard.engine")
 
 
 class EngineCore:
@@ -42,6 +60,8 @@ class EngineCore:
         self._by_seq_id: dict[int, Seq] = {}
         self._seq_ids = itertools.count()
         self._step_ids = itertools.count()
+        self.step_times = StepTimeModel()
+        self._unreachable_warning = Throttle()
 
     @property
     def num_unfinished(self) -> int:
@@ -82,10 +102,12 @@ class EngineCore:
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         output_token_ids: Sequence[int] = (),
+        qos: QoS = DEFAULT_QOS,
     ) -> Seq:
-        """Queue a request (`output_token_ids`: tokens it already emitted, when it resumes)."""
+        """Queue a request (`output_token_ids`: tokens it already emitted, when it resumes; `qos`:
+        its tenant, priority, weight and latency budget)."""
         prompt = self.check_prompt(request_id, prompt_token_ids)
-        seq = Seq(next(self._seq_ids), request_id, prompt, params)
+        seq = Seq(next(self._seq_ids), request_id, prompt, params, qos=qos)
         for token_id in output_token_ids:
             seq.append_token(int(token_id))
         self._requests[request_id] = seq
@@ -111,10 +133,35 @@ class EngineCore:
     def next_batch(self, num_groups: int = 1) -> StepBatch | None:
         """The next step for the stages, None when there is nothing to do."""
         cap = None if num_groups <= 1 else max(1, math.ceil(self.scheduler.num_unfinished / num_groups))
-        scheduled = self.scheduler.schedule(max_seqs=cap)
+        limit = self.budget_limit()
+        if limit is not None:
+            cap = limit if cap is None else min(cap, limit)
+        scheduled = self.scheduler.schedule(max_seqs=cap, max_tokens=limit)
         if scheduled.is_empty:
             return None
         return to_step_batch(next(self._step_ids), scheduled)
+
+    def record_step(self, batch: StepBatch, seconds: float) -> None:
+        """`batch` took `seconds`, from its start to its sampled tokens: this feeds the step-time fit."""
+        self.step_times.record(sum(s.num_new_tokens for s in batch.sequences), seconds)
+
+    def budget_limit(self) -> int | None:
+        """The most tokens (so sequences) a step may take to fit the tightest latency budget of the
+        running sequences; None when none has a budget or no step was measured yet."""
+        budgets = [s.qos.latency_budget_ms for s in self.scheduler.running if s.qos.latency_budget_ms > 0]
+        if not budgets:
+            return None
+        budget_s = min(budgets) / 1000
+        limit = self.step_times.max_batch(budget_s)
+        if limit == 1:
+            one = self.step_times.estimate_s(1) or 0.0
+            if one > budget_s and self._unreachable_warning.ready(time.monotonic()):
+                log.warning(
+                    "a latency budget is below one token's step: steps run one sequence and still miss it",
+                    budget_ms=round(budget_s * 1000, 3),
+                    estimated_ms=round(one * 1000, 3),
+                )
+        return limit
 
     def apply_token(self, seq_id: int, token_id: int, *, finished: bool) -> Seq | None:
         """Append a sampled token (and end the sequence when `finished`); None when the sequence is
@@ -144,7 +191,11 @@ def _sequence_step(s: ScheduledSequence) -> SequenceStep:
     if s.is_new:
         seq = s.seq
         spec = SequenceSpec(
-            seq.num_prompt_tokens, seq.params, tuple(seq.output_token_ids), seq.num_cached_tokens
+            seq.num_prompt_tokens,
+            seq.params,
+            tuple(seq.output_token_ids),
+            seq.num_cached_tokens,
+            seq.qos.latency_budget_ms,
         )
     return SequenceStep(
         s.seq.seq_id, s.start_position, tuple(s.token_ids), tuple(s.new_block_ids), s.sample, spec

@@ -4,19 +4,27 @@ Whoever samples owns one: the in-process engine, or the last stage of a distribu
 publishes the events to the gateway and tells stage 0 only the token and whether the sequence
 ended. A sequence is tracked from its first sampled step to its end; a sequence that rejoins
 (after preemption, or on a new pipeline after recovery) brings the tokens it already emitted, so
-its events continue at the next index with text that joins up.
+its events continue at the next index with text that joins up. Each event also says how many
+sequences its step ran and whether that step took longer than the request's latency budget; the
+emitter counts those misses (`num_budget_missed`) and warns about them at most every few seconds.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import structlog
 
 from mohawk_shard.engine.detokenizer import PROMPT_WINDOW, IncrementalDetokenizer, StopStringMatcher
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.request_output import RequestOutput
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.engine.step_time import Throttle
+
+log = structlog.get_logger("mohawk.shard.engine")
 
 
 @dataclass(slots=True)
@@ -28,6 +36,7 @@ class _Tracked:
     detokenizer: IncrementalDetokenizer
     stop_matcher: StopStringMatcher
     num_cached_tokens: int = 0
+    latency_budget_ms: float = 0.0
 
 
 # Emitted tokens a restart replays: pending text never spans more than a few byte tokens.
@@ -40,6 +49,9 @@ class TokenEmitter:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
         self._tracked: dict[int, _Tracked] = {}
+        self.num_budget_missed = 0  # tokens whose step overran their request's latency budget
+        self._missed_warning = Throttle()
+        self._missed_at_warning = 0
 
     def is_tracking(self, seq_id: int) -> bool:
         return seq_id in self._tracked
@@ -53,6 +65,7 @@ class TokenEmitter:
         prompt_tail: Sequence[int],
         output_token_ids: Sequence[int] = (),
         num_cached_tokens: int = 0,
+        latency_budget_ms: float = 0.0,
     ) -> None:
         """Start (or restart) tracking a sequence; `output_token_ids` were already emitted.
 
@@ -73,6 +86,7 @@ class TokenEmitter:
             detokenizer,
             stop_matcher,
             num_cached_tokens,
+            latency_budget_ms,
         )
 
     def note_cached(self, seq_id: int, num_cached_tokens: int) -> None:
@@ -84,11 +98,17 @@ class TokenEmitter:
     def drop(self, seq_id: int) -> None:
         self._tracked.pop(seq_id, None)
 
-    def emit(self, seq_id: int, token: SampledToken) -> RequestOutput | None:
-        """The event for one sampled token; a finished sequence stops being tracked. None if unknown."""
+    def emit(
+        self, seq_id: int, token: SampledToken, *, batch_size: int = 0, step_s: float = 0.0
+    ) -> RequestOutput | None:
+        """The event for one sampled token, made by a step of `batch_size` sequences that took
+        `step_s` seconds; a finished sequence stops being tracked. None if unknown."""
         tracked = self._tracked.get(seq_id)
         if tracked is None:
             return None
+        budget_missed = 0 < tracked.latency_budget_ms < step_s * 1000
+        if budget_missed:
+            self._note_missed(tracked, step_s)
         tracked.num_output_tokens += 1
         params = tracked.params
         reason = None
@@ -123,4 +143,18 @@ class TokenEmitter:
             token.top_logprobs,
             reason,
             tracked.num_cached_tokens,
+            batch_size,
+            budget_missed,
         )
+
+    def _note_missed(self, tracked: _Tracked, step_s: float) -> None:
+        self.num_budget_missed += 1
+        if self._missed_warning.ready(time.monotonic()):
+            log.warning(
+                "steps overran their requests' latency budgets",
+                num_missed=self.num_budget_missed - self._missed_at_warning,
+                request_id=tracked.request_id,
+                budget_ms=tracked.latency_budget_ms,
+                step_ms=round(step_s * 1000, 3),
+            )
+            self._missed_at_warning = self.num_budget_missed

@@ -5,12 +5,14 @@ with the bus head); this driver adds the in-process transport. Each `step()` tak
 batch, runs the stages in order, and turns the last stage's sampled tokens into `RequestOutput`
 events: the `TokenEmitter` detokenizes each token and decides whether the request ends (EOS, a stop
 token or string, `max_tokens` or the context length), and the core appends it. Finished and
-cancelled requests free their KV blocks at once.
+cancelled requests free their KV blocks at once. Each step's wall time feeds the core's step-time
+fit (the latency-budget cap) and goes with its tokens' events (`budget_missed`, `batch_size`).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,7 @@ from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.request_output import RequestOutput
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.scheduler import Scheduler
+from mohawk_shard.engine.sequence import Priority, QoS
 from mohawk_shard.engine.sequence import Sequence as Seq
 from mohawk_shard.stage import Stage
 
@@ -65,10 +68,31 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """Queue a request; raises InvalidRequestError for anything that could never be served."""
-        seq = self.core.add_request(request_id, prompt_token_ids, params)
-        self.emitter.track(seq.seq_id, request_id, params, seq.num_prompt_tokens, self.core.prompt_tail(seq))
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        tenant: str = "",
+        priority: Priority = Priority.NORMAL,
+        weight: float = 1.0,
+        latency_budget_ms: float = 0.0,
+    ) -> None:
+        """Queue a request; raises InvalidRequestError for anything that could never be served.
+
+        `tenant` ("" = anonymous) shares the engine with other tenants of its `priority` class by
+        `weight`; `latency_budget_ms` (0 = none) is a target time per output token."""
+        qos = QoS.create(tenant, priority, weight, latency_budget_ms)
+        seq = self.core.add_request(request_id, prompt_token_ids, params, qos=qos)
+        self.emitter.track(
+            seq.seq_id,
+            request_id,
+            params,
+            seq.num_prompt_tokens,
+            self.core.prompt_tail(seq),
+            latency_budget_ms=qos.latency_budget_ms,
+        )
 
     def abort_request(self, request_id: str) -> bool:
         """Cancel a request; its KV blocks are free when this returns. False if it was not running."""
@@ -84,6 +108,7 @@ class LLMEngine:
         output = None
         hidden = None
         previous = None
+        started = time.perf_counter()
         for stage in self.stages:
             if previous is not None and hidden is not None and previous.name != stage.backend.name:
                 # another array library: hand over the raw bytes, as the wire does
@@ -91,8 +116,13 @@ class LLMEngine:
             output = stage.step(batch, hidden)
             hidden = output.hidden_states
             previous = stage.backend
+        step_s = time.perf_counter() - started
+        self.core.record_step(batch, step_s)
         sampled = output.sampled if output is not None else ()
-        return [event for seq_id, token in sampled if (event := self._on_token(seq_id, token)) is not None]
+        size = len(batch.sequences)
+        return [
+            e for seq_id, token in sampled if (e := self._on_token(seq_id, token, size, step_s)) is not None
+        ]
 
     def run(self) -> Iterator[RequestOutput]:
         """Step until every queued request has finished (and the stages have dropped it), yielding events."""
@@ -113,10 +143,12 @@ class LLMEngine:
             events[event.request_id].append(event)
         return [_completion(i, list(p), events[i]) for i, p in zip(ids, prompts, strict=True)]
 
-    def _on_token(self, seq_id: int, token: SampledToken) -> RequestOutput | None:
+    def _on_token(
+        self, seq_id: int, token: SampledToken, batch_size: int, step_s: float
+    ) -> RequestOutput | None:
         if self.core.sequence(seq_id) is None:
             return None  # cancelled while its step was in flight
-        event = self.emitter.emit(seq_id, token)
+        event = self.emitter.emit(seq_id, token, batch_size=batch_size, step_s=step_s)
         self.core.apply_token(seq_id, token.token_id, finished=event is not None and event.finished)
         return event
 

@@ -23,6 +23,8 @@ class RequestOutput:
     top_logprobs: tuple[tuple[int, float], ...] = ()
     finish_reason: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    batch_size: int = 0  # sequences in the step that produced this token
+    budget_missed: bool = False  # that step took longer than the request's latency budget
 
     @property
     def finished(self) -> bool:

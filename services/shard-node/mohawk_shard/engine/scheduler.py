@@ -4,24 +4,30 @@ Design (after vLLM v1). There are no prefill and decode phases: each sequence ha
 `num_computed_tokens` that catch up with `num_tokens`, and every step hands out a token budget.
 Running sequences go first, decoding ones (one token left) before ones still in a chunked
 prefill, so generation never stalls behind a long prompt; a prefill takes what budget is left, in
-chunks. Waiting sequences are admitted in arrival order while the budget, the sequence cap and
-free KV blocks allow (prefix-cache hits cost nothing); when the pool has no room for a running
-sequence's next tokens, the most recently admitted running sequence is preempted by recompute:
-its blocks are freed and it rejoins the head of the queue, to be re-prefilled from its prompt plus
-the tokens it has already produced. In a pipeline several steps are in flight at once: a sequence
-whose sampled token has not come back yet has nothing left to compute, so it sits out the next
-steps on its own and is never chosen for preemption; `max_seqs` caps a step's sequences so the
-running set splits into micro-batches that keep every stage busy. This module imports neither
-torch nor MLX.
+chunks. Waiting sequences are admitted in fair-share order (`fair_queue.py`: priority classes
+strictly, tenants by weighted virtual time, arrival order within a tenant) while the budget, the
+sequence cap and free KV blocks allow (prefix-cache hits cost nothing); when a step cannot take
+every ready running sequence (its sequence cap or token budget is short), the same order picks
+who runs, decoding ones still first, and a tenant's decoding sequences take turns. When the pool
+has no room for a running sequence's next tokens, the most recently admitted running sequence is
+preempted by recompute: its blocks are freed and it rejoins the head of its tenant's queue, to be
+re-prefilled from its prompt plus the tokens it has already produced. In a pipeline several steps
+are in flight at once: a sequence whose sampled token has not come back yet has nothing left to
+compute, so it sits out the next steps on its own and is never chosen for preemption; `max_seqs`
+caps a step's sequences so the running set splits into micro-batches that keep every stage busy,
+and `max_tokens` lowers a step's token budget (the engine core's latency-budget cap). This module
+imports neither torch nor MLX.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from mohawk_shard.engine.block_manager import BlockManager
+from mohawk_shard.engine.fair_queue import FairQueue, TenantClocks
 from mohawk_shard.engine.sequence import Sequence, SequenceStatus
+
+ADMIT_BURST = 8  # requests a bus head takes in at once (`Scheduler.num_admittable`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +75,13 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
         self.config = config
         self.block_manager = block_manager
-        self.waiting: deque[Sequence] = deque()
+        self.clocks = TenantClocks()
+        self.waiting = FairQueue(self.clocks)
         self.running: list[Sequence] = []
         self._freed_seq_ids: list[int] = []
         self._known_to_stages: set[int] = set()
         self.num_preemptions = 0
+        self._num_served = 0  # sequences scheduled so far, over all steps
 
     @property
     def num_unfinished(self) -> int:
@@ -84,20 +92,27 @@ class Scheduler:
         """Sequences freed since the last step, which the stages have not been told to drop yet."""
         return bool(self._freed_seq_ids)
 
-    def num_admittable(self, max_waiting: int) -> int:
-        """How many more requests to take in now: free sequence slots, at most `max_waiting` queued,
-        and none while the KV pool cannot give every running sequence one more block (whatever is
-        not admitted waits upstream: that is the backpressure)."""
+    def num_admittable(self, max_waiting: int, burst: int = ADMIT_BURST) -> int:
+        """How many more requests a bus head should take in now (whatever it does not take waits
+        upstream, durable: that is the backpressure). None while the KV pool cannot give every
+        running sequence one more block. While sequence slots are free, up to those slots with at
+        most `burst` queued, so each pull is paced by the steps that admit it (and pipelines that
+        share a stream take turns). Once every slot is taken, up to `max_waiting` queued, a burst at
+        a time: fair share can only choose among the requests this queue holds, and a queue no
+        deeper than the free slots would admit in the stream's arrival order."""
         if self.block_manager.num_free_blocks <= len(self.running):
             return 0
         slots = self.config.max_num_seqs - self.num_unfinished
-        return max(0, min(slots, max_waiting - len(self.waiting)))
+        if slots > 0:
+            return max(0, min(slots, burst - len(self.waiting)))
+        return max(0, min(burst, max_waiting - len(self.waiting)))
 
-    def can_admit(self, max_waiting: int) -> bool:
-        return self.num_admittable(max_waiting) > 0
+    def can_admit(self, max_waiting: int, burst: int = ADMIT_BURST) -> bool:
+        return self.num_admittable(max_waiting, burst) > 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        self.clocks.join(seq)
         self.waiting.append(seq)
 
     def finish(self, seq: Sequence) -> None:
@@ -107,20 +122,23 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
+        self.clocks.leave(seq)
         self._release(seq)
 
-    def schedule(self, max_seqs: int | None = None) -> SchedulerOutput:
+    def schedule(self, max_seqs: int | None = None, max_tokens: int | None = None) -> SchedulerOutput:
+        """The next step: at most `max_seqs` sequences (default the configured cap) and `max_tokens`
+        batched tokens (default, and at most, the configured budget)."""
         budget = self.config.max_num_batched_tokens
+        if max_tokens is not None:
+            budget = max(1, min(budget, max_tokens))
         seq_cap = max_seqs if max_seqs is not None else self.config.max_num_seqs
         output = SchedulerOutput()
         preempted = False
-        decoding = [s for s in self.running if s.is_decoding]
-        prefilling = [s for s in self.running if not s.is_decoding]
-        for seq in decoding + prefilling:
+        for seq in self._ready_in_turn(budget, seq_cap):
             if budget == 0 or len(output.scheduled) >= seq_cap:
                 break
             if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens == 0:
-                continue
+                continue  # preempted by an earlier one in this loop
             num_new = min(seq.num_uncomputed_tokens, budget)
             new_blocks = self._allocate_or_preempt(seq, num_new, output)
             if new_blocks is None:  # `seq` itself was preempted
@@ -129,27 +147,43 @@ class Scheduler:
             budget -= num_new
             output.scheduled.append(self._take(seq, num_new, new_blocks))
         while (
-            self.waiting
+            (head := self.waiting.peek()) is not None
             and budget > 0
             and not preempted
             and len(self.running) < self.config.max_num_seqs
             and len(output.scheduled) < seq_cap
         ):
-            seq = self.waiting[0]
-            computed = self.block_manager.get_computed_blocks(seq)
+            computed = self.block_manager.get_computed_blocks(head)
             num_cached = len(computed) * self.block_manager.block_size
-            num_new = min(seq.num_tokens - num_cached, budget)
-            new_blocks = self.block_manager.allocate_slots(seq, num_new, computed)
+            num_new = min(head.num_tokens - num_cached, budget)
+            new_blocks = self.block_manager.allocate_slots(head, num_new, computed)
             if new_blocks is None:
                 break
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self.waiting.remove(head)
+            head.status = SequenceStatus.RUNNING
+            self.running.append(head)
             budget -= num_new
-            output.scheduled.append(self._take(seq, num_new, new_blocks))
+            output.scheduled.append(self._take(head, num_new, new_blocks))
         output.freed_seq_ids = self._freed_seq_ids
         self._freed_seq_ids = []
         return output
+
+    def _ready_in_turn(self, budget: int, seq_cap: int) -> list[Sequence]:
+        """Running sequences with tokens to compute, decoding ones first. When the step cannot take
+        them all, each group comes in fair-share order, a tenant's decoding sequences least
+        recently run first; otherwise in admission order."""
+        ready = [s for s in self.running if s.num_uncomputed_tokens > 0]
+        decoding = [s for s in ready if s.is_decoding]
+        prefilling = [s for s in ready if not s.is_decoding]
+        if len(ready) > seq_cap or sum(s.num_uncomputed_tokens for s in ready) > budget:
+
+            def cost(s: Sequence) -> int:
+                return min(s.num_uncomputed_tokens, budget)
+
+            decoding.sort(key=lambda s: s.last_served)
+            decoding = self.clocks.order(decoding, cost)
+            prefilling = self.clocks.order(prefilling, cost)
+        return decoding + prefilling
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int, output: SchedulerOutput) -> list[int] | None:
         while True:
@@ -174,7 +208,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.waiting.appendleft(seq)  # the head of its tenant's queue
 
     def _release(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
@@ -187,5 +221,8 @@ class Scheduler:
         is_new = seq.seq_id not in self._known_to_stages
         self._known_to_stages.add(seq.seq_id)
         seq.num_computed_tokens += num_new
+        self._num_served += 1
+        seq.last_served = self._num_served
+        self.clocks.charge(seq, num_new)
         self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens)
         return ScheduledSequence(seq, start, seq.token_ids[start : start + num_new], new_blocks, is_new)

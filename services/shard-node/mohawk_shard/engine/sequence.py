@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
+from mohawk_common.errors import InvalidRequestError
 from mohawk_shard.engine.sampling_params import SamplingParams
 
 
@@ -12,6 +14,46 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+class Priority(enum.IntEnum):
+    """A priority class: a lower value is served strictly first."""
+
+    HIGH = 0
+    NORMAL = 1
+    LOW = 2
+
+
+@dataclass(frozen=True, slots=True)
+class QoS:
+    """Whom a request counts against and how it is served: its tenant, its priority class, its
+    weight against the other tenants of that class, and its target time per output token
+    (`latency_budget_ms`, 0 = none). The defaults are one anonymous tenant, as before tenants."""
+
+    tenant: str = ""
+    priority: Priority = Priority.NORMAL
+    weight: float = 1.0
+    latency_budget_ms: float = 0.0
+
+    @classmethod
+    def create(
+        cls,
+        tenant: str = "",
+        priority: Priority = Priority.NORMAL,
+        weight: float = 1.0,
+        latency_budget_ms: float = 0.0,
+    ) -> QoS:
+        """Validated; a weight of 0 means 1.0 (the wire's unset value). Raises InvalidRequestError."""
+        if not math.isfinite(weight) or weight < 0:
+            raise InvalidRequestError(f"weight must be a positive number, not {weight}")
+        if not math.isfinite(latency_budget_ms) or latency_budget_ms < 0:
+            raise InvalidRequestError(
+                f"latency_budget_ms must be 0 (none) or positive, not {latency_budget_ms}"
+            )
+        return cls(tenant, Priority(priority), weight or 1.0, latency_budget_ms)
+
+
+DEFAULT_QOS = QoS()
 
 
 @dataclass(eq=False)
@@ -33,6 +75,8 @@ class Sequence:
     num_cached_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    qos: QoS = DEFAULT_QOS
+    last_served: int = -1  # the scheduler's service count when it last ran (a tenant's take turns)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:

@@ -28,6 +28,13 @@ class NodeSettings(BusSettings, EngineSettings):
     max_inflight_steps: int | None = Field(
         None, ge=1, description="pipeline steps in flight at stage 0; none = one per stage"
     )
+    max_waiting: int = Field(
+        1024,
+        ge=1,
+        description="requests stage 0 holds queued once every sequence slot is taken: fair share "
+        "by tenant picks among these (a deeper queue is fairer; with replicas, one stage 0 may hold "
+        "requests another could start)",
+    )
     weights_from: Literal["disk", "bus"] = Field(
         "disk",
         description="disk: the model file; bus: this node's signed, encrypted slice package from the "

@@ -4,8 +4,9 @@ Design. Stage 0 owns the scheduler, through the same `EngineCore` the in-process
 (request table, validation, step batches, token application); this module adds only the bus:
 pulling, acking and keeping requests alive, cancel messages, and frames to and from the stages.
 It pulls a request from the work-queue stream only while the scheduler has room
-(`Scheduler.num_admittable`): that is the backpressure, and whatever it does not pull waits,
-durable, on the stream. It pulls from two consumers: the requests routed to its own pipeline
+(`Scheduler.num_admittable`: the free sequence slots, and once they are all taken a queue of up to
+`max_waiting` for fair share to choose from): that is the backpressure, and whatever it does not
+pull waits, durable, on the stream. It pulls from two consumers: the requests routed to its own pipeline
 (round robin, prefix affinity) and the model's shared ones, which every pipeline's stage 0 pulls
 (least-queue routing); the stage 0 of the lowest active pipeline also drains routes whose pipeline
 is no longer active. Each step the scheduler picks runs through stage 0's layers and its hidden
@@ -26,6 +27,9 @@ ends with an error event (503), so no request waits for its client's timeout: th
 `MAX_RESUMES × (floor + the expected round trip × factor)`, 15–20 s with the defaults. A request
 names the gateway process that waits for it and its deadline: one whose gateway's presence key has
 lapsed (`GatewayPresence`), or whose deadline has passed, is cancelled and leaves the stream.
+A request also names its tenant, priority, weight and latency budget: what this stage 0 has pulled
+waits in the scheduler's fair queue, which admits it in fair-share order, and every step's time
+from its start to its result feeds the core's latency-budget cap.
 """
 
 from __future__ import annotations
@@ -65,12 +69,11 @@ from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.recovery import read_emitted
 from mohawk_shard.node.step_deadlines import StepDeadlines
 from mohawk_shard.node.tokens import TokenPublisher, event_box, publish_error
-from mohawk_shard.node.wire import Joining, sampling_from_proto, step_batch_to_proto
+from mohawk_shard.node.wire import Joining, qos_from_proto, sampling_from_proto, step_batch_to_proto
 from mohawk_shard.stage import Stage, StepBatch
 
 log = structlog.get_logger("mohawk.shard.head")
 
-_MAX_WAITING = 8
 _IDLE_WAIT_S = 0.5
 _DEADLINE_TICK_S = 0.25
 _DRAIN_EVERY_S = 2.0
@@ -86,6 +89,12 @@ class _Delivery:
     box: EventBox | None
     gateway: str = ""  # the submitting gateway process ("" = not tracked)
     deadline: float = 0.0  # unix seconds; 0 = none
+
+
+@dataclass(frozen=True, slots=True)
+class _InflightStep:
+    batch: StepBatch
+    started: float  # time.monotonic() when stage 0 began it
 
 
 class HeadDriver:
@@ -105,6 +114,7 @@ class HeadDriver:
         max_inflight_steps: int | None,
         ack_wait_s: float,
         step_deadline_floor_s: float = 5.0,
+        max_waiting: int = 1024,
     ) -> None:
         self.nc, self.js, self.plan = nc, js, plan
         self.link, self.security = link, security
@@ -114,8 +124,10 @@ class HeadDriver:
         self.num_stages = len(plan.stages)
         self.max_inflight = max_inflight_steps or self.num_stages
         self.ack_wait_s = ack_wait_s
+        self.max_waiting = max_waiting
+        self.num_steps = 0  # steps started here (the node's idle detection watches it)
         self._deliveries: dict[str, _Delivery] = {}
-        self._inflight_steps: dict[int, StepBatch] = {}
+        self._inflight_steps: dict[int, _InflightStep] = {}
         self.deadlines = StepDeadlines(floor_s=step_deadline_floor_s)
         self._expiries: dict[str, int] = {}  # request id -> steps expired since its last token
         self._gateways = GatewayPresence(js)
@@ -192,7 +204,7 @@ class HeadDriver:
         """Pull while the scheduler has room (the route's loop and the shared one may each take it:
         at most twice the room is admitted, and the surplus waits in the scheduler)."""
         while True:
-            room = self.scheduler.num_admittable(_MAX_WAITING)
+            room = self.scheduler.num_admittable(self.max_waiting)
             if room == 0:
                 await asyncio.sleep(0.02)
                 continue
@@ -236,7 +248,7 @@ class HeadDriver:
                     await self._drain(route, bound[route])
 
     async def _drain(self, route: int, pull: JetStreamContext.PullSubscription) -> None:
-        room = self.scheduler.num_admittable(_MAX_WAITING)
+        room = self.scheduler.num_admittable(self.max_waiting)
         if room == 0:
             return
         try:
@@ -262,6 +274,7 @@ class HeadDriver:
         box = event_box(request_id, request.token_key)
         try:
             params = sampling_from_proto(request.sampling)
+            qos = qos_from_proto(request)
             prompt = self.core.check_prompt(request_id, request.prompt_token_ids)
         except InvalidRequestError as exc:
             await publish_error(self.nc, request_id, str(exc), 400, box)
@@ -274,7 +287,7 @@ class HeadDriver:
                 await msg.ack()
                 return
             self._log.info("request resumed", request_id=request_id, emitted=len(emitted))
-        self.core.add_request(request_id, prompt, params, emitted)
+        self.core.add_request(request_id, prompt, params, emitted, qos=qos)
         self._deliveries[request_id] = _Delivery(
             msg, request.token_key, box, request.gateway, request.deadline
         )
@@ -299,18 +312,25 @@ class HeadDriver:
                     await self._wake.wait()
 
     async def _run_step(self, batch: StepBatch) -> None:
+        self.num_steps += 1
         loop = asyncio.get_running_loop()
         joining = self._joining(batch)
+        started, started_at = time.monotonic(), time.time()
         if self.tokens is not None:  # a one-stage pipeline: this node samples too
             results = await self.tokens.sample_step(
-                batch, joining, lambda: loop.run_in_executor(self.executor, self.stage.step, batch, None)
+                batch,
+                joining,
+                lambda: loop.run_in_executor(self.executor, self.stage.step, batch, None),
+                started_at,
             )
+            self.core.record_step(batch, time.monotonic() - started)
             for result in results:
                 self._apply(result)
             return
         dtype, shape, data = await loop.run_in_executor(self.executor, self._forward, batch)
         step = step_batch_to_proto(batch, joining, with_token_ids=False)
-        self._inflight_steps[batch.step_id] = batch
+        step.started_at = started_at
+        self._inflight_steps[batch.step_id] = _InflightStep(batch, started)
         self.deadlines.sent(batch.step_id, sum(s.num_new_tokens for s in batch.sequences), time.monotonic())
         await self.link.send_activations(step, dtype, shape, data)
 
@@ -340,15 +360,16 @@ class HeadDriver:
         if result.plan_version != self.plan.version:
             return
         self.hops.record(frame[0].sent_at)
-        batch = self._inflight_steps.pop(result.step_id, None)
-        if batch is None or not self.deadlines.returned(result.step_id, time.monotonic()):
+        inflight = self._inflight_steps.pop(result.step_id, None)
+        now = time.monotonic()
+        if inflight is None or not self.deadlines.returned(result.step_id, now):
             self._log.info("late result of an expired step ignored", step_id=result.step_id)
             return
         if result.error:
             self._log.error("a stage failed a step", step_id=result.step_id, reason=result.error)
-            if batch is not None:
-                await self._fail(batch, "internal error while running the model")
+            await self._fail(inflight.batch, "internal error while running the model")
             return
+        self.core.record_step(inflight.batch, now - inflight.started)
         for sampled in result.results:
             self._apply(sampled)
         self._wake.set()
@@ -414,9 +435,10 @@ class HeadDriver:
         while True:
             await asyncio.sleep(_DEADLINE_TICK_S)
             for step_id in self.deadlines.overdue(time.monotonic()):
-                batch = self._inflight_steps.pop(step_id, None)
-                if batch is None:
+                inflight = self._inflight_steps.pop(step_id, None)
+                if inflight is None:
                     continue
+                batch = inflight.batch
                 self._log.warning(
                     "step overdue: its sequences resume", step_id=step_id, sequences=len(batch.sequences)
                 )
@@ -455,7 +477,9 @@ class HeadDriver:
             with contextlib.suppress(Exception):
                 await delivery.msg.ack()
             return
-        self.core.add_request(request_id, seq.token_ids[: seq.num_prompt_tokens], seq.params, emitted)
+        self.core.add_request(
+            request_id, seq.token_ids[: seq.num_prompt_tokens], seq.params, emitted, qos=seq.qos
+        )
         self._deliveries[request_id] = delivery
         self._expiries[request_id] = expiries
         self._log.info("request resumed after an overdue step", request_id=request_id, emitted=len(emitted))

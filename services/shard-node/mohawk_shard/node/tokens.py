@@ -4,11 +4,15 @@ The last stage publishes each event on `mohawk.v1.tok.<request>` (core NATS, cap
 MOHAWK_TOKENS stream, which is also the record a new stage 0 replays after a recovery) and hands
 back to stage 0 only what the scheduler needs: the token and whether the sequence ended. Events
 of a request that came with a token key are encrypted with it (`EventBox`); only the gateway that
-made the key (and a stage 0 that opened the sealed request) can read them.
+made the key (and a stage 0 that opened the sealed request) can read them. Every event says how
+many sequences its step ran (`batch_size`) and whether the step, timed from when stage 0 began it
+(its `started_at`, wall clock: nodes' clocks are assumed in sync, as the hop latencies assume),
+overran the request's latency budget (`budget_missed`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from nats.aio.client import Client
@@ -30,6 +34,8 @@ def token_event(event: RequestOutput) -> engine_pb2.TokenEvent:
         token_id=event.token_id if event.token_id is not None else 0,
         text=event.text,
         finish_reason=event.finish_reason or "",
+        batch_size=event.batch_size,
+        budget_missed=event.budget_missed,
     )
     if event.logprob is not None:
         message.logprob = event.logprob
@@ -96,22 +102,32 @@ class TokenPublisher:
                     tail,
                     spec.output_token_ids,
                     spec.num_cached_tokens,
+                    spec.latency_budget_ms,
                 )
                 self.set_key(step.seq_id, request_id, token_key)
 
     async def sample_step(
-        self, batch: StepBatch, joining: Mapping[int, Joining], compute: Callable[[], Awaitable[StageOutput]]
+        self,
+        batch: StepBatch,
+        joining: Mapping[int, Joining],
+        compute: Callable[[], Awaitable[StageOutput]],
+        started_at: float,
     ) -> list[bus_pb2.SampledResult]:
         """The last stage's share of a step, whichever stage index it is: follow the sequences that
-        join or leave in `batch`, run the stage (`compute`), publish the tokens it sampled."""
+        join or leave in `batch`, run the stage (`compute`), publish the tokens it sampled
+        (`started_at`: unix seconds stage 0 began the step)."""
         self.follow(batch, joining)
         output = await compute()
-        return await self.publish(output.sampled)
+        step_s = max(0.0, time.time() - started_at)
+        return await self.publish(output.sampled, len(batch.sequences), step_s)
 
-    async def publish(self, sampled: Sequence[tuple[int, SampledToken]]) -> list[bus_pb2.SampledResult]:
+    async def publish(
+        self, sampled: Sequence[tuple[int, SampledToken]], batch_size: int, step_s: float
+    ) -> list[bus_pb2.SampledResult]:
+        """Publish the events of the tokens sampled by a step of `batch_size` sequences, `step_s` long."""
         results = []
         for seq_id, token in sampled:
-            event = self.emitter.emit(seq_id, token)
+            event = self.emitter.emit(seq_id, token, batch_size=batch_size, step_s=step_s)
             if event is None:
                 continue
             await self.nc.publish(

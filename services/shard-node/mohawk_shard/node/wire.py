@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from mohawk_proto.v1 import engine_pb2
+from mohawk_proto.v1 import bus_pb2, engine_pb2
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.engine.sequence import Priority, QoS
 from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 
 # What a stage learns about a sequence that joins a step: request id, prompt tail, token-event key.
@@ -55,6 +56,20 @@ def sampling_from_proto(message: engine_pb2.SamplingParams) -> SamplingParams:
     return SamplingParams.create(**kwargs)
 
 
+_PRIORITIES = {
+    bus_pb2.PRIORITY_HIGH: Priority.HIGH,
+    bus_pb2.PRIORITY_NORMAL: Priority.NORMAL,
+    bus_pb2.PRIORITY_LOW: Priority.LOW,
+}
+
+
+def qos_from_proto(request: bus_pb2.GenerateRequest) -> QoS:
+    """The request's tenant, priority, weight and latency budget; raises InvalidRequestError on
+    values the scheduler cannot honour (a priority this node does not know counts as normal)."""
+    priority = _PRIORITIES.get(request.priority, Priority.NORMAL)
+    return QoS.create(request.tenant, priority, request.weight, request.latency_budget_ms)
+
+
 def step_batch_to_proto(
     batch: StepBatch, specs: Mapping[int, Joining], *, with_token_ids: bool
 ) -> engine_pb2.StepBatch:
@@ -82,6 +97,7 @@ def step_batch_to_proto(
                     prompt_tail=list(tail),
                     token_key=token_key,
                     num_cached_tokens=spec.num_cached_tokens,
+                    latency_budget_ms=spec.latency_budget_ms,
                 )
             )
     return message
@@ -96,7 +112,13 @@ def step_batch_from_proto(message: engine_pb2.StepBatch) -> tuple[StepBatch, dic
         if item.HasField("new_sequence"):
             s = item.new_sequence
             params = sampling_from_proto(s.sampling)
-            spec = SequenceSpec(s.num_prompt_tokens, params, tuple(s.output_token_ids), s.num_cached_tokens)
+            spec = SequenceSpec(
+                s.num_prompt_tokens,
+                params,
+                tuple(s.output_token_ids),
+                s.num_cached_tokens,
+                s.latency_budget_ms,
+            )
             joining[item.seq_id] = (s.request_id, tuple(s.prompt_tail), s.token_key)
         token_ids = tuple(item.token_ids) or (0,) * item.num_new_tokens
         steps.append(

@@ -57,6 +57,7 @@ class StageWorker:
         self._inbox: asyncio.Queue[tuple[Msg, float]] = asyncio.Queue()
         self.hops = HopStats()
         self.num_failed_steps = 0  # steps this stage itself could not run (heartbeats report them)
+        self.num_steps = 0  # frames of steps handled (the node's idle detection watches it)
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
         self._log = log.bind(plan=plan.version, stage=stage_index)
@@ -87,6 +88,7 @@ class StageWorker:
                 continue
             header, payload = frame
             self.hops.record(header.sent_at, arrived_at)
+            self.num_steps += 1
             try:
                 step, data = read_activation_payload(payload)
             except FrameError as exc:
@@ -123,7 +125,10 @@ class StageWorker:
         loop = asyncio.get_running_loop()
         if self.tokens is not None:
             results = await self.tokens.sample_step(
-                batch, joining, lambda: loop.run_in_executor(self.executor, self._step, batch, raw)
+                batch,
+                joining,
+                lambda: loop.run_in_executor(self.executor, self._step, batch, raw),
+                step.started_at or time.time(),
             )
             result = bus_pb2.StepResult(plan_version=self.plan.version, step_id=batch.step_id)
             result.results.extend(results)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from mohawk_gateway.api.deps import GatewayDep
-from mohawk_gateway.api.respond import encode_in_thread, respond
-from mohawk_gateway.errors import invalid
+from mohawk_gateway.api.deps import GatewayDep, TenantDep
+from mohawk_gateway.api.respond import chat_renderer, encode_chat_in_thread, respond
 from mohawk_gateway.handlers import Submission
-from mohawk_gateway.render.chat import ChatRenderer
-from mohawk_gateway.render.common import new_request_id, now
+from mohawk_gateway.render.common import new_request_id
 from mohawk_gateway.routing import chat_affinity_key
 from mohawk_gateway.sampling import build_sampling
 from mohawk_gateway.schemas.chat import ChatCompletionCreate
@@ -21,26 +18,17 @@ router = APIRouter(tags=["chat"])
 
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(
-    body: ChatCompletionCreate, request: Request, gateway: GatewayDep
+    body: ChatCompletionCreate, request: Request, gateway: GatewayDep, tenant: TenantDep
 ) -> Response:
     gateway.check_model(body.model)
     codec = gateway.ready_codec()
     messages = [message.for_template() for message in body.messages]
-    try:
-        prompt = await encode_in_thread(gateway, codec.encode_chat, messages, "messages")
-    except jinja2.TemplateError as exc:
-        raise invalid(f"the model's chat template refused the messages: {exc}", "messages") from exc
+    prompt = await encode_chat_in_thread(gateway, codec, messages, "messages")
     sampling = build_sampling(body, max_tokens=body.token_limit, logprobs=body.num_logprobs)
     request_id = new_request_id("chatcmpl")
-    renderer = ChatRenderer(
-        codec,
-        request_id=request_id,
-        model=gateway.model_name,
-        created=now(),
-        num_prompt_tokens=len(prompt),
-        logprobs=bool(body.logprobs),
-        include_usage=body.include_usage,
+    renderer = chat_renderer(
+        gateway, codec, request_id, prompt, logprobs=bool(body.logprobs), include_usage=body.include_usage
     )
     key = chat_affinity_key(messages)
-    submission = Submission(request_id, "chat", prompt, sampling, "messages", key)
+    submission = Submission(request_id, "chat", prompt, sampling, "messages", key, tenant=tenant)
     return await respond(request, gateway, submission, renderer, stream=bool(body.stream))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from mohawk_gateway.api.deps import GatewayDep
+from mohawk_gateway.api.deps import GatewayDep, TenantDep
 from mohawk_gateway.api.respond import encode_in_thread, respond
 from mohawk_gateway.errors import invalid
 from mohawk_gateway.handlers import Submission
@@ -19,7 +19,9 @@ router = APIRouter(tags=["completions"])
 
 
 @router.post("/v1/completions", response_model=None)
-async def create_completion(body: CompletionCreate, request: Request, gateway: GatewayDep) -> Response:
+async def create_completion(
+    body: CompletionCreate, request: Request, gateway: GatewayDep, tenant: TenantDep
+) -> Response:
     gateway.check_model(body.model)
     codec = gateway.ready_codec()
     if isinstance(body.prompt, str):
@@ -45,6 +47,6 @@ async def create_completion(body: CompletionCreate, request: Request, gateway: G
         include_usage=body.include_usage,
     )
     submission = Submission(
-        request_id, "completions", prompt, sampling, "prompt", prompt_affinity_key(prompt)
+        request_id, "completions", prompt, sampling, "prompt", prompt_affinity_key(prompt), tenant=tenant
     )
     return await respond(request, gateway, submission, renderer, stream=bool(body.stream))

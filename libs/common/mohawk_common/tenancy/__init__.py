@@ -1,0 +1,52 @@
+"""Tenants, their API keys and their rate limits, in a Redis every gateway shares.
+
+`TenantStore` keeps tenants and the SHA-256 of their keys (store.py has the Redis layout);
+`RateLimiter` enforces each tenant's requests a minute, tokens a minute and concurrent requests
+with token buckets in Redis (rate_limits.py, which also states what happens while Redis is down).
+`connect` makes the client both use, with timeouts short enough that an outage is noticed fast.
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from mohawk_common.tenancy.errors import TenancyError, TenancyUnavailable, TenantExists, TenantNotFound
+from mohawk_common.tenancy.keys import hash_api_key, new_api_key
+from mohawk_common.tenancy.rate_limits import LimitState, RateDecision, RateLease, RateLimiter, Reason
+from mohawk_common.tenancy.store import TenantStore
+from mohawk_common.tenancy.tenants import PRIORITIES, Priority, Tenant
+
+CONNECT_TIMEOUT_S = 0.5
+COMMAND_TIMEOUT_S = 1.0
+
+__all__ = [
+    "PRIORITIES",
+    "LimitState",
+    "Priority",
+    "RateDecision",
+    "RateLease",
+    "RateLimiter",
+    "Reason",
+    "TenancyError",
+    "TenancyUnavailable",
+    "Tenant",
+    "TenantExists",
+    "TenantNotFound",
+    "TenantStore",
+    "connect",
+    "hash_api_key",
+    "new_api_key",
+]
+
+
+def connect(url: str) -> redis.Redis:
+    """A client of the Redis at `url` (redis://host:port/db); connects on first use, gives up on
+    an unreachable server within about a second and retries a broken connection once, at once."""
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=COMMAND_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 1),
+    )

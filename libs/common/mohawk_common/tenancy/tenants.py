@@ -1,0 +1,52 @@
+"""A tenant: a name, its limits, how the scheduler weighs it, and which key it holds (by prefix)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mohawk_common.tenancy.errors import TenancyError
+
+Priority = Literal["high", "normal", "low"]
+PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+# The fields an operator sets (`mohawk tenant add|update`); the rest are the store's.
+LIMIT_FIELDS = ("rpm", "tpm", "max_concurrency", "priority", "weight")
+
+
+class Tenant(BaseModel):
+    """One tenant as stored; a limit of None means unlimited."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str = Field(pattern=NAME_PATTERN, description="lowercase letters, digits, _ and -; 64 at most")
+    rpm: int | None = Field(None, ge=1, description="requests a minute")
+    tpm: int | None = Field(None, ge=1, description="tokens a minute (prompt + completion)")
+    max_concurrency: int | None = Field(None, ge=1, description="requests running at once")
+    priority: Priority = "normal"
+    weight: float = Field(1.0, gt=0, description="share of the pipeline against other tenants")
+    key_prefix: str = Field("", description="the first characters of the current key, for display")
+    created: float = Field(default_factory=time.time, description="UNIX time it was added")
+
+    @property
+    def is_limited(self) -> bool:
+        """Whether any rate limit applies to it."""
+        return self.rpm is not None or self.tpm is not None or self.max_concurrency is not None
+
+
+def make_tenant(**fields: Any) -> Tenant:
+    """A validated Tenant, or TenancyError with one line naming what is wrong."""
+    try:
+        return Tenant(**fields)
+    except ValidationError as exc:
+        problems = "; ".join(_problem(error) for error in exc.errors())
+        raise TenancyError(f"invalid tenant: {problems}") from None
+
+
+def _problem(error: Any) -> str:
+    where = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "string_pattern_mismatch":
+        return f"{where}: {error['input']!r} is not 1 to 64 of a-z, 0-9, _ and -, starting with a-z or 0-9"
+    return f"{where}: {error['msg']}"

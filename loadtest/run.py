@@ -1,0 +1,64 @@
+"""One whole load test against a target: tenants, warm-up, RSS before, the load, RSS after, report.
+
+Design. The order is the measurement's: the warm-up first (its own tenant and client, closed when
+done), a settle, RSS "before"; then the load with its own client while a thread samples RSS every
+0.5 s for the peaks; the client closed (its idle keep-alive connections would hold memory in the
+gateway), a settle, RSS "after". The run's tenants are removed from Redis at the end, whatever
+happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from loadtest.driver import Driver, make_client
+from loadtest.measure import Recorder
+from loadtest.memory import PeakSampler, compare, snapshot
+from loadtest.plot import write_png
+from loadtest.report import build_report
+from loadtest.spec import LoadSpec
+from loadtest.target import Target, create_tenants, remove_tenants, warm_up
+
+log = structlog.get_logger("loadtest")
+
+
+async def run_load(spec: LoadSpec, target: Target, *, seed: int = 0) -> dict[str, Any]:
+    """Drive `spec` against `target`; the report (see report.py)."""
+    warmup = await warm_up(target, spec)
+    num_warmup_ok = sum(r.ok for r in warmup.requests)
+    log.info("warmed up", ok=num_warmup_ok, requests=len(warmup.requests))
+    await asyncio.sleep(spec.settle_s)
+    before = snapshot(target.pids)
+    keys = await create_tenants(target.redis_url, spec.tenants)
+    recorder = Recorder()
+    try:
+        with PeakSampler(target.pids) as sampler:
+            log.info("load started", sessions=spec.num_sessions, chat_clients=spec.num_chat_clients)
+            async with make_client(target.url, spec) as client:
+                await Driver(spec, client, keys, recorder, seed=seed).run()
+            log.info("load done", requests=len(recorder.requests), seconds=round(recorder.now(), 1))
+            await asyncio.sleep(spec.settle_s)
+        after = snapshot(target.pids)
+    finally:
+        await remove_tenants(target.redis_url, spec.tenants)
+    report = build_report(
+        spec,
+        recorder,
+        compare(before, sampler.peak, after),
+        target={"url": target.url, "started_here": target.started_here, "pids": dict(target.pids)},
+    )
+    report["warmup"] = {"requests": len(warmup.requests), "ok": num_warmup_ok}
+    return report
+
+
+def write_outputs(report: dict[str, Any], json_path: Path | None, png_path: Path | None) -> None:
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    if png_path is not None:
+        write_png(report, png_path)

@@ -1,0 +1,98 @@
+"""The redis-server `mohawk up` starts: tenants, API keys, rate limits and sessions of the cluster.
+
+Redis is not a Python wheel, so this runs the `redis-server` on PATH (Debian's, Homebrew's). With
+`persist` its data lives under `data_dir` as an append-only file, so tenants and their keys
+survive a restart; without it nothing is written (the tests' servers). It listens on 127.0.0.1
+only, with Redis's protected mode on.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from mohawk_common.bus.server import free_port
+from mohawk_common.errors import MohawkError
+from mohawk_common.processes import kill_process, stop_process
+
+REDIS_PORT = 6379  # Redis's usual port; `mohawk up` takes it when free
+INSTALL_HINT = "install it with `apt install redis-server` (Debian, Ubuntu) or `brew install redis` (macOS)"
+
+
+class RedisServerError(MohawkError):
+    """redis-server is missing, or did not start."""
+
+
+def find_redis_server() -> str | None:
+    """The redis-server binary on PATH, or None."""
+    return shutil.which("redis-server")
+
+
+class RedisServer:
+    """One redis-server process on 127.0.0.1:`port`, its files under `data_dir`."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        persist: bool = True,
+        log_file: Path | None = None,
+        binary: str | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.persist = persist
+        self.log_file = log_file
+        self.binary = binary
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        binary = self.binary or find_redis_server()
+        if binary is None:
+            raise RedisServerError(f"redis-server not found; {INSTALL_HINT}")
+        args = [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir)]
+        if self.persist:
+            return [*args, "--appendonly", "yes"]
+        return [*args, "--save", "", "--appendonly", "no"]
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.log_file is not None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RedisServerError(f"redis-server exited at start (code {self.process.returncode})")
+            if self.answers():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RedisServerError(f"redis-server did not answer on port {self.port} within {timeout:.0f} s")
+
+    def answers(self) -> bool:
+        """Whether the server answers PING (not while it is still loading its data)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (Redis then writes what it holds), SIGKILL after `timeout`."""
+        stop_process(self.process, timeout)
+        self.process = None
+
+    def kill(self) -> None:
+        kill_process(self.process)
+        self.process = None

@@ -1,0 +1,58 @@
+"""Giving the heap memory a busy stretch freed back to the OS once a node goes idle.
+
+Design. A step allocates and frees many large tensors. glibc serves them from mmap at first, but
+each free of an mmapped block raises its mmap threshold to that block's size (up to 32 MiB on
+64-bit), so from then on blocks of that size come from the heap's arenas, and freed arena memory
+stays mapped: a node's RSS keeps the peak of its busiest step long after the load is gone (the
+1,000-session load test saw a shard 18% up after it ended). `malloc_trim(0)` returns the free
+pages of every arena to the OS in a few milliseconds. The node calls it once per idle period: when
+its step counter has not moved for `idle_s` and has moved since the last trim, so a busy node
+never trims between steps and an idle one trims once. Where the C library has no `malloc_trim`
+(macOS, musl), nothing is trimmed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Callable
+
+
+def load_malloc_trim() -> Callable[[], None] | None:
+    """glibc's `malloc_trim(0)`, or None where the C library has none."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+
+    def _trim() -> None:
+        trim(0)
+
+    return _trim
+
+
+class IdleTrim:
+    """Decides when to trim: `due(activity, now)` with a counter that grows with every step."""
+
+    def __init__(self, idle_s: float = 2.0) -> None:
+        self.idle_s = idle_s
+        self._activity = 0
+        self._changed_at = 0.0
+        self._trimmed = True  # nothing to give back before the first step
+        self.num_trims = 0
+
+    def due(self, activity: int, now: float) -> bool:
+        if activity != self._activity:
+            self._activity, self._changed_at, self._trimmed = activity, now, False
+            return False
+        if self._trimmed or now - self._changed_at < self.idle_s:
+            return False
+        self._trimmed = True
+        self.num_trims += 1
+        return True

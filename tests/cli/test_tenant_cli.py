@@ -1,0 +1,156 @@
+"""`mohawk tenant` against a real Redis: a key printed once that the gateways' `by_key` knows, a
+table of tenants, rotation that kills the old key at once, removal, and one-line errors.
+
+The first test runs `mohawk tenant` as subprocesses, exactly as an operator does; the rest call
+the same `main()` in this process, which is much faster than a Python start per command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import pytest
+
+from mohawk_common.bus.server import free_port
+from mohawk_common.tenancy import Tenant, TenantStore, connect
+from tests.cli.helpers import mohawk, mohawk_in_process
+
+
+def mohawk_tenant(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return mohawk("tenant", *args, "--redis-url", redis_url, timeout=120)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`mohawk tenant ...` in this process: exit status, stdout, stderr."""
+    return mohawk_in_process(capsys, "tenant", *args)
+
+
+def by_key(redis_url: str, api_key: str) -> Tenant | None:
+    async def lookup() -> Tenant | None:
+        client = connect(redis_url)
+        try:
+            return await TenantStore(client).by_key(api_key)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(lookup())
+
+
+def one_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def test_an_operator_adds_rotates_and_removes_a_tenant(redis_url: str) -> None:
+    added = mohawk_tenant(redis_url, "add", "acme", "--rpm", "60", "--priority", "high")
+    assert added.returncode == 0, added.stderr
+    key = added.stdout.strip()
+    assert key.startswith("mk-") and "\n" not in key
+    assert "cannot be shown again" in one_line(added.stderr)
+    tenant = by_key(redis_url, key)
+    assert tenant is not None and (tenant.name, tenant.rpm, tenant.priority) == ("acme", 60, "high")
+
+    rotated = mohawk_tenant(redis_url, "rotate-key", "acme")
+    assert rotated.returncode == 0, rotated.stderr
+    new_key = rotated.stdout.strip()
+    assert new_key.startswith("mk-") and new_key != key
+    assert by_key(redis_url, key) is None  # the old key stops working at once
+    assert by_key(redis_url, new_key) == tenant.model_copy(update={"key_prefix": new_key[:8]})
+
+    removed = mohawk_tenant(redis_url, "rm", "acme")
+    assert removed.returncode == 0 and "removed 'acme'" in removed.stderr
+    assert by_key(redis_url, new_key) is None
+
+
+def test_ls_and_show_print_every_limit(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "ls", "--redis-url", redis_url)
+    assert code == 0 and out == "" and "no tenants" in err
+    code, key, _ = cli(
+        capsys,
+        "add",
+        "beta",
+        "--tpm",
+        "10000",
+        "--max-concurrency",
+        "4",
+        "--weight",
+        "2.5",
+        "--redis-url",
+        redis_url,
+    )
+    assert code == 0
+    assert cli(capsys, "add", "alpha", "--redis-url", redis_url)[0] == 0
+    code, out, _ = cli(capsys, "ls", "--redis-url", redis_url)
+    assert code == 0
+    rows = [line.split() for line in out.splitlines()]
+    assert rows[0] == ["NAME", "PRIORITY", "WEIGHT", "RPM", "TPM", "CONCURRENCY", "KEY"]
+    assert rows[1] == ["alpha", "normal", "1", "-", "-", "-", rows[1][6]]
+    assert rows[2] == ["beta", "normal", "2.5", "-", "10000", "4", f"{key.strip()[:8]}..."]
+    assert key.strip() not in out  # only its prefix is ever shown again
+    code, out, _ = cli(capsys, "show", "beta", "--redis-url", redis_url)
+    assert code == 0
+    shown = dict(line.split(":", 1) for line in out.splitlines())
+    assert {k: v.strip() for k, v in shown.items() if k != "created"} == {
+        "name": "beta",
+        "priority": "normal",
+        "weight": "2.5",
+        "rpm": "-",
+        "tpm": "10000",
+        "max concurrency": "4",
+        "key": f"{key.strip()[:8]}...",
+    }
+
+
+def test_update_changes_limits_and_keeps_the_key(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, key, _ = cli(capsys, "add", "acme", "--rpm", "10", "--tpm", "500", "--redis-url", redis_url)
+    assert code == 0
+    code, _, err = cli(
+        capsys, "update", "acme", "--rpm", "none", "--priority", "low", "--redis-url", redis_url
+    )
+    assert code == 0 and "rpm -" in err
+    tenant = by_key(redis_url, key.strip())
+    assert tenant is not None and (tenant.rpm, tenant.tpm, tenant.priority) == (None, 500, "low")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (("show", "nobody"), 2, "no tenant 'nobody'"),
+        (("rm", "nobody"), 2, "no tenant 'nobody'"),
+        (("rotate-key", "nobody"), 2, "no tenant 'nobody'"),
+        (("add", "Not-A-Name"), 2, "invalid tenant: name"),
+        (("add", "acme", "--weight", "0"), 2, "invalid tenant: weight"),
+        (("add", "acme", "--rpm", "0"), 2, "--rpm: want at least 1"),
+    ],
+)
+def test_operator_mistakes_are_one_line_and_exit_2(
+    redis_url: str, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], code: int, message: str
+) -> None:
+    status, out, err = cli(capsys, *args, "--redis-url", redis_url)
+    assert status == code and out == ""
+    assert message in one_line(err)
+
+
+def test_adding_a_name_twice_fails_and_keeps_the_first_key(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, key, _ = cli(capsys, "add", "acme", "--redis-url", redis_url)
+    assert code == 0
+    code, out, err = cli(capsys, "add", "acme", "--rpm", "1", "--redis-url", redis_url)
+    assert code == 2 and out == "" and "already exists" in one_line(err)
+    tenant = by_key(redis_url, key.strip())
+    assert tenant is not None and tenant.rpm is None
+
+
+def test_an_unreachable_redis_is_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    monkeypatch.setenv("MOHAWK_REDIS_URL", url)  # the default when --redis-url is not given
+    code, out, err = cli(capsys, "ls")
+    assert code == 1 and out == ""
+    line = one_line(err)
+    assert "cannot reach Redis at redis://:***@127.0.0.1" in line and "hunter2" not in line

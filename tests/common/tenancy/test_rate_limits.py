@@ -1,0 +1,216 @@
+"""Rate limits in a real Redis: requests, tokens and concurrency, the OpenAI headers, two limiters
+sharing one tenant's buckets, and the fallback to this process's buckets when the redis-server is
+killed (no exception, the limits still hold) until it is back.
+
+Most scenarios run twice: against Redis ("shared") and with Redis killed ("local"), because the
+same rule is written once in Lua and once in Python.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from mohawk_cli.redis_server import RedisServer
+from mohawk_common.tenancy import RateDecision, RateLimiter, Tenant, connect
+from mohawk_common.tenancy.rate_limits import openai_duration
+
+
+def tenant(**limits: Any) -> Tenant:
+    return Tenant(name="acme", **limits)
+
+
+@asynccontextmanager
+async def limiter(redis_url: str, **options: Any) -> AsyncIterator[RateLimiter]:
+    client = connect(redis_url)
+    try:
+        yield RateLimiter(client, **{"retry_s": 0.0, **options})
+    finally:
+        await client.aclose()
+
+
+def run(redis_url: str, body: Callable[[RateLimiter], Awaitable[None]], **options: Any) -> None:
+    async def main() -> None:
+        async with limiter(redis_url, **options) as rate_limiter:
+            await body(rate_limiter)
+
+    asyncio.run(main())
+
+
+@pytest.fixture(params=["shared", "local"])
+def mode(request: pytest.FixtureRequest, redis_server: RedisServer, redis_url: str) -> Iterator[str]:
+    """ "shared": the limits live in Redis; "local": the redis-server is killed first."""
+    if request.param == "local":
+        redis_server.kill()
+    yield request.param
+
+
+def where(decision: RateDecision, mode: str) -> None:
+    assert decision.lease.local == (mode == "local")
+
+
+def test_past_its_rpm_a_tenant_is_refused_with_headers_and_retry_after(redis_url: str, mode: str) -> None:
+    acme = tenant(rpm=2)
+
+    async def body(limits: RateLimiter) -> None:
+        first = await limits.acquire(acme, 100)
+        assert first.allowed and first.reason is None
+        where(first, mode)
+        headers = first.headers()
+        assert headers["x-ratelimit-limit-requests"] == "2"
+        assert headers["x-ratelimit-remaining-requests"] == "1"
+        assert headers["x-ratelimit-reset-requests"] == "30s"  # one of 2 used: full again in 30 s
+        assert not any("tokens" in name for name in headers) and "Retry-After" not in headers
+        assert (await limits.acquire(acme, 100)).allowed
+        refused = await limits.acquire(acme, 100)
+        assert not refused.allowed and refused.reason == "requests" and refused.admissible
+        assert 0 < refused.retry_after_s <= 30  # one request comes back every 30 s at rpm 2
+        assert refused.headers()["Retry-After"] == str(math.ceil(refused.retry_after_s))
+        assert refused.headers()["x-ratelimit-remaining-requests"] == "0"
+        assert refused.headers()["x-ratelimit-reset-requests"].endswith("s")
+
+    run(redis_url, body)
+
+
+def test_tokens_are_charged_up_front_refunded_on_release_and_a_refusal_takes_nothing(
+    redis_url: str, mode: str
+) -> None:
+    acme = tenant(tpm=100)
+
+    async def body(limits: RateLimiter) -> None:
+        first = await limits.acquire(acme, 60)
+        assert first.allowed and first.lease.charged_tokens == 60
+        where(first, mode)
+        assert first.headers()["x-ratelimit-remaining-tokens"] == "40"
+        assert first.headers()["x-ratelimit-limit-tokens"] == "100"
+        for _ in range(3):  # refusals consume nothing
+            refused = await limits.acquire(acme, 50)
+            assert not refused.allowed and refused.reason == "tokens"
+            assert int(refused.headers()["x-ratelimit-remaining-tokens"]) >= 40
+            assert int(refused.headers()["Retry-After"]) >= 1
+        await limits.release(acme, first.lease, used_tokens=10)  # 50 of the 60 come back
+        second = await limits.acquire(acme, 50)
+        assert second.allowed
+        assert int(second.headers()["x-ratelimit-remaining-tokens"]) in (40, 41)
+        await limits.release(acme, second.lease, used_tokens=1_000)  # used more: nothing back, no error
+        assert int((await limits.acquire(acme, 0)).headers()["x-ratelimit-remaining-tokens"]) in (40, 41)
+
+    run(redis_url, body)
+
+
+def test_a_request_larger_than_the_whole_tpm_is_never_admissible(redis_url: str, mode: str) -> None:
+    acme = tenant(tpm=100)
+
+    async def body(limits: RateLimiter) -> None:
+        never = await limits.acquire(acme, 101)
+        assert not never.allowed and never.reason == "tokens" and not never.admissible
+        assert math.isinf(never.retry_after_s) and "never" in never.detail and "101" in never.detail
+        assert "Retry-After" not in never.headers()
+        assert never.headers()["x-ratelimit-remaining-tokens"] == "100"
+        assert (await limits.acquire(acme, 100)).allowed  # nothing was taken
+
+    run(redis_url, body)
+
+
+def test_concurrency_slots_are_held_until_release(redis_url: str, mode: str) -> None:
+    acme = tenant(max_concurrency=2)
+
+    async def body(limits: RateLimiter) -> None:
+        leases = [await limits.acquire(acme, 10) for _ in range(2)]
+        assert all(d.allowed and d.lease.holds_slot for d in leases)
+        where(leases[0], mode)
+        refused = await limits.acquire(acme, 10)
+        assert not refused.allowed and refused.reason == "concurrency"
+        assert refused.headers() == {"Retry-After": "1"}  # OpenAI has no concurrency headers
+        await limits.release(acme, leases[0].lease, used_tokens=10)
+        assert (await limits.acquire(acme, 10)).allowed
+        assert not (await limits.acquire(acme, 10)).allowed
+
+    run(redis_url, body)
+
+
+def test_a_slot_never_released_lapses(redis_url: str, mode: str) -> None:
+    acme = tenant(max_concurrency=1)
+
+    async def body(limits: RateLimiter) -> None:
+        assert (await limits.acquire(acme, 1)).allowed  # its gateway "crashes": never released
+        await asyncio.sleep(0.02)
+        assert (await limits.acquire(acme, 1)).allowed
+
+    run(redis_url, body, slot_lifetime_s=0.005)
+
+
+def test_buckets_refill_continuously(redis_url: str, mode: str) -> None:
+    acme = tenant(tpm=60_000)  # 1,000 tokens a second
+
+    async def body(limits: RateLimiter) -> None:
+        assert (await limits.acquire(acme, 60_000)).allowed
+        await asyncio.sleep(0.1)
+        assert (await limits.acquire(acme, 50)).allowed  # at least 100 came back
+
+    run(redis_url, body)
+
+
+def test_an_unlimited_tenant_touches_nothing(redis_url: str) -> None:
+    async def body(limits: RateLimiter) -> None:
+        decision = await limits.acquire(tenant(), 10**9)
+        assert decision.allowed and decision.headers() == {}
+        await limits.release(tenant(), decision.lease, 0)
+        assert await limits.redis.keys("*") == []
+
+    run(redis_url, body)
+
+
+def test_two_limiters_on_two_clients_share_one_tenants_limits(redis_url: str) -> None:
+    acme = tenant(rpm=3, max_concurrency=10)
+
+    async def main() -> None:
+        async with limiter(redis_url) as one, limiter(redis_url) as two:
+            assert one.redis is not two.redis
+            allowed = [(await (one, two)[i % 2].acquire(acme, 1)).allowed for i in range(4)]
+            assert allowed == [True, True, True, False]
+            keys = sorted(await one.redis.keys("mohawk:ratelimit:*"))
+            assert keys == [
+                f"mohawk:ratelimit:{{acme}}:{kind}".encode() for kind in ("concurrency", "requests")
+            ]
+
+    asyncio.run(main())
+
+
+def test_without_redis_limits_hold_locally_and_come_back_shared_after_a_restart(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    acme = tenant(rpm=2, tpm=1_000)
+    now = [0.0]
+
+    async def main() -> None:
+        async with limiter(redis_url, retry_s=5.0, clock=lambda: now[0] + time.monotonic()) as limits:
+            assert (await limits.acquire(acme, 10)).lease.local is False
+            redis_server.kill()
+            outage = [await limits.acquire(acme, 10) for _ in range(3)]  # no exception
+            assert limits.redis_down
+            assert [d.allowed for d in outage] == [True, True, False]  # fresh local buckets: rpm 2
+            assert all(d.lease.local for d in outage) and outage[2].reason == "requests"
+            await limits.release(acme, outage[0].lease, used_tokens=1)  # released where it was taken
+            redis_server.start()
+            assert (await limits.acquire(acme, 10)).lease.local  # Redis not asked again until retry_s
+            now[0] += 5.0
+            back = await limits.acquire(acme, 10)
+            assert back.allowed and not back.lease.local and not limits.redis_down
+            await limits.release(acme, outage[1].lease, used_tokens=1)  # a local lease, after the outage
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (0.12, "120ms"), (0.0004, "1ms"), (1, "1s"), (1.5, "1.5s"), (360, "6m0s"), (3725, "1h2m5s")],
+)
+def test_reset_durations_are_written_as_openai_writes_them(seconds: float, text: str) -> None:
+    assert openai_duration(seconds) == text

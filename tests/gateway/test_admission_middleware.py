@@ -1,0 +1,92 @@
+"""The admission middleware counts the generation requests it has let into the app: a burst that
+arrives as room frees up is refused at the door, not after a trip through the app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from starlette.types import Message, Receive, Scope, Send
+
+from mohawk_gateway.middleware import AdmissionMiddleware
+
+PATH = "/v1/chat/completions"
+
+
+def scope(path: str = PATH, body: bytes = b"{}") -> Scope:
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": [(b"content-length", str(len(body)).encode())],
+    }
+
+
+class Held:
+    """An app whose requests stay inside until released (the gateway's own count never moves)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.entered = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.entered += 1
+        await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def call(app: AdmissionMiddleware, request: Scope) -> list[Message]:
+    sent: list[Message] = []
+    body = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive() -> Message:
+        return body.pop(0) if body else {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await app(request, receive, send)
+    return sent
+
+
+def test_past_max_active_requests_are_refused_at_the_door_and_room_returns_when_they_end() -> None:
+    async def run() -> None:
+        inner = Held()
+        app = AdmissionMiddleware(
+            inner, has_room=lambda: True, paths=frozenset({PATH}), retry_after_s=2, max_active=3
+        )
+        admitted = [asyncio.create_task(call(app, scope())) for _ in range(3)]
+        await asyncio.sleep(0)
+        refused = await asyncio.gather(*(call(app, scope()) for _ in range(5)))
+        assert inner.entered == 3 and app.num_active == 3
+        for sent in refused:
+            start = sent[0]
+            assert start["status"] == 429
+            headers = dict(start["headers"])
+            assert headers[b"retry-after"] == b"2" and b"connection" not in headers  # body drained
+            assert json.loads(sent[1]["body"])["error"]["code"] == "rate_limit_exceeded"
+        other = asyncio.create_task(call(app, scope(path="/v1/sessions")))  # not a generation path
+        await asyncio.sleep(0)
+        assert inner.entered == 4 and app.num_active == 3  # let in, and not counted
+        inner.release.set()
+        assert [sent[0]["status"] for sent in await asyncio.gather(*admitted, other)] == [200] * 4
+        assert app.num_active == 0
+        assert (await call(app, scope()))[0]["status"] == 200
+
+    asyncio.run(run())
+
+
+def test_the_gateways_own_count_refuses_too() -> None:
+    async def run() -> None:
+        inner = Held()
+        inner.release.set()
+        room = [False]
+        app = AdmissionMiddleware(
+            inner, has_room=lambda: room[0], paths=frozenset({PATH}), retry_after_s=1, max_active=8
+        )
+        assert (await call(app, scope()))[0]["status"] == 429 and inner.entered == 0
+        room[0] = True
+        assert (await call(app, scope()))[0]["status"] == 200 and inner.entered == 1
+
+    asyncio.run(run())

@@ -1,0 +1,183 @@
+"""The sessions API over a real Redis and the scripted pipeline: turns, async infer, stats, ownership.
+
+The scripted pipeline answers "Hello world!" (three tokens) to anything, `slow` a token every
+0.1 s, `hang` nothing until cancelled; it records every request it was given, so the tests read
+the prompt each turn sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from mohawk_common.bus.server import NatsServer
+from mohawk_common.tenancy import connect
+from mohawk_gateway.sessions.state import SessionState
+from mohawk_proto.v1 import bus_pb2
+from tests.gateway.conftest import ServerThread, is_ready, wait_until
+from tests.gateway.scripted import ScriptedPipeline
+from tests.gateway.test_tenants import add_tenant
+
+
+@pytest.fixture
+def session_gateway(
+    nats_server: NatsServer,
+    pipeline: ScriptedPipeline,
+    start_gateway: Callable[..., ServerThread],
+    redis_url: str,
+) -> Iterator[httpx.Client]:
+    server = start_gateway(nats_server.url, redis_url=redis_url)
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        wait_until(lambda: is_ready(client))
+        yield client
+
+
+def create(client: httpx.Client, **body: Any) -> str:
+    answer = client.post("/v1/sessions", json=body)
+    assert answer.status_code == 201, answer.text
+    session_id: str = answer.json()["id"]
+    assert session_id.startswith("sess_")
+    return session_id
+
+
+def stored_state(redis_url: str, session_id: str) -> SessionState:
+    async def read() -> bytes:
+        client = connect(redis_url)
+        try:
+            raw = await client.get(f"mohawk:session:{session_id}")
+        finally:
+            await client.aclose()
+        assert raw is not None
+        return bytes(raw)
+
+    return SessionState.model_validate_json(asyncio.run(read()))
+
+
+def test_turns_keep_the_history_on_the_server(
+    session_gateway: httpx.Client, pipeline: ScriptedPipeline
+) -> None:
+    session_id = create(session_gateway, system_prompt="be brief", qos={"priority": "low"})
+    first = session_gateway.post(f"/v1/sessions/{session_id}/infer", json={"input": "one"})
+    assert first.status_code == 200, first.text
+    assert first.json()["object"] == "chat.completion"
+    assert first.json()["choices"][0]["message"]["content"] == "Hello world!"
+    second = session_gateway.post(f"/v1/sessions/{session_id}/infer", json={"input": "two"})
+    assert second.status_code == 200
+    prompt = pipeline.prompt_text()
+    assert prompt.index("be brief") < prompt.index("one") < prompt.index("Hello") < prompt.index("two")
+    assert pipeline.requests[-1].priority == bus_pb2.PRIORITY_LOW
+    stats = session_gateway.get(f"/v1/sessions/{session_id}").json()
+    assert stats["turns"] == 2 and stats["tokens"]["completion"] == 6
+    assert stats["tokens"]["prompt"] == sum(len(r.prompt_token_ids) for r in pipeline.requests[-2:])
+
+
+def test_async_infer_answers_202_and_the_request_can_be_polled(session_gateway: httpx.Client) -> None:
+    session_id = create(session_gateway)
+    accepted = session_gateway.post(f"/v1/sessions/{session_id}/infer", json={"input": "hi", "async": True})
+    assert accepted.status_code == 202, accepted.text
+    record = accepted.json()
+    assert record["object"] == "session.request" and record["status"] == "running"
+    assert accepted.headers["Location"] == f"/v1/sessions/{session_id}/requests/{record['id']}"
+    deadline = time.monotonic() + 10
+    while record["status"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        record = session_gateway.get(accepted.headers["Location"]).json()
+    assert record["status"] == "completed"
+    assert record["result"]["choices"][0]["message"]["content"] == "Hello world!"
+    assert session_gateway.get(f"/v1/sessions/{session_id}").json()["turns"] == 1
+    missing = session_gateway.get(f"/v1/sessions/{session_id}/requests/chatcmpl-none")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "request_not_found"
+
+
+def test_a_streamed_turn_is_recorded(session_gateway: httpx.Client) -> None:
+    session_id = create(session_gateway)
+    body = {"input": "hi", "stream": True}
+    with session_gateway.stream("POST", f"/v1/sessions/{session_id}/infer", json=body) as answer:
+        assert answer.status_code == 200
+        lines = []
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line)
+            if line == "data: [DONE]":
+                # a client that has read [DONE] finds the turn recorded and may send the next at once
+                assert session_gateway.get(f"/v1/sessions/{session_id}").json()["turns"] == 1
+                next_turn = session_gateway.post(f"/v1/sessions/{session_id}/infer", json={"input": "again"})
+                assert next_turn.status_code == 200, next_turn.text
+    assert lines[-1] == "data: [DONE]"
+    text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or "" for line in lines[:-1])
+    assert text == "Hello world!"
+    assert session_gateway.get(f"/v1/sessions/{session_id}").json()["turns"] == 2
+
+
+def test_stats_percentiles_are_those_of_the_recorded_samples(
+    session_gateway: httpx.Client, redis_url: str
+) -> None:
+    session_id = create(session_gateway)
+    for word in ("one", "two", "three"):
+        answer = session_gateway.post(f"/v1/sessions/{session_id}/infer", json={"input": word})
+        assert answer.status_code == 200
+    stats = session_gateway.get(f"/v1/sessions/{session_id}").json()
+    state = stored_state(redis_url, session_id)
+    assert len(state.ttft_s) == 3 and len(state.itl_s) == 6  # 3 tokens a turn: 2 gaps each
+    for name, samples in (("time_to_first_token_ms", state.ttft_s), ("inter_token_latency_ms", state.itl_s)):
+        expected = np.percentile(np.asarray(samples) * 1000.0, (50, 95, 99))
+        got = stats[name]
+        assert got["count"] == len(samples)
+        assert [got["p50"], got["p95"], got["p99"]] == pytest.approx(list(expected))
+    assert stats["tokens_per_s"] == pytest.approx(9 / state.generation_s)
+
+
+def test_a_session_is_its_tenants_own_and_can_be_deleted(
+    nats_server: NatsServer,
+    pipeline: ScriptedPipeline,
+    start_gateway: Callable[..., ServerThread],
+    redis_url: str,
+) -> None:
+    keys = {name: add_tenant(redis_url, name) for name in ("alice", "bob")}
+    server = start_gateway(nats_server.url, redis_url=redis_url, auth=True)
+    as_alice = httpx.Client(
+        base_url=server.url, timeout=10, headers={"Authorization": f"Bearer {keys['alice']}"}
+    )
+    as_bob = httpx.Client(base_url=server.url, timeout=10, headers={"Authorization": f"Bearer {keys['bob']}"})
+    with as_alice, as_bob:
+        wait_until(lambda: is_ready(as_alice))
+        session_id = create(as_alice)
+        assert as_bob.get(f"/v1/sessions/{session_id}").status_code == 404
+        assert as_bob.post(f"/v1/sessions/{session_id}/infer", json={"input": "x"}).status_code == 404
+        assert as_alice.post(f"/v1/sessions/{session_id}/infer", json={"input": "x"}).status_code == 200
+        assert pipeline.requests[-1].tenant == "alice"
+        deleted = as_alice.delete(f"/v1/sessions/{session_id}")
+        assert deleted.json() == {"id": session_id, "object": "session.deleted", "deleted": True}
+        gone = as_alice.get(f"/v1/sessions/{session_id}")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "session_not_found"
+
+
+def test_one_turn_at_a_time_and_caps_hold(session_gateway: httpx.Client) -> None:
+    session_id = create(session_gateway, qos={"max_turns": 1})
+    running = session_gateway.post(f"/v1/sessions/{session_id}/infer", json={"input": "slow", "async": True})
+    assert running.status_code == 202
+    busy = session_gateway.post(f"/v1/sessions/{session_id}/infer", json={"input": "again"})
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "session_busy"
+    wait_until(lambda: session_gateway.get(running.headers["Location"]).json()["status"] == "completed", 15)
+    capped = session_gateway.post(f"/v1/sessions/{session_id}/infer", json={"input": "more"})
+    assert capped.status_code == 400 and capped.json()["error"]["code"] == "session_limit_reached"
+
+
+def test_bad_session_input_is_a_clear_400(session_gateway: httpx.Client) -> None:
+    assert session_gateway.post("/v1/sessions", json={"qos": {"priority": "urgent"}}).status_code == 400
+    session_id = create(session_gateway)
+    empty = session_gateway.post(f"/v1/sessions/{session_id}/infer", json={"input": ""})
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "input"
+    assert session_gateway.post("/v1/sessions/sess_nope/infer", json={"input": "x"}).status_code == 404
+
+
+def test_without_redis_sessions_are_503(client: httpx.Client) -> None:
+    answer = client.post("/v1/sessions", json={})
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "sessions_unavailable"

@@ -1,0 +1,111 @@
+"""Fair queue: strict priority classes, tenants by weighted virtual time, no credit banked while idle."""
+
+from __future__ import annotations
+
+import pytest
+
+from mohawk_common.errors import InvalidRequestError
+from mohawk_shard.engine.fair_queue import FairQueue, TenantClocks
+from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.engine.sequence import Priority, QoS, Sequence
+
+
+def seq(seq_id: int, tenant: str = "", priority: Priority = Priority.NORMAL, weight: float = 1.0) -> Sequence:
+    return Sequence(seq_id, f"r{seq_id}", [1, 2, 3], SamplingParams(), qos=QoS(tenant, priority, weight))
+
+
+def queue_of(*seqs: Sequence) -> FairQueue:
+    queue = FairQueue(TenantClocks())
+    for s in seqs:
+        queue.clocks.join(s)
+        queue.append(s)
+    return queue
+
+
+def drain(queue: FairQueue, tokens_each: int = 1) -> list[int]:
+    """Admit everything, one at a time, charging each admitted sequence `tokens_each` tokens."""
+    order = []
+    while (head := queue.peek()) is not None:
+        queue.remove(head)
+        queue.clocks.charge(head, tokens_each)
+        order.append(head.seq_id)
+    return order
+
+
+def test_one_tenant_keeps_arrival_order() -> None:
+    queue = queue_of(*(seq(i) for i in range(5)))
+    assert [s.seq_id for s in queue] == [0, 1, 2, 3, 4]
+    assert len(queue) == 5 and drain(queue) == [0, 1, 2, 3, 4] and not queue
+
+
+def test_priority_classes_are_strict() -> None:
+    queue = queue_of(
+        seq(0, "a", Priority.LOW),
+        seq(1, "b"),
+        seq(2, "c", Priority.HIGH),
+        seq(3, "a"),
+        seq(4, "b", Priority.HIGH),
+    )
+    assert drain(queue, tokens_each=100) == [2, 4, 1, 3, 0]
+
+
+def test_tenants_share_by_weight() -> None:
+    heavy = [seq(i, "heavy", weight=3.0) for i in range(40)]
+    light = [seq(100 + i, "light") for i in range(40)]
+    order = drain(queue_of(*heavy, *light))[:40]  # all heavy arrived first
+    assert sum(i < 100 for i in order) == 30  # 3:1 while both have work
+
+
+def test_an_idle_tenant_banks_no_credit() -> None:
+    clocks = TenantClocks()
+    busy, idle = seq(0, "busy"), seq(1, "idle")
+    clocks.join(busy)
+    for _ in range(50):
+        clocks.charge(busy, 10)  # 500 tokens served to "busy" while "idle" had nothing queued
+    clocks.join(idle)
+    assert clocks.vtime(Priority.NORMAL, "idle") == pytest.approx(490.0)  # the system virtual time
+    later = seq(2, "busy")
+    queue = FairQueue(clocks)
+    queue.append(idle)
+    clocks.join(later)
+    queue.append(later)
+    assert drain(queue, tokens_each=10) == [1, 2]  # idle first once, then they alternate, no burst
+
+
+def test_a_tenant_that_leaves_keeps_its_lead() -> None:
+    clocks = TenantClocks()
+    a, b = seq(0, "a"), seq(1, "b")
+    clocks.join(a)
+    clocks.join(b)
+    clocks.charge(a, 100)
+    clocks.charge(b, 10)
+    clocks.leave(a)
+    clocks.join(seq(2, "a"))  # back at once: still 90 tokens ahead of b
+    assert clocks.vtime(Priority.NORMAL, "a") == 100.0
+
+
+def test_a_preempted_sequence_returns_to_the_head_of_its_tenant_queue() -> None:
+    first, second = seq(0, "a"), seq(1, "a")
+    queue = queue_of(first, second)
+    queue.remove(first)
+    queue.appendleft(first)
+    assert queue.peek() is first and first in queue
+
+
+def test_order_picks_a_step_by_weight_without_charging() -> None:
+    clocks = TenantClocks()
+    heavy = [seq(i, "heavy", weight=3.0) for i in range(6)]
+    light = [seq(10 + i, "light") for i in range(6)]
+    for s in heavy + light:
+        clocks.join(s)
+    picked = clocks.order(heavy + light, lambda s: 1)[:4]
+    assert [s.seq_id for s in picked] == [0, 10, 1, 2]  # each tenant's sequences in the given order
+    assert clocks.vtime(Priority.NORMAL, "heavy") == clocks.vtime(Priority.NORMAL, "light") == 0.0
+
+
+def test_qos_is_validated() -> None:
+    assert QoS.create(weight=0).weight == 1.0  # the wire's unset value
+    with pytest.raises(InvalidRequestError):
+        QoS.create(weight=-1)
+    with pytest.raises(InvalidRequestError):
+        QoS.create(latency_budget_ms=float("nan"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -85,8 +85,14 @@ def chat(base_url: str, prompt: str, max_tokens: int = 24) -> dict[str, Any]:
     return dict(response.json())
 
 
-async def stream_chat(client: httpx.AsyncClient, prompt: str, max_tokens: int = 24) -> tuple[str, str | None]:
-    """The streamed text and finish reason of one greedy chat completion."""
+async def stream_chat(
+    client: httpx.AsyncClient,
+    prompt: str,
+    max_tokens: int = 24,
+    on_chunk: Callable[[], None] | None = None,
+) -> tuple[str, str | None]:
+    """The streamed text and finish reason of one greedy chat completion (`on_chunk` is called as
+    each chunk arrives)."""
     parts: list[str] = []
     finish = None
     body = chat_body(prompt, max_tokens, stream=True)
@@ -96,6 +102,8 @@ async def stream_chat(client: httpx.AsyncClient, prompt: str, max_tokens: int = 
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line.removeprefix("data: "))
+            if on_chunk is not None:
+                on_chunk()
             for choice in chunk.get("choices", []):
                 parts.append(choice.get("delta", {}).get("content") or "")
                 finish = choice.get("finish_reason") or finish

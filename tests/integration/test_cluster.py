@@ -6,6 +6,7 @@ change it (leader kill, node join) run last.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import subprocess
 import sys
@@ -178,29 +179,54 @@ def test_leader_killed_standby_takes_over_and_requests_finish(
 def test_a_node_joining_makes_a_new_plan_and_serving_goes_on(
     cluster: LocalCluster, reference: dict[str, str]
 ) -> None:
+    """Make before break: while the new plan's nodes load their new layer ranges, the old
+    pipeline keeps serving (tokens arrive while the new plan is still loading), and no request is
+    refused or changed by the switch."""
     before = current_plan(cluster.nats.url)
     assert before is not None
-    in_flight: list[tuple[str, str | None]] = []
+    prompt = PROMPTS[4]
+    chunk_times: list[float] = []
+    done: list[tuple[str, str | None]] = []
+    stop = threading.Event()
 
-    async def long_requests() -> None:
+    async def back_to_back() -> None:
         async with httpx.AsyncClient(base_url=cluster.url) as client:
-            in_flight.append(await stream_chat(client, PROMPTS[4], 24))
+            while not stop.is_set():
+                done.append(
+                    await stream_chat(client, prompt, on_chunk=lambda: chunk_times.append(time.time()))
+                )
 
-    import asyncio
-
-    thread = threading.Thread(target=lambda: asyncio.run(long_requests()))
+    thread = threading.Thread(target=lambda: asyncio.run(back_to_back()))
     thread.start()
     time.sleep(0.5)
+    old_nodes = [s.node_id for s in before.stages]
     cluster.add_node()
+    loading_at = active_at = None
     deadline = time.monotonic() + 120
-    while True:
+    while active_at is None:
         plan = current_plan(cluster.nats.url)
-        if plan is not None and plan.version > before.version and plan.state == "active":
-            break
+        if plan is not None and plan.version > before.version:
+            if plan.state == "active":
+                active_at = time.time()
+            elif loading_at is None:
+                loading_at = time.time()
         assert time.monotonic() < deadline, "no new active plan after a node joined"
-        time.sleep(0.2)
-    assert len(plan.stages) == 4
+        time.sleep(0.1)
+    time.sleep(1.0)
+    stop.set()
     thread.join(180)
-    assert in_flight and in_flight[0][0] == reference[PROMPTS[4]]
+    assert plan is not None and len(plan.stages) == 4
+    assert loading_at is not None, "the new plan was never seen loading"
+    served_while_loading = [t for t in chunk_times if loading_at < t < active_at]
+    pause = max((b - a for a, b in itertools.pairwise(chunk_times)), default=0.0)
+    print(
+        f"\nnode join: new plan loading for {active_at - loading_at:.1f} s, "
+        f"{len(served_while_loading)} chunks served meanwhile, longest pause between chunks {pause:.2f} s"
+    )
+    assert served_while_loading, "no token arrived while the new plan loaded: the old pipeline stopped"
+    assert done and all(text == reference[prompt] for text, _ in done), done
+    for node in old_nodes:
+        log = (cluster.log_dir / f"{node}.log").read_text()
+        assert '"next stage loaded while serving"' in log and '"switched to the next stage"' in log, node
     assert chat(cluster.url, PROMPTS[5])["choices"][0]["message"]["content"] == reference[PROMPTS[5]]
     assert Path(cluster.log_dir / "shard-4.log").exists()

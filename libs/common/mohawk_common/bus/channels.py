@@ -7,7 +7,11 @@ response, finish; the finish is a second request). Each side checks that the pee
 names the node the plan puts at the other end, with role shard. The result is one `SecureChannel`
 per peer and plan version, with a sending and a receiving key; the higher stage waits for the
 lower one's handshake instead of starting its own, so each pair has exactly one channel. A new
-plan version means new channels (the old ones are dropped with the plan). Frames name their
+plan version means new channels (the old ones are dropped with the plan). While a node loads its
+next stage beside the running one (make before break), it holds two managers, one per plan
+version, on the one handshake subject: a manager stays silent on an offer for a plan version
+another manager of the node serves (and on that offer's finish), so only the right one answers,
+while an offer no manager of the node serves is refused at once. Frames name their
 channel by its random 16-byte id; a frame on an unknown channel, from a peer whose certificate
 has since been revoked, or that fails its tag or the replay window is rejected and counted.
 """
@@ -61,6 +65,9 @@ class _Pending:
     started: float = field(default_factory=time.monotonic)
 
 
+_MANAGERS: dict[tuple[int, str], list[ChannelManager]] = {}  # by (connection, node id): started ones
+
+
 class ChannelManager:
     """One node's channels for one plan version; `expected_peers` maps node id -> its stage."""
 
@@ -88,14 +95,44 @@ class ChannelManager:
 
     async def start(self) -> None:
         if self.security.secure:
+            _MANAGERS.setdefault(self._local_key, []).append(self)
             self._sub = await self.nc.subscribe(names.handshake_subject(self.node_id), cb=self._on_handshake)
 
     async def stop(self) -> None:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
+        siblings = _MANAGERS.get(self._local_key, [])
+        if self in siblings:
+            siblings.remove(self)
+        if not siblings:
+            _MANAGERS.pop(self._local_key, None)
         self._by_id.clear()
         self._by_peer.clear()
+
+    @property
+    def _local_key(self) -> tuple[int, str]:
+        return id(self.nc), self.node_id
+
+    def _for_a_sibling(self, kind: str, data: bytes) -> bool:
+        """Whether another manager of this node (another plan version) answers this message."""
+        siblings = [m for m in _MANAGERS.get(self._local_key, []) if m is not self]
+        if not siblings:
+            return False
+        try:
+            if kind == "init":
+                offer = security_pb2.HandshakeInit.FromString(data)
+                if offer.plan_version == self.plan_version:
+                    return False
+                return any(m.plan_version == offer.plan_version for m in siblings)
+            if kind == "finish":
+                channel_id = security_pb2.HandshakeFinish.FromString(data).channel_id
+                if channel_id in self._pending:
+                    return False
+                return any(channel_id in m._seen_offers for m in siblings)
+        except Exception:
+            return False  # malformed: refused by whoever handles it
+        return False
 
     # -- peers -----------------------------------------------------------------------------------
 
@@ -170,6 +207,8 @@ class ChannelManager:
 
     async def _on_handshake(self, msg: Msg) -> None:
         kind = (msg.headers or {}).get(_KIND_HEADER, "")
+        if self._for_a_sibling(kind, msg.data):
+            return
         reply = security_pb2.HandshakeReply(refused=True)
         try:
             reply = security_pb2.HandshakeReply(message=self._handle(kind, msg.data))

@@ -21,6 +21,8 @@ from typing import Any
 import psutil
 
 from mohawk_common.model_store import ModelSource
+from mohawk_common.model_store.config import ModelConfig
+from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.base import Backend
 from mohawk_shard.backends.batch import ForwardBatch
@@ -42,6 +44,20 @@ class Capacity:
     embedding_weight_bytes: int
     head_weight_bytes: int
     weights_format: str
+
+    def describe(self, heartbeat: bus_pb2.Heartbeat, config: ModelConfig) -> None:
+        """Fill in the model's shape and this node's weight bytes: all the coordinator needs to plan."""
+        heartbeat.model_id = config.model_id
+        heartbeat.num_layers = config.num_layers
+        heartbeat.hidden_size = config.hidden_size
+        heartbeat.vocab_size = config.vocab_size
+        heartbeat.num_kv_heads = config.num_kv_heads
+        heartbeat.head_dim = config.head_dim
+        heartbeat.max_position_embeddings = config.max_position_embeddings
+        heartbeat.layer_weight_bytes = self.layer_weight_bytes
+        heartbeat.embedding_weight_bytes = self.embedding_weight_bytes
+        heartbeat.head_weight_bytes = self.head_weight_bytes
+        heartbeat.weights_format = self.weights_format
 
     def free_memory_bytes(self) -> int:
         if self.device.startswith("cuda"):

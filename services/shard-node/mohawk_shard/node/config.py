@@ -40,6 +40,11 @@ class NodeSettings(BusSettings, EngineSettings):
         description="disk: the model file; bus: this node's signed, encrypted slice package from the "
         "mohawk_slices object store (no model on this node's disk)",
     )
+    make_before_break: bool = Field(
+        True,
+        description="on a plan change, load the new stage beside the running one and switch when the new "
+        "pipeline is active (where memory has room for both); false: stop first, then load",
+    )
     heartbeat_interval_s: float = Field(1.0, gt=0)
     request_ack_wait_s: float = Field(
         10.0,

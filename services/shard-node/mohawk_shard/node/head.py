@@ -137,6 +137,7 @@ class HeadDriver:
         self.hops = HopStats()
         self.num_failed_steps = 0  # steps stage 0 itself could not run (heartbeats report them)
         self._subs: list[Any] = []
+        self._pulls: list[JetStreamContext.PullSubscription] = []
         self.route = pipeline_id(plan)  # requests routed to this pipeline come first
         self.active_routes: set[int] = {self.route}  # the service keeps these two current
         self.drains_routes = False
@@ -154,7 +155,10 @@ class HeadDriver:
         model = self.plan.model
         await self.link.start()
         if self.num_stages > 1:
-            await self.link.connect_neighbours()
+            try:
+                await self.link.connect_neighbours()
+            except Exception as exc:  # a peer still starting: the first step handshakes again
+                self._log.warning("neighbours not reached yet", error=repr(exc))
         self._pulls = [await self._consumer(self.route), await self._consumer(None)]
         self._subs.append(await self.nc.subscribe(names.CANCEL_WILDCARD, cb=self._on_cancel))
         if self.tokens is None:
@@ -432,8 +436,14 @@ class HeadDriver:
     # -- step deadlines ----------------------------------------------------------------------------
 
     async def _deadline_loop(self) -> None:
+        """Resume the sequences of overdue steps. Every overdue step leaves `_inflight_steps` at
+        once, before any resume awaits the bus: a late result that arrives meanwhile then finds
+        nothing to take (it is ignored) instead of taking a step whose sequences were not resumed
+        yet. The sequences resume concurrently, so a bus that is away (each read of the token
+        stream waits out its timeout) delays them all by one timeout, not one each."""
         while True:
             await asyncio.sleep(_DEADLINE_TICK_S)
+            seqs: dict[int, Seq] = {}
             for step_id in self.deadlines.overdue(time.monotonic()):
                 inflight = self._inflight_steps.pop(step_id, None)
                 if inflight is None:
@@ -445,8 +455,18 @@ class HeadDriver:
                 for step in batch.sequences:
                     seq = self.core.sequence(step.seq_id)
                     if seq is not None:
-                        await self._resume(seq)
-                self._wake.set()
+                        seqs[seq.seq_id] = seq
+            if not seqs:
+                continue
+            outcomes = await asyncio.gather(
+                *(self._resume(seq) for seq in seqs.values()), return_exceptions=True
+            )
+            for seq, outcome in zip(seqs.values(), outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    self._log.error(
+                        "could not resume a request", request_id=seq.request_id, error=repr(outcome)
+                    )
+            self._wake.set()
 
     async def _resume(self, seq: Seq) -> None:
         """Free `seq` everywhere and queue its request again from the tokens the token stream holds

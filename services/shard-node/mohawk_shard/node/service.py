@@ -7,8 +7,11 @@ weights it holds when the range is unchanged) with the pipeline's KV block count
 stage-1+ worker subscribes at once so no frame is missed, while stage 0 starts pulling requests
 only once the pipeline is active, that is, once every stage of it reported loaded. A version that
 keeps the node's pipeline as it was (same epoch, stages and KV) changes nothing on the node, so
-plan changes elsewhere in the cluster never interrupt it. A version that leaves the node out (a
-spare, or gone from the plan) stops its stage and frees the memory.
+plan changes elsewhere in the cluster never interrupt it. A version that gives the node another
+stage makes before it breaks (`handover`): the new stage loads beside the running one, which
+serves on until the new pipeline is active, where memory has room for both. A version that leaves
+the node out (a spare, or gone from the plan) stops its stage and frees the memory, once a
+pipeline of that version is active.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import psutil
 import structlog
@@ -39,21 +43,28 @@ from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.base import Backend
-from mohawk_shard.engine.block_manager import BlockManager
-from mohawk_shard.engine.emitter import TokenEmitter
-from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
 from mohawk_shard.node.capacity import Capacity, measure_capacity
 from mohawk_shard.node.config import NodeSettings
+from mohawk_shard.node.handover import room_for_both, serving_footprint, share_weights, stage_footprint
 from mohawk_shard.node.head import HeadDriver
-from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.memory_trim import IdleTrim, load_malloc_trim
-from mohawk_shard.node.tokens import TokenPublisher
+from mohawk_shard.node.roles import make_role
 from mohawk_shard.node.worker import StageWorker
 from mohawk_shard.stage import Stage
 
 log = structlog.get_logger("mohawk.shard")
 
 MAX_HELD_IN_HEARTBEAT = 1024  # ack subjects a heartbeat lists (~90 bytes each); the rest wait their ack wait
+
+
+@dataclass(slots=True)
+class NextRole:
+    """A stage loaded beside the running one (`handover`), waiting for its pipeline to be active."""
+
+    view: bus_pb2.Plan
+    index: int
+    backend: Backend
+    role: HeadDriver | StageWorker
 
 
 class ShardNode:
@@ -63,14 +74,15 @@ class ShardNode:
         self.node_id = names.check_id("node id", settings.node_id)
         self.model = served_model_name(settings.model, settings.served_model_name)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mohawk-compute")
+        self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mohawk-load")  # handover
         self._log = log.bind(node_id=self.node_id)
         self._started_at_ms = int(time.time() * 1000)
         self._plan: bus_pb2.Plan | None = None  # the whole plan last followed
-        self._view: bus_pb2.Plan | None = None  # the pipeline this node serves in it (node_view)
         self._stage_index = -1
         self._loaded = False
         self._backend: Backend | None = None
         self._role: HeadDriver | StageWorker | None = None
+        self._next: NextRole | None = None  # loaded beside the role, until its pipeline is active
         self._head_started = False
         self._stop = asyncio.Event()
         self._held: tuple[int, int] | None = None
@@ -103,10 +115,12 @@ class ShardNode:
         self._log.info("node up", model=self.model, nats=self.settings.nats_url, secure=self.security.secure)
         await self._stop.wait()
         await cancel_and_wait(heartbeat, watcher, revocations)
+        await self._drop_next()
         await self._stop_role()
         with contextlib.suppress(Exception):
             await self.nc.drain()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.loader.shutdown(wait=False, cancel_futures=True)
 
     def stop(self) -> None:
         self._stop.set()
@@ -166,7 +180,7 @@ class ShardNode:
             started_at_ms=self._started_at_ms,
             insecure=not self.security.secure,
         )
-        self._describe_model(heartbeat)
+        self.capacity.describe(heartbeat, self.source.config)
         heartbeat.security_rejections.update(self.security.rejections)
         if self._held is not None:
             heartbeat.held_layer_start, heartbeat.held_layer_end = self._held
@@ -186,21 +200,6 @@ class ShardNode:
         failed = self._failed_steps + (role.num_failed_steps if role is not None else 0)
         expired = self._expired_steps + (role.deadlines.num_expired if isinstance(role, HeadDriver) else 0)
         return failed, expired
-
-    def _describe_model(self, heartbeat: bus_pb2.Heartbeat) -> None:
-        """The model's shape and this node's weight bytes: all the coordinator needs to plan."""
-        config, c = self.source.config, self.capacity
-        heartbeat.model_id = config.model_id
-        heartbeat.num_layers = config.num_layers
-        heartbeat.hidden_size = config.hidden_size
-        heartbeat.vocab_size = config.vocab_size
-        heartbeat.num_kv_heads = config.num_kv_heads
-        heartbeat.head_dim = config.head_dim
-        heartbeat.max_position_embeddings = config.max_position_embeddings
-        heartbeat.layer_weight_bytes = c.layer_weight_bytes
-        heartbeat.embedding_weight_bytes = c.embedding_weight_bytes
-        heartbeat.head_weight_bytes = c.head_weight_bytes
-        heartbeat.weights_format = c.weights_format
 
     async def _heartbeat_loop(self) -> None:
         """A heartbeat every interval; also where an idle node gives freed heap back (`memory_trim`)."""
@@ -255,23 +254,26 @@ class ShardNode:
             return
         found = node_view(plan, self.node_id)
         if found is None:
-            await self._stop_role()
-            self._plan, self._view, self._stage_index, self._backend = plan, None, -1, None
-            self._log.info("not in plan", plan=plan.version, spare=self.node_id in plan.spares)
+            await self._leave(plan)
             return
         view, index = found
-        keeps = (
-            self._role is not None
-            and self._view is not None
-            and index == self._stage_index
-            and same_assignment(self._view, view)
-        )
-        if keeps:
-            self._plan, self._view = plan, view  # the pipeline is unchanged: keep serving it
+        self._plan = plan
+        if self._serves(view, index):
+            await self._drop_next()  # the pipeline is unchanged: keep serving it
+            self._stage_index = index
+        elif self._next is not None and self._next.index == index and same_assignment(self._next.view, view):
+            if view.state == ACTIVE:  # loaded beside the old stage: switch now that it is active
+                await self._switch()
         else:
-            await self._stop_role()
-            self._plan, self._view, self._stage_index = plan, view, index
-            await self._start_role(view)
+            await self._drop_next()
+            if self._role is not None and self.settings.make_before_break and self._room_beside(view, index):
+                await self._prepare(view, index)
+                if view.state == ACTIVE:
+                    await self._switch()
+            else:
+                await self._stop_role()
+                self._stage_index = index
+                await self._start_role(view)
         if isinstance(self._role, HeadDriver):  # which routed requests it must also serve
             active = {p.id for p in pipelines(plan) if p.active}
             self._role.active_routes = active
@@ -280,56 +282,102 @@ class ShardNode:
             self._head_started = True
             await self._role.start()
 
+    def _serves(self, view: bus_pb2.Plan, index: int) -> bool:
+        """Whether the running role already is stage `index` of `view` (its state aside)."""
+        role = self._role
+        if role is None:
+            return False
+        role_index = 0 if isinstance(role, HeadDriver) else role.stage_index
+        return role_index == index and same_assignment(role.plan, view)
+
+    async def _leave(self, plan: bus_pb2.Plan) -> None:
+        """The plan leaves this node out (a spare, or gone): stop serving, free the memory. While
+        no pipeline of the plan is active yet, the old stage goes on serving (make before break)."""
+        await self._drop_next()
+        self._plan, self._stage_index = plan, -1
+        new_is_active = any(p.active for p in pipelines(plan))
+        if self._role is not None and self.settings.make_before_break and not new_is_active:
+            self._log.info(
+                "not in plan: serving the old stage until the new plan is active", plan=plan.version
+            )
+            return
+        await self._stop_role()
+        self._backend = None
+        self._log.info("not in plan", plan=plan.version, spare=self.node_id in plan.spares)
+
+    async def _prepare(self, view: bus_pb2.Plan, index: int) -> None:
+        """Load stage `index` of `view` beside the running stage (`handover`), and report it loaded."""
+        self._stage_index, self._loaded = index, False
+        placement = view.stages[index]
+        serving = self._backend
+        shared = (
+            serving
+            if serving is not None and (serving.start, serving.end) == (placement.start, placement.end)
+            else None
+        )
+        # MLX arrays belong to the thread that made them: an MLX node loads where it computes
+        executor = self.executor if self.settings.backend == "mlx" else self.loader
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        stage, backend = await loop.run_in_executor(
+            executor, self._load_beside, placement.start, placement.end, view, shared
+        )
+        role = make_role(self, view, index, stage)
+        if isinstance(role, StageWorker):
+            await role.start()  # subscribed before the new stage 0 sends its first frame
+        self._next = NextRole(view, index, backend, role)
+        self._loaded = True
+        self._log.info(
+            "next stage loaded while serving",
+            plan=view.version,
+            stage=index,
+            layers=f"[{placement.start}, {placement.end})",
+            shared_weights=shared is not None,
+            load_s=round(time.monotonic() - started, 2),
+        )
+
+    async def _switch(self) -> None:
+        """The new pipeline is active: stop the old role (stage 0 hands its requests back to the
+        stream) and serve the stage loaded beside it."""
+        upcoming, self._next = self._next, None
+        assert upcoming is not None
+        await self._stop_role()
+        self._role, self._backend, self._loaded = upcoming.role, upcoming.backend, True
+        self._log.info("switched to the next stage", plan=upcoming.view.version, stage=upcoming.index)
+
+    async def _drop_next(self) -> None:
+        upcoming, self._next = self._next, None
+        if upcoming is not None and isinstance(upcoming.role, StageWorker):
+            await upcoming.role.stop()
+
+    def _room_beside(self, view: bus_pb2.Plan, index: int) -> bool:
+        """Whether stage `index` of `view` fits beside the running stage (else: break first)."""
+        serving, role = self._backend, self._role
+        if serving is None or role is None:
+            return False
+        placement = view.stages[index]
+        shared = (serving.start, serving.end) == (placement.start, placement.end)
+        held = serving_footprint(self.capacity, serving, role.plan)
+        upcoming = stage_footprint(self.capacity, view, index, shared_weights=shared)
+        if room_for_both(self.capacity, held, upcoming):
+            return True
+        self._log.info(
+            "no room to load the next stage beside this one: stopping this one first",
+            serving_mb=held.total >> 20,
+            next_mb=upcoming.total >> 20,
+            memory_limit_mb=self.capacity.memory_limit_bytes >> 20,
+        )
+        return False
+
     async def _start_role(self, plan: bus_pb2.Plan) -> None:
         placement = plan.stages[self._stage_index]
         loop = asyncio.get_running_loop()
         stage, backend = await loop.run_in_executor(
             self.executor, self._load, placement.start, placement.end, plan
         )
-        is_last = self._stage_index == len(plan.stages) - 1
-        link = StageLink(self.nc, self.security, node_id=self.node_id, plan=plan, stage=self._stage_index)
-        tokens = None
-        if is_last:
-            emitter = TokenEmitter(self.tokenizer, self.source.config.eos_token_ids, plan.max_model_len)
-            tokens = TokenPublisher(self.nc, emitter)
-        if self._stage_index == 0:
-            scheduler = Scheduler(
-                SchedulerConfig(
-                    self.settings.max_num_seqs, self.settings.max_num_batched_tokens, plan.max_model_len
-                ),
-                BlockManager(
-                    plan.num_kv_blocks,
-                    plan.block_size,
-                    enable_prefix_caching=self.settings.enable_prefix_caching,
-                ),
-            )
-            self._role = HeadDriver(
-                nc=self.nc,
-                js=self.js,
-                link=link,
-                security=self.security,
-                plan=plan,
-                stage=stage,
-                scheduler=scheduler,
-                executor=self.executor,
-                vocab_size=self.source.config.vocab_size,
-                tokens=tokens,
-                max_inflight_steps=self.settings.max_inflight_steps,
-                ack_wait_s=self.settings.request_ack_wait_s,
-                max_waiting=self.settings.max_waiting,
-                step_deadline_floor_s=self.settings.step_deadline_floor_s,
-            )
-            self._head_started = False
-        else:
-            self._role = StageWorker(
-                nc=self.nc,
-                link=link,
-                plan=plan,
-                stage_index=self._stage_index,
-                stage=stage,
-                executor=self.executor,
-                tokens=tokens,
-            )
+        self._role = make_role(self, plan, self._stage_index, stage)
+        self._head_started = False
+        if isinstance(self._role, StageWorker):
             await self._role.start()
         self._loaded = True
         self._log.info(
@@ -345,20 +393,31 @@ class ShardNode:
         backend = self._backend
         if backend is None or (backend.start, backend.end) != (start, end):
             self._backend = None  # let the old weights go before the new ones load
-            s = self.settings
-            backend = make_backend(
-                s.backend,
-                self.source,
-                start,
-                end,
-                device=s.device,
-                dtype=s.dtype,
-                weights=s.weights,
-                kv_cache_dtype=s.kv_cache_dtype,
-            )
+            backend = self._make_backend(start, end)
         backend.allocate_kv_cache(plan.num_kv_blocks, plan.block_size)
         self._backend = backend
         return Stage(backend, plan.block_size), backend
+
+    def _load_beside(
+        self, start: int, end: int, plan: bus_pb2.Plan, shared: Backend | None
+    ) -> tuple[Stage, Backend]:
+        """A stage loaded while the running one keeps its weights and KV pool (`handover`)."""
+        backend = share_weights(shared) if shared is not None else self._make_backend(start, end)
+        backend.allocate_kv_cache(plan.num_kv_blocks, plan.block_size)
+        return Stage(backend, plan.block_size), backend
+
+    def _make_backend(self, start: int, end: int) -> Backend:
+        s = self.settings
+        return make_backend(
+            s.backend,
+            self.source,
+            start,
+            end,
+            device=s.device,
+            dtype=s.dtype,
+            weights=s.weights,
+            kv_cache_dtype=s.kv_cache_dtype,
+        )
 
     async def _stop_role(self) -> None:
         self._failed_steps, self._expired_steps = self._step_counts()

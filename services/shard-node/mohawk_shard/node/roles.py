@@ -1,0 +1,62 @@
+"""The role a node plays in one pipeline: stage 0 (`HeadDriver`) or a later stage (`StageWorker`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.engine.block_manager import BlockManager
+from mohawk_shard.engine.emitter import TokenEmitter
+from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
+from mohawk_shard.node.head import HeadDriver
+from mohawk_shard.node.link import StageLink
+from mohawk_shard.node.tokens import TokenPublisher
+from mohawk_shard.node.worker import StageWorker
+from mohawk_shard.stage import Stage
+
+if TYPE_CHECKING:
+    from mohawk_shard.node.service import ShardNode
+
+
+def make_role(node: ShardNode, plan: bus_pb2.Plan, index: int, stage: Stage) -> HeadDriver | StageWorker:
+    """Stage `index` of the pipeline `plan`, built but not started."""
+    is_last = index == len(plan.stages) - 1
+    link = StageLink(node.nc, node.security, node_id=node.node_id, plan=plan, stage=index)
+    tokens = None
+    if is_last:
+        emitter = TokenEmitter(node.tokenizer, node.source.config.eos_token_ids, plan.max_model_len)
+        tokens = TokenPublisher(node.nc, emitter)
+    if index > 0:
+        return StageWorker(
+            nc=node.nc,
+            link=link,
+            plan=plan,
+            stage_index=index,
+            stage=stage,
+            executor=node.executor,
+            tokens=tokens,
+        )
+    scheduler = Scheduler(
+        SchedulerConfig(node.settings.max_num_seqs, node.settings.max_num_batched_tokens, plan.max_model_len),
+        BlockManager(
+            plan.num_kv_blocks,
+            plan.block_size,
+            enable_prefix_caching=node.settings.enable_prefix_caching,
+        ),
+    )
+    return HeadDriver(
+        nc=node.nc,
+        js=node.js,
+        link=link,
+        security=node.security,
+        plan=plan,
+        stage=stage,
+        scheduler=scheduler,
+        executor=node.executor,
+        vocab_size=node.source.config.vocab_size,
+        tokens=tokens,
+        max_inflight_steps=node.settings.max_inflight_steps,
+        ack_wait_s=node.settings.request_ack_wait_s,
+        max_waiting=node.settings.max_waiting,
+        step_deadline_floor_s=node.settings.step_deadline_floor_s,
+    )

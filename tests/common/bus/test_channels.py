@@ -1,0 +1,76 @@
+"""Secure channels when a node holds two plans at once (make before break): one handshake subject,
+two managers, and only the one serving the offer's plan version answers; against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from mohawk_common.bus.channels import ChannelManager
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.security import Security
+from mohawk_common.bus.server import NatsServer
+from mohawk_pqc.errors import AuthenticationError
+from mohawk_pqc.kem import CryptographyKem
+from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
+
+PEERS = {"shard-a": 0, "shard-b": 1}
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Path:
+    init_pki(tmp_path / "pki")
+    for node in PEERS:
+        issue_node(tmp_path / "pki", node, "shard")
+    return tmp_path / "pki"
+
+
+def security(pki: Path, node: str) -> Security:
+    return Security(load_bundle(pki / "nodes" / node, role="shard"), CryptographyKem(), role="shard")
+
+
+def test_the_manager_of_the_offers_plan_answers_and_an_unserved_plan_is_refused(
+    nats_server: NatsServer, pki: Path
+) -> None:
+    async def scenario() -> None:
+        a_nc = await connect([nats_server.url], name="a", attempts=3)
+        b_nc = await connect([nats_server.url], name="b", attempts=3)
+        a_sec, b_sec = security(pki, "shard-a"), security(pki, "shard-b")
+
+        def manager(nc, sec, node, version):  # type: ignore[no-untyped-def]
+            return ChannelManager(nc, sec, node_id=node, plan_version=version, expected_peers=PEERS)
+
+        # shard-b serves plan 1 and has loaded plan 2 beside it; both listen on mohawk.v1.hs.shard-b
+        b_old, b_new = manager(b_nc, b_sec, "shard-b", 1), manager(b_nc, b_sec, "shard-b", 2)
+        for m in (b_old, b_new):
+            await m.start()
+        try:
+            for version, answering in ((2, b_new), (1, b_old), (2, b_new)):
+                a = manager(a_nc, a_sec, "shard-a", version)
+                await a.start()
+                try:
+                    channel = await a.channel_to("shard-b")
+                    # the right manager installed it: its peer's channel is the one the initiator holds
+                    assert answering.receiving(channel.channel_id).peer_id == "shard-a"
+                finally:
+                    await a.stop()
+            assert not b_sec.rejections  # neither manager refused the other's offers
+            stray = manager(a_nc, a_sec, "shard-a", 3)
+            await stray.start()
+            with pytest.raises(AuthenticationError, match="refused"):
+                async with asyncio.timeout(5):  # refused at once, not left to time out
+                    await stray.channel_to("shard-b")
+            await stray.stop()
+            await b_old.stop()  # plan 1 gone: the plan-2 manager alone answers, still
+            a = manager(a_nc, a_sec, "shard-a", 2)
+            await a.start()
+            assert b_new.receiving((await a.channel_to("shard-b")).channel_id).peer_id == "shard-a"
+            await a.stop()
+        finally:
+            await b_new.stop()
+            await a_nc.close()
+            await b_nc.close()
+
+    asyncio.run(scenario())

@@ -25,7 +25,7 @@ from pathlib import Path
 from mohawk_cli.ports import choose_port
 from mohawk_cli.redis_server import REDIS_PORT, RedisServer
 from mohawk_common.bus.config import served_model_name
-from mohawk_common.bus.server import NatsServer
+from mohawk_common.bus.server import NatsServer, free_port
 from mohawk_common.errors import MohawkError
 from mohawk_pqc.pki_files import init_pki, issue_node
 
@@ -68,6 +68,7 @@ class LocalCluster:
             nats_port,
             max_payload=spec.max_payload,
             log_file=self.log_dir / "nats.log",
+            monitor_port=free_port(),  # `mohawk bus server` reads it
         )
         self.redis: RedisServer | None = None
         if spec.redis:

@@ -89,6 +89,7 @@ _SERVICES = [
     ("pki", "mohawk_cli.pki", "operator PKI: init a root, issue node bundles, revoke, show"),
     ("slice", "mohawk_cli.slices", "build (pack) and ship (push) signed, encrypted slice packages"),
     ("tenant", "mohawk_cli.tenant", "tenants, their API keys and limits (in Redis): add, ls, rm"),
+    ("bus", "mohawk_cli.bus", "inspect the bus without the nats CLI: streams, consumers, kv, sub, server"),
 ]
 
 

@@ -184,7 +184,8 @@ Mohawk is ready: {cluster.url}/v1  (OpenAI-compatible; model "{name}")
     -d '{{"model": "{name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
   mohawk plan --explain --nats-url {cluster.nats.url}     # who holds which layers, and why
-  nats -s {cluster.nats.url} stream ls                    # the bus (NATS CLI)
+  mohawk bus streams --nats-url {cluster.nats.url}       # the bus (= nats -s URL stream ls)
+  mohawk bus server --monitor-url {cluster.nats.monitor_url}   # connections, JetStream use
 
 Ctrl-C stops everything.""",
         flush=True,

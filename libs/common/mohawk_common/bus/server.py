@@ -42,21 +42,29 @@ class NatsServer:
         *,
         max_payload: int | None = None,
         log_file: Path | None = None,
+        monitor_port: int | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.max_payload = max_payload
         self.log_file = log_file
+        self.monitor_port = monitor_port  # HTTP monitoring (/varz, /connz, /jsz); None: off
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def monitor_url(self) -> str | None:
+        return None if self.monitor_port is None else f"http://127.0.0.1:{self.monitor_port}"
+
     def start(self, timeout: float = 10.0) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         args = [find_nats_server(), "-a", "127.0.0.1", "-p", str(self.port)]
         args += ["-js", "-sd", str(self.store_dir)]
+        if self.monitor_port is not None:
+            args += ["-m", str(self.monitor_port)]
         if self.max_payload is not None:
             config = self.store_dir / "limits.conf"
             config.write_text(f"max_payload: {self.max_payload}\n")

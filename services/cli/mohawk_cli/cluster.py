@@ -31,6 +31,7 @@ from mohawk_pqc.pki_files import init_pki, issue_node
 
 _STOP_TIMEOUT_S = 15.0
 NATS_PORT = 4222  # NATS's usual port, when free
+TELEMETRY_PORT = 9300
 
 
 class ClusterError(MohawkError):
@@ -55,6 +56,8 @@ class ClusterSpec:
     redis: bool = False  # start a redis-server (tenants, rate limits, sessions) for the gateways
     redis_port: int | None = None  # None: 6379 when free, else any free port
     gateway_env: Mapping[str, str] = field(default_factory=dict)  # on top of `env`, gateways only
+    telemetry: bool = False  # start the telemetry service (the cluster's /metrics and dashboard)
+    telemetry_port: int | None = None  # None: 9300 when free, else any free port
 
 
 class LocalCluster:
@@ -80,6 +83,7 @@ class LocalCluster:
         self._commands: dict[str, tuple[list[str], dict[str, str]]] = {}
         self._node_count = 0
         self._coordinator_count = 0
+        self.telemetry_port = choose_port(spec.telemetry_port, TELEMETRY_PORT) if spec.telemetry else None
 
     @property
     def url(self) -> str:
@@ -97,7 +101,20 @@ class LocalCluster:
         for _ in range(self.spec.nodes):
             self.add_node()
         self.start_gateway()
+        if self.telemetry_port is not None:
+            self.start_telemetry(self.telemetry_port)
         return self
+
+    @property
+    def telemetry_url(self) -> str | None:
+        return None if self.telemetry_port is None else f"http://127.0.0.1:{self.telemetry_port}"
+
+    def start_telemetry(self, port: int) -> None:
+        """The telemetry service: it reads only the bus's plaintext control records, so it needs
+        no certificate."""
+        args = ["--log-level", self.spec.log_level, "--host", "127.0.0.1", "--port", str(port)]
+        self._commands["telemetry"] = ([sys.executable, "-m", "mohawk_telemetry", *args], self._env())
+        self._launch("telemetry")
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -89,6 +89,7 @@ _SERVICES = [
     ("pki", "mohawk_cli.pki", "operator PKI: init a root, issue node bundles, revoke, show"),
     ("slice", "mohawk_cli.slices", "build (pack) and ship (push) signed, encrypted slice packages"),
     ("tenant", "mohawk_cli.tenant", "tenants, their API keys and limits (in Redis): add, ls, rm"),
+    ("telemetry", "mohawk_telemetry.main", "run the telemetry service: the cluster's /metrics and dashboard"),
     ("bus", "mohawk_cli.bus", "inspect the bus without the nats CLI: streams, consumers, kv, sub, server"),
 ]
 

@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats-port", type=int, help="nats-server port (default 4222, or a free one)")
     parser.add_argument("--redis-port", type=int, help="redis-server port (default 6379, or a free one)")
     parser.add_argument(
+        "--telemetry-port",
+        type=int,
+        help="telemetry service port: /metrics, dashboard (default 9300, or a free one)",
+    )
+    parser.add_argument("--no-telemetry", action="store_true", help="do not start the telemetry service")
+    parser.add_argument(
         "--no-redis",
         action="store_true",
         help="start no redis-server (no tenants, keys, rate limits, sessions)",
@@ -115,6 +121,8 @@ def run_up(args: argparse.Namespace) -> int:
         redis=with_redis,
         redis_port=args.redis_port,
         gateway_env={"MOHAWK_AUTH": "true"} if args.auth else {},
+        telemetry=not args.no_telemetry,
+        telemetry_port=args.telemetry_port,
     )
     cluster = LocalCluster(spec)
     stopping = False
@@ -176,6 +184,11 @@ def _banner(cluster: LocalCluster, model: str | None) -> None:
         if cluster.redis is not None
         else ""
     )
+    telemetry = (
+        f"\n  {cluster.telemetry_url}/   # live dashboard; {cluster.telemetry_url}/metrics for Prometheus"
+        if cluster.telemetry_url
+        else ""
+    )
     print(
         f"""
 Mohawk is ready: {cluster.url}/v1  (OpenAI-compatible; model "{name}")
@@ -183,7 +196,7 @@ Mohawk is ready: {cluster.url}/v1  (OpenAI-compatible; model "{name}")
   curl {cluster.url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\
     -d '{{"model": "{name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
-  mohawk plan --explain --nats-url {cluster.nats.url}     # who holds which layers, and why
+  mohawk plan --explain --nats-url {cluster.nats.url}     # who holds which layers, and why{telemetry}
   mohawk bus streams --nats-url {cluster.nats.url}       # the bus (= nats -s URL stream ls)
   mohawk bus server --monitor-url {cluster.nats.monitor_url}   # connections, JetStream use
 

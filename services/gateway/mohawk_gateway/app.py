@@ -54,11 +54,13 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         bus.start()
         loader = None if gateway.codec is not None else asyncio.create_task(_load_codec(gateway))
+        reports = asyncio.create_task(gateway.reports.run(), name="request-reports")
         log.info("gateway starting", model=gateway.model_name, nats=settings.nats_url)
         try:
             yield
         finally:
-            await cancel_and_wait(loader)
+            await cancel_and_wait(loader, reports)
+            await gateway.reports.flush()
             await sessions.close()
             await bus.close()
             await gateway.access.close()

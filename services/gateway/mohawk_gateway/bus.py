@@ -127,6 +127,10 @@ class BusClient:
             reason = str(exc) or type(exc).__name__
             raise unavailable(f"NATS did not accept the request: {reason}", self._retry) from exc
 
+    async def publish_telemetry(self, kind: str, data: bytes) -> None:
+        """A report for the telemetry service (`mohawk_common.telemetry`); raises when not connected."""
+        await self._client().publish(names.telemetry_subject(kind, self.instance), data)
+
     async def cancel(self, request_id: str, token_key: bytes = b"") -> None:
         """Tell stage 0 to drop the request and free its KV blocks (best effort, never raises)."""
         nc = self._nc

@@ -29,12 +29,14 @@ from nats.aio.subscription import Subscription
 
 from mohawk_common.bus.requests import new_token_key
 from mohawk_common.bus.token_log import TokenLogReader
+from mohawk_common.telemetry import REQUESTS
 from mohawk_common.tenancy import RateDecision, Tenant
 from mohawk_gateway.access import Access
 from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.errors import GatewayError, invalid, overloaded, unavailable
 from mohawk_gateway.metrics import GatewayMetrics
+from mohawk_gateway.request_reports import RequestReporter
 from mohawk_gateway.routing import Router
 from mohawk_gateway.tokenizer import PromptCodec
 from mohawk_gateway.tokens import TokenStream
@@ -90,6 +92,7 @@ class Gateway:
         self.tokenizer_error: str | None = None
         self.num_in_flight = 0
         self.num_tokenizing = 0
+        self.reports = RequestReporter(bus.instance, lambda data: bus.publish_telemetry(REQUESTS, data))
         self._tokenize_limiter: anyio.CapacityLimiter | None = None
 
     @property
@@ -348,6 +351,9 @@ class Generation:
         if self.finished:
             elapsed = asyncio.get_running_loop().time() - self._arrived
             metrics.request_duration.labels(endpoint=self.submission.endpoint).observe(elapsed)
+        outcome = ("failed" if self.failed else "ok") if self.finished else self._cancel_reason
+        tenant = self.submission.tenant.name if self.submission.tenant is not None else ""
+        self.gateway.reports.record(self.gateway.model_name, tenant, self._arrived, self.token_times, outcome)
 
     def _count_token(self) -> None:
         metrics = self.gateway.metrics

@@ -32,6 +32,7 @@ REQUESTS_WILDCARD = f"{PREFIX}.req.>"
 TOKENS_WILDCARD = f"{PREFIX}.tok.>"
 HEARTBEAT_WILDCARD = f"{PREFIX}.hb.*"
 CANCEL_WILDCARD = f"{PREFIX}.cancel.*"
+TELEMETRY_WILDCARD = f"{PREFIX}.tel.>"
 
 LEADER_BUCKET = "mohawk_leader"
 LEADER_KEY = "coordinator"
@@ -96,6 +97,11 @@ def route_of_consumer(model: str, consumer: str) -> int | None:
     prefix = f"{stage0_consumer(model)}-p"
     tail = consumer[len(prefix) :] if consumer.startswith(prefix) else ""
     return int(tail) if tail.isdigit() else None
+
+
+def telemetry_subject(kind: str, process_id: str) -> str:
+    """Where a process publishes its `mohawk_common.telemetry` reports of `kind` (step, req)."""
+    return f"{PREFIX}.tel.{kind}.{check_id('process id', process_id)}"
 
 
 def handshake_subject(node_id: str) -> str:

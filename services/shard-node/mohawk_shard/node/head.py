@@ -68,6 +68,7 @@ from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.recovery import read_emitted
 from mohawk_shard.node.step_deadlines import StepDeadlines
+from mohawk_shard.node.step_stats import StepStats
 from mohawk_shard.node.tokens import TokenPublisher, event_box, publish_error
 from mohawk_shard.node.wire import Joining, qos_from_proto, sampling_from_proto, step_batch_to_proto
 from mohawk_shard.stage import Stage, StepBatch
@@ -126,6 +127,7 @@ class HeadDriver:
         self.ack_wait_s = ack_wait_s
         self.max_waiting = max_waiting
         self.num_steps = 0  # steps started here (the node's idle detection watches it)
+        self.stats = StepStats()  # for the telemetry service
         self._deliveries: dict[str, _Delivery] = {}
         self._inflight_steps: dict[int, _InflightStep] = {}
         self.deadlines = StepDeadlines(floor_s=step_deadline_floor_s)
@@ -317,6 +319,7 @@ class HeadDriver:
 
     async def _run_step(self, batch: StepBatch) -> None:
         self.num_steps += 1
+        self.stats.record(sum(s.num_new_tokens for s in batch.sequences), len(batch.sequences))
         loop = asyncio.get_running_loop()
         joining = self._joining(batch)
         started, started_at = time.monotonic(), time.time()
@@ -328,6 +331,7 @@ class HeadDriver:
                 started_at,
             )
             self.core.record_step(batch, time.monotonic() - started)
+            self.stats.emitted += len(results)
             for result in results:
                 self._apply(result)
             return

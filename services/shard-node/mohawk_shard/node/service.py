@@ -39,6 +39,7 @@ from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.slice_fetch import fetch_slice_source
 from mohawk_common.tasks import cancel_and_wait
+from mohawk_common.telemetry import STEP
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import make_backend
@@ -49,6 +50,7 @@ from mohawk_shard.node.handover import room_for_both, serving_footprint, share_w
 from mohawk_shard.node.head import HeadDriver
 from mohawk_shard.node.memory_trim import IdleTrim, load_malloc_trim
 from mohawk_shard.node.roles import make_role
+from mohawk_shard.node.step_stats import StepWindow, TimedExecutor, step_report
 from mohawk_shard.node.worker import StageWorker
 from mohawk_shard.stage import Stage
 
@@ -73,7 +75,7 @@ class ShardNode:
         self.security = security
         self.node_id = names.check_id("node id", settings.node_id)
         self.model = served_model_name(settings.model, settings.served_model_name)
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mohawk-compute")
+        self.executor = TimedExecutor(max_workers=1, thread_name_prefix="mohawk-compute")
         self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mohawk-load")  # handover
         self._log = log.bind(node_id=self.node_id)
         self._started_at_ms = int(time.time() * 1000)
@@ -124,6 +126,11 @@ class ShardNode:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def role(self) -> HeadDriver | StageWorker | None:
+        """The stage this node serves now (None: none)."""
+        return self._role
 
     async def _open_source(self) -> ModelSource:
         """The model file, or this node's slice package from the object store, verified first."""
@@ -184,7 +191,7 @@ class ShardNode:
         heartbeat.security_rejections.update(self.security.rejections)
         if self._held is not None:
             heartbeat.held_layer_start, heartbeat.held_layer_end = self._held
-        heartbeat.failed_steps, heartbeat.expired_steps = self._step_counts()
+        heartbeat.failed_steps, heartbeat.expired_steps = self.step_counts()
         if isinstance(self._role, HeadDriver):
             heartbeat.held_requests.extend(self._role.held_acks(MAX_HELD_IN_HEARTBEAT))
         if self._role is not None:
@@ -194,7 +201,7 @@ class ShardNode:
             heartbeat.num_hops = hops.num_hops
         return heartbeat
 
-    def _step_counts(self) -> tuple[int, int]:
+    def step_counts(self) -> tuple[int, int]:
         """Steps this node failed, and (stage 0) steps it gave up waiting for, since it started."""
         role = self._role
         failed = self._failed_steps + (role.num_failed_steps if role is not None else 0)
@@ -204,10 +211,13 @@ class ShardNode:
     async def _heartbeat_loop(self) -> None:
         """A heartbeat every interval; also where an idle node gives freed heap back (`memory_trim`)."""
         subject = names.heartbeat_subject(self.node_id)
-        trim, idle = load_malloc_trim(), IdleTrim()
+        stats_subject = names.telemetry_subject(STEP, self.node_id)
+        trim, idle, window = load_malloc_trim(), IdleTrim(), StepWindow(time.monotonic())
         while True:
             with contextlib.suppress(Exception):
                 await self.nc.publish(subject, encode_json(self.heartbeat()))
+            with contextlib.suppress(Exception):  # for the telemetry service
+                await self.nc.publish(stats_subject, step_report(self, window).model_dump_json().encode())
             if trim is not None:
                 with contextlib.suppress(Exception):
                     await self._trim_if_idle(trim, idle)
@@ -266,7 +276,7 @@ class ShardNode:
                 await self._switch()
         else:
             await self._drop_next()
-            if self._role is not None and self.settings.make_before_break and self._room_beside(view, index):
+            if self._serves_on(plan) and self._room_beside(view, index):
                 await self._prepare(view, index)
                 if view.state == ACTIVE:
                     await self._switch()
@@ -296,7 +306,7 @@ class ShardNode:
         await self._drop_next()
         self._plan, self._stage_index = plan, -1
         new_is_active = any(p.active for p in pipelines(plan))
-        if self._role is not None and self.settings.make_before_break and not new_is_active:
+        if self._serves_on(plan) and not new_is_active:
             self._log.info(
                 "not in plan: serving the old stage until the new plan is active", plan=plan.version
             )
@@ -304,6 +314,16 @@ class ShardNode:
         await self._stop_role()
         self._backend = None
         self._log.info("not in plan", plan=plan.version, spare=self.node_id in plan.spares)
+
+    def _serves_on(self, plan: bus_pb2.Plan) -> bool:
+        """Whether the running stage can go on serving while `plan` loads: make before break is
+        on, and every node of its pipeline still lives (the new plan names it somewhere). A
+        pipeline that lost a node cannot serve, so its survivors free their memory first."""
+        role = self._role
+        if role is None or not self.settings.make_before_break:
+            return False
+        alive = {s.node_id for s in plan.stages} | set(plan.spares) | set(plan.quarantined)
+        return all(s.node_id in alive for s in role.plan.stages)
 
     async def _prepare(self, view: bus_pb2.Plan, index: int) -> None:
         """Load stage `index` of `view` beside the running stage (`handover`), and report it loaded."""
@@ -420,7 +440,7 @@ class ShardNode:
         )
 
     async def _stop_role(self) -> None:
-        self._failed_steps, self._expired_steps = self._step_counts()
+        self._failed_steps, self._expired_steps = self.step_counts()
         role, self._role = self._role, None
         self._loaded = False
         if role is None:

@@ -32,6 +32,7 @@ from mohawk_common.tasks import cancel_and_wait
 from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
+from mohawk_shard.node.step_stats import StepStats
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.wire import step_batch_from_proto
 from mohawk_shard.stage import Stage, StageOutput, StepBatch
@@ -58,6 +59,7 @@ class StageWorker:
         self.hops = HopStats()
         self.num_failed_steps = 0  # steps this stage itself could not run (heartbeats report them)
         self.num_steps = 0  # frames of steps handled (the node's idle detection watches it)
+        self.stats = StepStats()  # for the telemetry service
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
         self._log = log.bind(plan=plan.version, stage=stage_index)
@@ -121,6 +123,7 @@ class StageWorker:
         self, header: security_pb2.FrameHeader, step: engine_pb2.StepBatch, data: bytes
     ) -> None:
         batch, joining = step_batch_from_proto(step)
+        self.stats.record(sum(s.num_new_tokens for s in batch.sequences), len(batch.sequences))
         raw = (header.dtype, list(header.shape), data) if data else None
         loop = asyncio.get_running_loop()
         if self.tokens is not None:
@@ -130,6 +133,7 @@ class StageWorker:
                 lambda: loop.run_in_executor(self.executor, self._step, batch, raw),
                 step.started_at or time.time(),
             )
+            self.stats.emitted += len(results)
             result = bus_pb2.StepResult(plan_version=self.plan.version, step_id=batch.step_id)
             result.results.extend(results)
             result.sent_at = time.time()

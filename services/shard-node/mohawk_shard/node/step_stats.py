@@ -1,0 +1,130 @@
+"""A shard node's step statistics for the telemetry service: compute time, steps, tokens, queue, KV.
+
+Design. Everything the model computes on a node runs on its one compute thread, so that thread's
+executor times each task (`TimedExecutor.busy_s`): the busy share of a window is the growth of
+that sum over the window's length, whatever role (or two roles, during a handover) submitted the
+work. The roles count what they ran (`StepStats`: steps, tokens, sequence-steps, tokens sampled);
+`StepWindow` turns those ever-growing counters into the last window's deltas, so a report lost on
+the bus loses only its own window. Stage 0 adds its queue (waiting requests, running sequences) and
+KV blocks in use; every stage its hop times. Published every heartbeat interval
+(`mohawk_common.telemetry.StepReport`), it costs one small JSON message a second per node.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psutil
+
+from mohawk_common.bus.pipelines import pipeline_id
+from mohawk_common.telemetry import StepReport
+
+if TYPE_CHECKING:
+    from mohawk_shard.node.service import ShardNode
+
+T = TypeVar("T")
+
+
+class TimedExecutor(ThreadPoolExecutor):
+    """A thread pool that sums the time its tasks ran (`busy_s`, seconds since it started)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.busy_s = 0.0
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        def timed() -> T:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.busy_s += time.perf_counter() - started
+
+        return super().submit(timed)
+
+
+@dataclass
+class StepStats:
+    """What a role ran, counted up from its start."""
+
+    steps: int = 0
+    tokens: int = 0
+    sequences: int = 0
+    emitted: int = 0
+
+    def record(self, tokens: int, sequences: int) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        self.sequences += sequences
+
+
+class StepWindow:
+    """The deltas of the counters since the last `take`."""
+
+    def __init__(self, now: float) -> None:
+        self._at = now
+        self._busy = 0.0
+        self._stats: StepStats | None = None
+        self._seen = StepStats()
+
+    def take(self, now: float, busy_s: float, stats: StepStats | None) -> tuple[float, float, StepStats]:
+        """(window seconds, busy seconds, counts) since the last call."""
+        window, busy = max(1e-9, now - self._at), max(0.0, busy_s - self._busy)
+        if stats is not self._stats:  # a new role counts from zero
+            self._stats, self._seen = stats, StepStats()
+        current = stats or StepStats()
+        delta = StepStats(
+            current.steps - self._seen.steps,
+            current.tokens - self._seen.tokens,
+            current.sequences - self._seen.sequences,
+            current.emitted - self._seen.emitted,
+        )
+        self._at, self._busy = now, busy_s
+        self._seen = StepStats(current.steps, current.tokens, current.sequences, current.emitted)
+        return window, min(busy, window), delta
+
+
+def step_report(node: ShardNode, window: StepWindow) -> StepReport:
+    """The node's report for the window that ends now."""
+    from mohawk_shard.node.head import HeadDriver
+
+    role = node.role
+    seconds, busy, counts = window.take(time.monotonic(), node.executor.busy_s, role.stats if role else None)
+    failed, expired = node.step_counts()
+    capacity = node.capacity
+    report = StepReport(
+        node_id=node.node_id,
+        model=node.model,
+        runtime=node.settings.backend,
+        device=capacity.device,
+        weights_format=capacity.weights_format,
+        window_s=seconds,
+        busy_s=busy,
+        steps=counts.steps,
+        tokens=counts.tokens,
+        sequences=counts.sequences,
+        emitted=counts.emitted,
+        failed_steps=failed,
+        expired_steps=expired,
+        rss_bytes=psutil.Process().memory_info().rss,
+        memory_limit_bytes=capacity.memory_limit_bytes,
+        sent_at=time.time(),
+    )
+    if role is None:
+        return report
+    view = role.plan
+    index = 0 if isinstance(role, HeadDriver) else role.stage_index
+    placement = view.stages[index]
+    report.pipeline, report.epoch, report.stage = pipeline_id(view), view.version, index
+    report.num_stages, report.start, report.end = len(view.stages), placement.start, placement.end
+    report.hop_ms_p50, report.hop_ms_p99 = role.hops.percentile_ms(0.5), role.hops.percentile_ms(0.99)
+    report.kv_blocks_total = view.num_kv_blocks
+    if isinstance(role, HeadDriver):
+        scheduler = role.scheduler
+        report.queue_depth, report.running = len(scheduler.waiting), len(scheduler.running)
+        report.kv_blocks_used = view.num_kv_blocks - scheduler.block_manager.num_free_blocks
+    return report

@@ -1,0 +1,1 @@
+"""Mohawk's telemetry service: the whole cluster's metrics, and a live dashboard."""

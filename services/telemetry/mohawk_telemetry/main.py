@@ -1,0 +1,37 @@
+"""`mohawk telemetry`: the cluster's one Prometheus endpoint and its live dashboard."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+DEFAULT_PORT = 9300
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nats-url", help="NATS server URL(s) (default: MOHAWK_NATS_URL or nats://127.0.0.1:4222)"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("MOHAWK_TELEMETRY_PORT", DEFAULT_PORT)),
+        help=f"HTTP port: /metrics, the dashboard at / (default: MOHAWK_TELEMETRY_PORT or {DEFAULT_PORT})",
+    )
+    parser.add_argument("--node-ttl-s", type=float, default=5.0, help="a node silent this long is shown down")
+    parser.add_argument("--log-level", default="info")
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from mohawk_common.logging import configure_logging
+    from mohawk_telemetry.app import create_app
+
+    configure_logging(args.log_level)
+    nats_url = args.nats_url or os.environ.get("MOHAWK_NATS_URL") or "nats://127.0.0.1:4222"
+    servers = [u.strip() for u in nats_url.split(",") if u.strip()]
+    app = create_app(servers, node_ttl_s=args.node_ttl_s)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0

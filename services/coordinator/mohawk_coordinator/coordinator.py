@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import structlog
@@ -27,6 +27,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from mohawk_common.bus import names
 from mohawk_common.bus.setup import Buckets
@@ -97,6 +98,28 @@ class Coordinator:
     @property
     def is_leader(self) -> bool:
         return self.election.is_leader
+
+    def metrics(self) -> Iterator[Metric]:
+        """This replica's own /metrics (`metrics_port`): leadership, live nodes, the plan it published."""
+        me = [self.settings.coordinator_id]
+        leader = GaugeMetricFamily(
+            "mohawk_coordinator_is_leader", "1 while this replica holds the lease", labels=["coordinator"]
+        )
+        leader.add_metric(me, 1.0 if self.is_leader else 0.0)
+        nodes = GaugeMetricFamily(
+            "mohawk_coordinator_live_nodes", "shard nodes whose heartbeats arrive", labels=["coordinator"]
+        )
+        nodes.add_metric(me, len(self.registry.live()))
+        version = GaugeMetricFamily(
+            "mohawk_coordinator_plan_version", "the plan this leader published last", labels=["coordinator"]
+        )
+        term = self._term
+        version.add_metric(me, term.version if term is not None and self.is_leader else 0)
+        quarantined = GaugeMetricFamily(
+            "mohawk_coordinator_quarantined_nodes", "nodes left out for a cool-down", labels=["coordinator"]
+        )
+        quarantined.add_metric(me, len(term.quarantined) if term is not None else 0)
+        return iter((leader, nodes, version, quarantined))
 
     def stop(self) -> None:
         """Finish the current step, give up the lease and return from `run` (graceful shutdown)."""

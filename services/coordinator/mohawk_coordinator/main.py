@@ -20,6 +20,7 @@ from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets
 from mohawk_common.errors import ConfigError, MohawkError
 from mohawk_common.logging import LEVELS, configure_logging
+from mohawk_common.metrics_port import serve_metrics
 from mohawk_common.settings import load_settings
 from mohawk_common.tasks import RECANCEL_S
 from mohawk_coordinator.config import CoordinatorSettings
@@ -103,6 +104,7 @@ async def serve(settings: CoordinatorSettings) -> None:
         try:
             buckets = await ensure_buckets(nc.jetstream(), settings.bus_limits())
             coordinator = Coordinator(settings, nc, buckets)
+            serve_metrics(settings.metrics_port, settings.metrics_host, coordinator.metrics)
             await coordinator.run()
         finally:
             await nc.close()

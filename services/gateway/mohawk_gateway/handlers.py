@@ -93,6 +93,7 @@ class Gateway:
         self.num_in_flight = 0
         self.num_tokenizing = 0
         self.reports = RequestReporter(bus.instance, lambda data: bus.publish_telemetry(REQUESTS, data))
+        self.reports.enabled = settings.telemetry
         self._tokenize_limiter: anyio.CapacityLimiter | None = None
 
     @property

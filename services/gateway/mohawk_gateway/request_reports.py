@@ -25,12 +25,15 @@ class RequestReporter:
         self, gateway: str, publish: Callable[[bytes], Awaitable[None]], interval_s: float = 1.0
     ) -> None:
         self.gateway, self._publish, self.interval_s = gateway, publish, interval_s
+        self.enabled = True  # the `telemetry` setting: off, nothing is kept or sent
         self._pending: list[RequestSample] = []
 
     def record(
         self, model: str, tenant: str, arrived: float, token_times: Sequence[float], outcome: str
     ) -> None:
         """One ended request; `arrived` and `token_times` on the same clock."""
+        if not self.enabled:
+            return
         gaps = [b - a for a, b in itertools.pairwise(token_times)][:MAX_GAPS_PER_REQUEST]
         ttft = token_times[0] - arrived if token_times else None
         self._pending.append(

@@ -28,6 +28,14 @@ class BusSettings(MohawkSettings):
     )
     insecure: bool = Field(False, description="run with no certificate and a plaintext bus (development)")
     kem_provider: str = Field("cryptography", description="ML-KEM provider: cryptography, oqs or auto")
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="shard nodes and coordinators: serve /metrics on this port; none = off",
+    )
+    metrics_host: str = Field("0.0.0.0", description="address the metrics port listens on")
+    telemetry: bool = Field(True, description="publish step and request reports for the telemetry service")
 
     @property
     def nats_servers(self) -> list[str]:

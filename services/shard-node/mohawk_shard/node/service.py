@@ -36,6 +36,7 @@ from mohawk_common.bus.pipelines import ACTIVE, node_view, pipeline_id, pipeline
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
 from mohawk_common.errors import ModelLoadError
+from mohawk_common.metrics_port import serve_metrics
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.slice_fetch import fetch_slice_source
 from mohawk_common.tasks import cancel_and_wait
@@ -49,6 +50,7 @@ from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.handover import room_for_both, serving_footprint, share_weights, stage_footprint
 from mohawk_shard.node.head import HeadDriver
 from mohawk_shard.node.memory_trim import IdleTrim, load_malloc_trim
+from mohawk_shard.node.metrics import node_metrics
 from mohawk_shard.node.roles import make_role
 from mohawk_shard.node.step_stats import StepWindow, TimedExecutor, step_report
 from mohawk_shard.node.worker import StageWorker
@@ -111,6 +113,7 @@ class ShardNode:
         limits = self.settings.bus_limits()
         await ensure_streams(self.js, limits)
         self.buckets = await ensure_buckets(self.js, limits)
+        serve_metrics(self.settings.metrics_port, self.settings.metrics_host, lambda: node_metrics(self))
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         watcher = asyncio.create_task(self._watch_plan())
         revocations = asyncio.create_task(self.security.follow_revocations(self.buckets.pki))
@@ -216,8 +219,9 @@ class ShardNode:
         while True:
             with contextlib.suppress(Exception):
                 await self.nc.publish(subject, encode_json(self.heartbeat()))
-            with contextlib.suppress(Exception):  # for the telemetry service
-                await self.nc.publish(stats_subject, step_report(self, window).model_dump_json().encode())
+            if self.settings.telemetry:
+                with contextlib.suppress(Exception):  # for the telemetry service
+                    await self.nc.publish(stats_subject, step_report(self, window).model_dump_json().encode())
             if trim is not None:
                 with contextlib.suppress(Exception):
                     await self._trim_if_idle(trim, idle)

@@ -8,7 +8,7 @@ import json
 
 from starlette.types import Message, Receive, Scope, Send
 
-from mohawk_gateway.middleware import AdmissionMiddleware
+from mohawk_gateway.middleware import FIRST_LOOK_S, MAX_HOLD_S, QUIET_S, AdmissionMiddleware
 
 PATH = "/v1/chat/completions"
 
@@ -59,7 +59,9 @@ def test_past_max_active_requests_are_refused_at_the_door_and_room_returns_when_
         admitted = [asyncio.create_task(call(app, scope())) for _ in range(3)]
         await asyncio.sleep(0)
         refused = await asyncio.gather(*(call(app, scope()) for _ in range(5)))
-        assert inner.entered == 3 and app.num_active == 3
+        assert app.num_active == 3
+        await asyncio.sleep(FIRST_LOOK_S + QUIET_S + 0.05)  # the refusals paused: in they go
+        assert inner.entered == 3
         for sent in refused:
             start = sent[0]
             assert start["status"] == 429
@@ -67,7 +69,7 @@ def test_past_max_active_requests_are_refused_at_the_door_and_room_returns_when_
             assert headers[b"retry-after"] == b"2" and b"connection" not in headers  # body drained
             assert json.loads(sent[1]["body"])["error"]["code"] == "rate_limit_exceeded"
         other = asyncio.create_task(call(app, scope(path="/v1/sessions")))  # not a generation path
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
         assert inner.entered == 4 and app.num_active == 3  # let in, and not counted
         inner.release.set()
         assert [sent[0]["status"] for sent in await asyncio.gather(*admitted, other)] == [200] * 4
@@ -88,5 +90,42 @@ def test_the_gateways_own_count_refuses_too() -> None:
         assert (await call(app, scope()))[0]["status"] == 429 and inner.entered == 0
         room[0] = True
         assert (await call(app, scope()))[0]["status"] == 200 and inner.entered == 1
+
+    asyncio.run(run())
+
+
+def test_a_bursts_refusals_go_out_before_the_requests_it_let_in_enter_the_app() -> None:
+    """A refusal costs one pre-encoded answer, an admitted request a trip through the app: while a
+    burst is being refused, the few it let in wait at the door (bounded by MAX_HOLD_S)."""
+
+    async def run() -> None:
+        inner = Held()
+        app = AdmissionMiddleware(
+            inner, has_room=lambda: True, paths=frozenset({PATH}), retry_after_s=2, max_active=2
+        )
+        admitted = [asyncio.create_task(call(app, scope())) for _ in range(2)]
+        await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while loop.time() - started < 0.1:  # refusals every 5 ms for 100 ms
+            assert (await call(app, scope()))[0]["status"] == 429
+            assert inner.entered == 0
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(QUIET_S + 0.05)
+        assert inner.entered == 2
+        inner.release.set()
+        await asyncio.gather(*admitted)
+        # refusals that never pause hold an admitted request MAX_HOLD_S at most
+        inner.release.clear()
+        held = asyncio.create_task(call(app, scope()))
+        second = asyncio.create_task(call(app, scope()))
+        await asyncio.sleep(0)
+        started = loop.time()
+        while inner.entered < 4:
+            assert (await call(app, scope()))[0]["status"] == 429
+            await asyncio.sleep(0.002)
+        assert loop.time() - started < MAX_HOLD_S + 0.2
+        inner.release.set()
+        await asyncio.gather(held, second)
 
     asyncio.run(run())

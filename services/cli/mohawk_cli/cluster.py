@@ -238,11 +238,12 @@ class LocalCluster:
             proc.wait(_STOP_TIMEOUT_S)
 
     def stop(self) -> None:
-        """Gateway first (no new work), then nodes and coordinators, Redis, NATS last; SIGTERM, then
-        SIGKILL."""
+        """Gateway first (no new work), then nodes, coordinators and any other child (telemetry),
+        Redis, NATS last; SIGTERM, then SIGKILL."""
         order = [n for n in self.processes if n.startswith("gateway")]
         order += [n for n in self.processes if n.startswith("shard")]
         order += [n for n in self.processes if n.startswith("coordinator")]
+        order += [n for n in self.processes if n not in order]
         for name in order:
             proc = self.processes.get(name)
             if proc is not None and proc.poll() is None:

@@ -13,6 +13,7 @@ calls go to the server, so the app still hears a client disconnect.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
@@ -22,6 +23,9 @@ from mohawk_gateway.errors import GatewayError, overloaded
 from mohawk_gateway.metrics import GatewayMetrics
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+QUIET_S = 0.02  # refusals this long apart: the burst is over
+FIRST_LOOK_S = 0.005  # every admitted request waits this long, then while refusals go on
+MAX_HOLD_S = 0.5  # the longest an admitted request waits for refusals to pause
 
 
 class AdmissionMiddleware:
@@ -48,6 +52,7 @@ class AdmissionMiddleware:
         self.app, self.has_room, self.paths, self.drain_bytes = app, has_room, paths, drain_bytes
         self.max_active = max_active
         self.num_active = 0
+        self._refused_at = float("-inf")  # loop time of the last refusal
         error = overloaded("too many requests in flight; retry later", retry_after_s)
         self._body = json.dumps(error.body()).encode()
         headers = [
@@ -63,13 +68,26 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         if self.num_active >= self.max_active or not self.has_room():
+            self._refused_at = asyncio.get_running_loop().time()
             await self._refuse(scope, receive, send)
             return
         self.num_active += 1
         try:
+            await self._refusals_first()
             await self.app(scope, receive, send)
         finally:
             self.num_active -= 1
+
+    async def _refusals_first(self) -> None:
+        """While refusals are being sent (a burst past the room), hold an admitted request back until
+        they pause for `QUIET_S`, at most `MAX_HOLD_S`: a refusal costs the loop one pre-encoded
+        answer, an admitted request a trip through the app (JSON, chat template, tokenizer, sealing),
+        and a burst's 429s should not wait behind the work of the few requests it let in."""
+        loop = asyncio.get_running_loop()
+        held_until = loop.time() + MAX_HOLD_S
+        await asyncio.sleep(FIRST_LOOK_S)  # the first requests of a burst arrive before its refusals
+        while loop.time() - self._refused_at < QUIET_S and loop.time() < held_until:
+            await asyncio.sleep(QUIET_S)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         length = _content_length(scope)

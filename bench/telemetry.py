@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
-import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -39,33 +40,42 @@ class Form:
     num_concurrent: int = 32
 
 
+SERVICE_CPU: list[float] = []  # the telemetry service's CPU seconds per second of load, per round
+
 SHORT = Form(rounds=1, repeats=2, tokens=16)
 FULL = Form(rounds=2, repeats=3, tokens=48)
 
 
+_SCRAPE_LOOP = """
+import sys, time, urllib.request
+url, scrapes = sys.argv[1], 0
+while True:
+    time.sleep(1.0)
+    with urllib.request.urlopen(url, timeout=5) as response:
+        response.read()
+    scrapes += 1
+    print(scrapes, flush=True)
+"""
+
+
 class Scraper:
-    """GET /metrics every second, as Prometheus would, while the load runs."""
+    """GET /metrics every second from a process of its own, as Prometheus would, while the load
+    runs (a thread in this process would take the GIL from the streams' client)."""
 
     def __init__(self, url: str) -> None:
         self.url, self.num_scrapes = url, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(1.0):
-            try:
-                httpx.get(f"{self.url}/metrics", timeout=5).raise_for_status()
-                self.num_scrapes += 1
-            except httpx.HTTPError:
-                pass
+        self._process: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> Scraper:
-        self._thread.start()
+        command = [sys.executable, "-c", _SCRAPE_LOOP, f"{self.url}/metrics"]
+        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        assert self._process is not None
+        self._process.terminate()
+        out, _ = self._process.communicate(timeout=10)
+        self.num_scrapes = len(out.split())
 
 
 def measure(telemetry: bool, form: Form) -> list[float]:
@@ -78,8 +88,11 @@ def measure(telemetry: bool, form: Form) -> list[float]:
             url = setup.cluster.telemetry_url
             if url is None:
                 return [setup.concurrent(qs, form.tokens) for _ in range(form.repeats)]
+            service = psutil.Process(setup.cluster.processes["telemetry"].pid)
+            cpu_before, started = sum(service.cpu_times()[:2]), time.monotonic()
             with Scraper(url) as scraper:
                 runs = [setup.concurrent(qs, form.tokens) for _ in range(form.repeats)]
+            SERVICE_CPU.append((sum(service.cpu_times()[:2]) - cpu_before) / (time.monotonic() - started))
             if scraper.num_scrapes == 0:
                 raise RuntimeError("the telemetry service answered no scrape")
             return runs
@@ -117,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| on (reports, service, a scrape a second) | {result['on']} |")
     print()
     print(f"on / off: {result['ratio']:.3f} (cost {100 * (1 - result['ratio']):.1f}%)")
+    shares = ", ".join(f"{100 * c:.1f}%" for c in SERVICE_CPU)
+    print(f"the telemetry service's own CPU during the load: {shares} of one core (per round)")
+    result["service_cpu"] = SERVICE_CPU
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         plain = {k: getattr(v, "__dict__", v) for k, v in result.items()}

@@ -15,15 +15,15 @@ import psutil
 from mohawk_cli.redis_server import find_redis_server
 from mohawk_common.bus.server import free_port
 
-# nats-server, redis-server (where installed), coordinator, shard node, gateway
-NUM_CHILDREN = 5 if find_redis_server() else 4
+# nats-server, redis-server (where installed), coordinator, shard node, gateway, telemetry
+NUM_CHILDREN = 6 if find_redis_server() else 5
 
 
 def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
-    port, nats_port, redis_port = free_port(), free_port(), free_port()
+    port, nats_port, redis_port, telemetry_port = free_port(), free_port(), free_port(), free_port()
     mohawk = str(Path(sys.executable).parent / "mohawk")
     command = [mohawk, "up", "--nodes", "1", "--port", str(port), "--nats-port", str(nats_port)]
-    command += ["--redis-port", str(redis_port)]
+    command += ["--redis-port", str(redis_port), "--telemetry-port", str(telemetry_port)]
     banner = tmp_path / "stdout.txt"
     with banner.open("wb") as stdout:
         proc = subprocess.Popen(
@@ -45,6 +45,9 @@ def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(
         }
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+        telemetry = f"http://127.0.0.1:{telemetry_port}"
+        assert f"{telemetry}/" in banner.read_text()  # the dashboard's address, printed
+        assert httpx.get(f"{telemetry}/metrics", timeout=10).status_code == 200
         children = psutil.Process(proc.pid).children(recursive=True)
         assert len(children) == NUM_CHILDREN
         # supervision: kill -9 the gateway and the shard node; both come back and serve again

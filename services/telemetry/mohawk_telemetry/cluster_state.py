@@ -122,6 +122,7 @@ class ClusterState:
         view.busy_share = busy
         view.bubble_share = (1.0 - busy) if has_work and report.stage >= 0 else 0.0
         view.tokens_per_s = report.tokens / report.window_s if report.window_s > 0 else 0.0
+        view.steps_per_s = report.steps / report.window_s if report.window_s > 0 else 0.0
         view.batch_size = report.sequences / report.steps if report.steps else 0.0
         view.queue_depth, view.running = report.queue_depth, report.running
         view.kv_blocks_total = report.kv_blocks_total

@@ -23,6 +23,7 @@ _STAGE_GAUGES = {
     "mohawk_stage_busy_share": "busy_share",
     "mohawk_stage_bubble_share": "bubble_share",
     "mohawk_stage_tokens_per_second": "tokens_per_s",
+    "mohawk_stage_steps_per_second": "steps_per_s",
     "mohawk_stage_batch_size": "batch_size",
     "mohawk_stage_queue_depth": "queue_depth",
     "mohawk_stage_running": "running",

@@ -46,6 +46,7 @@ class NodeView(BaseModel):
     busy_share: float = 0.0  # 0..1 of the last window spent computing
     bubble_share: float = 0.0  # 0..1 of the last window idle while its pipeline had work
     tokens_per_s: float = 0.0
+    steps_per_s: float = 0.0
     batch_size: float = 0.0
     queue_depth: int = 0  # stage 0 only
     running: int = 0  # stage 0 only

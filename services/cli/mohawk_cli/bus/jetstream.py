@@ -24,7 +24,8 @@ KV_PREFIX = "KV_"
 
 
 @asynccontextmanager
-async def _connected(nats_url: str) -> AsyncIterator[Client]:
+async def connected(nats_url: str) -> AsyncIterator[Client]:
+    """A short-lived connection for one inspector command; BusInspectError when NATS is unreachable."""
     servers = [u.strip() for u in nats_url.split(",") if u.strip()]
     try:
         nc = await connect_or_give_up(servers, name="mohawk-bus", deadline_s=5)
@@ -37,7 +38,7 @@ async def _connected(nats_url: str) -> AsyncIterator[Client]:
 
 
 async def streams(nats_url: str, name: str | None) -> int:
-    async with _connected(nats_url) as nc:
+    async with connected(nats_url) as nc:
         jsm = nc.jsm()
         if name is not None:
             try:
@@ -91,7 +92,7 @@ def describe_stream(info: StreamInfo) -> str:
 
 
 async def consumers(nats_url: str, stream: str) -> int:
-    async with _connected(nats_url) as nc:
+    async with connected(nats_url) as nc:
         try:
             infos = await nc.jsm().consumers_info(stream)
         except NotFoundError:
@@ -116,7 +117,7 @@ async def consumers(nats_url: str, stream: str) -> int:
 
 
 async def kv_ls(nats_url: str, bucket: str | None) -> int:
-    async with _connected(nats_url) as nc:
+    async with connected(nats_url) as nc:
         js = nc.jetstream()
         if bucket is None:
             infos = [i for i in await nc.jsm().streams_info() if (i.config.name or "").startswith(KV_PREFIX)]
@@ -146,7 +147,7 @@ async def kv_ls(nats_url: str, bucket: str | None) -> int:
 
 
 async def kv_get(nats_url: str, bucket: str, key: str) -> int:
-    async with _connected(nats_url) as nc:
+    async with connected(nats_url) as nc:
         try:
             kv = await nc.jetstream().key_value(bucket)
             entry = await kv.get(key)

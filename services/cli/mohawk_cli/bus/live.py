@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
-from mohawk_cli.bus.jetstream import _connected, human_bytes
+from mohawk_cli.bus.jetstream import connected, human_bytes
 from mohawk_common.bus import names
 from mohawk_common.bus.frames import KIND_ACTIVATIONS, KIND_FAILED, KIND_RESULT, FrameError, split_message
 from mohawk_common.bus.requests import SEALED_HEADER
@@ -135,7 +135,7 @@ async def watch(nats_url: str, subject: str, *, count: int = 0, timeout_s: float
     async def learn(msg: Msg) -> None:
         describer.describe(msg.subject, msg.data, msg.headers)
 
-    async with _connected(nats_url) as nc:
+    async with connected(nats_url) as nc:
         await nc.subscribe(subject, cb=on_message)
         # handshakes name the channels the frames travel on: watch them too (shown only if asked for)
         if not subject.startswith(f"{names.PREFIX}.hs."):

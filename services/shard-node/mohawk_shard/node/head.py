@@ -149,6 +149,11 @@ class HeadDriver:
     def num_active(self) -> int:
         return self.core.num_unfinished
 
+    @property
+    def kv_blocks_used(self) -> int:
+        """KV blocks handed out to running sequences (every stage of the pipeline holds the same)."""
+        return self.plan.num_kv_blocks - self.scheduler.block_manager.num_free_blocks
+
     def held_acks(self, limit: int) -> list[str]:
         """Ack subjects of (at most `limit` of) the requests this stage 0 holds, for its heartbeat."""
         return [d.msg.reply for d in itertools.islice(self._deliveries.values(), limit) if d.msg.reply]

@@ -58,5 +58,4 @@ def node_metrics(node: ShardNode) -> Iterator[Metric]:
         scheduler = role.scheduler
         yield gauge("mohawk_node_queue_depth", "requests waiting at stage 0", len(scheduler.waiting))
         yield gauge("mohawk_node_running", "sequences running at stage 0", len(scheduler.running))
-        used = role.plan.num_kv_blocks - scheduler.block_manager.num_free_blocks
-        yield gauge("mohawk_node_kv_blocks_used", "KV blocks in use", used)
+        yield gauge("mohawk_node_kv_blocks_used", "KV blocks in use", role.kv_blocks_used)

@@ -126,5 +126,5 @@ def step_report(node: ShardNode, window: StepWindow) -> StepReport:
     if isinstance(role, HeadDriver):
         scheduler = role.scheduler
         report.queue_depth, report.running = len(scheduler.waiting), len(scheduler.running)
-        report.kv_blocks_used = view.num_kv_blocks - scheduler.block_manager.num_free_blocks
+        report.kv_blocks_used = role.kv_blocks_used
     return report

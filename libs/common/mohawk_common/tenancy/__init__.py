@@ -20,6 +20,8 @@ from mohawk_common.tenancy.tenants import PRIORITIES, Priority, Tenant
 
 CONNECT_TIMEOUT_S = 0.5
 COMMAND_TIMEOUT_S = 1.0
+POOL_SIZE = 128
+POOL_WAIT_S = 5.0
 
 __all__ = [
     "PRIORITIES",
@@ -43,10 +45,16 @@ __all__ = [
 
 def connect(url: str) -> redis.Redis:
     """A client of the Redis at `url` (redis://host:port/db); connects on first use, gives up on
-    an unreachable server within about a second and retries a broken connection once, at once."""
-    return redis.Redis.from_url(
+    an unreachable server within about a second and retries a broken connection once, at once.
+    Its pool holds up to `POOL_SIZE` connections; a command finding them all busy waits up to
+    `POOL_WAIT_S` for one (redis-py's own pool raises "Too many connections" at once instead,
+    which a burst of 1,000 sessions on a busy gateway reached)."""
+    pool = redis.BlockingConnectionPool.from_url(
         url,
+        max_connections=POOL_SIZE,
+        timeout=POOL_WAIT_S,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=COMMAND_TIMEOUT_S,
         retry=Retry(NoBackoff(), 1),
     )
+    return redis.Redis.from_pool(pool)

@@ -32,7 +32,7 @@ from tests.deploy.test_compose import (
 )
 
 PROFILE = "observability"
-OBSERVABILITY = {"prometheus", "grafana"}
+OBSERVABILITY = {"prometheus", "grafana", "jaeger"}
 PROMETHEUS_FILE = ROOT / "config" / "prometheus" / "prometheus.yml"
 GRAFANA = ROOT / "config" / "grafana"
 DATASOURCES_FILE = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"
@@ -73,7 +73,7 @@ def metrics_port(service: dict[str, Any]) -> int:
 
 
 @compose_impls
-def test_the_profile_adds_prometheus_and_grafana_and_nothing_else(compose: list[str]) -> None:
+def test_the_profile_adds_prometheus_grafana_and_jaeger_and_nothing_else(compose: list[str]) -> None:
     default = services_to_start(compose)
     assert "telemetry" in default
     assert not default & OBSERVABILITY, "`docker compose up` alone must not start them"
@@ -132,6 +132,19 @@ def test_prometheus_and_grafana_are_pinned_profiled_and_on_loopback() -> None:
     assert "prometheus-data" in document["volumes"]
     assert all(volume.endswith(":ro") for volume in grafana["volumes"])
     assert all(volume.endswith(":ro") for volume in prometheus["volumes"] if volume.startswith("./"))
+
+
+def test_jaeger_is_pinned_profiled_and_its_ui_alone_on_loopback() -> None:
+    jaeger = raw(COMPOSE_FILE)["services"]["jaeger"]
+    assert jaeger["image"] == "jaegertracing/jaeger:2.8.0"
+    assert jaeger["profiles"] == [PROFILE]
+    assert loopback_only(jaeger)
+    assert published_ports(jaeger) == {("16686", 16686)}  # OTLP (4318) stays on the compose network
+
+
+def test_the_services_that_trace_pass_an_otlp_endpoint_through_when_it_is_set() -> None:
+    for name in ("gateway", "shard-node"):
+        assert "OTEL_EXPORTER_OTLP_ENDPOINT" in env_of(services()[name]), name
 
 
 def test_grafana_lets_anyone_view_and_keeps_no_password() -> None:

@@ -1,11 +1,15 @@
 """The telemetry service on a real 3-stage cluster (`mohawk up`'s processes): one scrape of its
 /metrics during a generation shows each stage's busy share, tokens/s and KV use labelled by node
-and stage; the gateway's request reports fill the latency histograms; and the dashboard, in a real
-headless Chromium, lists the nodes and shows tokens/s rising above 0, live."""
+and stage; the gateway's request reports fill the latency histograms; the dashboard, in a real
+headless Chromium, lists the nodes and shows tokens/s rising above 0, live; and the processes'
+OTLP exports (to a receiver in this test) give one request one connected trace, gateway → stage 0
+→ stage 1 → stage 2 → gateway, with the hop times as span attributes."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import secrets
 import shutil
 import threading
 import time
@@ -20,19 +24,27 @@ from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus.server import free_port
 from tests.integration.cluster_helpers import PROMPTS, stream_many
 from tests.telemetry.browser import launch_chromium
+from tests.telemetry.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "dashboard.png"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def otlp() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpReceiver) -> Iterator[LocalCluster]:
+    tracing = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
     spec = ClusterSpec(
         nodes=3,
         port=free_port(),
         nats_port=free_port(),
         data_dir=tmp_path_factory.mktemp("telemetry"),
         threads_per_node=1,
-        env={"MOHAWK_PLACEMENT": "spread"},
+        env={"MOHAWK_PLACEMENT": "spread", **tracing},
         telemetry=True,
         telemetry_port=free_port(),
     )
@@ -148,3 +160,66 @@ def test_the_dashboard_shows_the_nodes_and_live_tokens_per_second(
     assert not outside, outside  # no CDN: everything came from the service
     if os.environ.get("MOHAWK_UPDATE_SCREENSHOT"):  # the README links docs/dashboard.png
         shutil.copyfile(shot, SCREENSHOT)
+
+
+def test_one_request_gives_one_connected_trace_across_the_processes(
+    cluster: LocalCluster, otlp: OtlpReceiver
+) -> None:
+    client_trace, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    response = httpx.post(
+        f"{cluster.url}/v1/chat/completions",
+        json={
+            "model": cluster.model_name,
+            "messages": [{"role": "user", "content": "Name a colour."}],
+            "max_tokens": 6,
+            "temperature": 0,
+        },
+        headers={"traceparent": f"00-{client_trace}-{client_span}-01"},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    request_id, tokens = response.json()["id"], response.json()["usage"]["completion_tokens"]
+    names = {
+        "mohawk.gateway chat",
+        "mohawk.stage 0",
+        "mohawk.stage 1",
+        "mohawk.stage 2",
+        "mohawk.gateway tokens",
+    }
+    deadline, found = time.monotonic() + 30, {}
+    while time.monotonic() < deadline:
+        found = {s.name: s for s in otlp.spans() if s.trace_id == client_trace}
+        if names <= set(found):
+            break
+        time.sleep(0.3)
+    assert names <= set(found), sorted(found)
+    chain = [
+        found[n]
+        for n in [
+            "mohawk.gateway chat",
+            "mohawk.stage 0",
+            "mohawk.stage 1",
+            "mohawk.stage 2",
+            "mohawk.gateway tokens",
+        ]
+    ]
+    for span in chain:  # `pytest -s` shows the trace (the README quotes one)
+        hops = {k: v for k, v in span.attributes.items() if k.startswith(("mohawk.hop", "mohawk.queued"))}
+        print(f"{span.name:24} {span.service:15} {(span.end_ns - span.start_ns) / 1e6:8.1f} ms  {hops}")
+    assert chain[0].parent_span_id == client_span  # the client's own trace continues
+    for parent, child in itertools.pairwise(chain):
+        assert child.parent_span_id == parent.span_id, (parent.name, child.name)
+    stages: list[ReceivedSpan] = chain[1:4]
+    assert {s.service for s in stages} == {"mohawk-shard"}
+    assert {s.service for s in (chain[0], chain[4])} == {"mohawk-gateway"}
+    assert len({s.instance for s in stages}) == 3  # three processes, one span each
+    assert len({s.attributes["mohawk.node"] for s in stages}) == 3
+    assert all(s.attributes["mohawk.request_id"] == request_id for s in stages)
+    assert [s.attributes["mohawk.stage"] for s in stages] == [0, 1, 2]
+    for stage in stages[1:]:  # hop times of the frames into stages 1 and 2
+        assert stage.attributes["mohawk.hop_ms.first"] >= 0
+        assert stage.attributes["mohawk.hop_ms.p50"] >= 0 and stage.attributes["mohawk.steps"] >= 1
+    assert stages[0].attributes["mohawk.queued_ms"] >= 0 and stages[0].attributes["mohawk.hop_ms.p50"] >= 0
+    assert chain[4].attributes["mohawk.hop_ms.p50"] >= 0 and chain[4].attributes["mohawk.tokens"] == tokens
+    assert chain[0].attributes["mohawk.outcome"] == "ok" and chain[0].attributes["mohawk.ttft_ms"] > 0
+    assert chain[0].start_ns <= stages[0].start_ns <= stages[1].start_ns <= stages[2].start_ns

@@ -21,6 +21,7 @@ from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.handlers import Gateway
 from mohawk_gateway.metrics import GatewayMetrics
 from mohawk_gateway.middleware import AdmissionMiddleware, BodyLimitMiddleware, MetricsMiddleware
+from mohawk_gateway.request_trace import TraceContextMiddleware
 from mohawk_gateway.sessions import Sessions
 from mohawk_gateway.tokenizer import PromptCodec, Tokenizer, load_tokenizer
 
@@ -87,6 +88,7 @@ def create_app(
         max_active=settings.max_in_flight,
     )
     app.add_middleware(MetricsMiddleware, metrics=gateway_metrics, endpoints=endpoints)
+    app.add_middleware(TraceContextMiddleware)
     return app
 
 

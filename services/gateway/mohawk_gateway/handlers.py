@@ -14,7 +14,8 @@ when the request did not finish (client gone, timeout, server shutdown) it publi
 that makes stage 0 free the request's KV blocks at once. A tenant's request takes a rate lease
 (access.py) just before it is published and gives it back in `close`; it carries the tenant's
 name, priority and weight (and a latency budget, if its session has one) to stage 0, whose
-scheduler shares the pipeline between tenants by weight.
+scheduler shares the pipeline between tenants by weight. With tracing on, a `RequestTrace` makes
+the gateway's spans of the request and sends stage 0 the trace context, sealed with the request.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.errors import GatewayError, invalid, overloaded, unavailable
 from mohawk_gateway.metrics import GatewayMetrics
 from mohawk_gateway.request_reports import RequestReporter
+from mohawk_gateway.request_trace import RequestTrace
 from mohawk_gateway.routing import Router
 from mohawk_gateway.tokenizer import PromptCodec
 from mohawk_gateway.tokens import TokenStream
@@ -227,6 +229,10 @@ class Generation:
             on_reject=lambda exc: bus.security.reject(exc, request_id=self.request_id, what="token event"),
         )
         self._log = log.bind(request_id=self.request_id)
+        tenant = submission.tenant.name if submission.tenant is not None else ""
+        self.trace = RequestTrace(
+            self.request_id, submission.endpoint, gateway.model_name, tenant, len(submission.prompt_token_ids)
+        )
 
     async def _read_token_log(self, request_id: str) -> list[engine_pb2.TokenEvent]:
         """The request's events stored since the last read-back (the reader keeps its cursor)."""
@@ -246,6 +252,7 @@ class Generation:
             token_key=self.token_key,
             gateway=bus.instance,
             deadline=time.time() + max(0.0, self._deadline - asyncio.get_running_loop().time()),
+            traceparent=self.trace.traceparent,
         )
         self._describe_tenant(request)
         route = self.gateway.router.route(
@@ -255,6 +262,7 @@ class Generation:
             await bus.publish_request(request, route)
         except BaseException:
             await _unsubscribe(subscription)
+            self.trace.end("not submitted", 0, None)
             raise
         self._subscription = subscription
         self._closed = False
@@ -310,6 +318,7 @@ class Generation:
             raise GatewayError(
                 504, f"the request did not finish within {timeout:g} s", code="timeout"
             ) from None
+        self.trace.on_event(event)
         if event.error:
             self.finished = self.failed = True
             status = event.error_status if 400 <= event.error_status <= 599 else 500
@@ -355,6 +364,8 @@ class Generation:
         outcome = ("failed" if self.failed else "ok") if self.finished else self._cancel_reason
         tenant = self.submission.tenant.name if self.submission.tenant is not None else ""
         self.gateway.reports.record(self.gateway.model_name, tenant, self._arrived, self.token_times, outcome)
+        ttft_s = self.token_times[0] - self._arrived if self.token_times else None
+        self.trace.end(outcome, self.num_tokens, ttft_s)
 
     def _count_token(self) -> None:
         metrics = self.gateway.metrics

@@ -21,6 +21,7 @@ import uvicorn
 from mohawk_common.errors import ConfigError, MohawkError
 from mohawk_common.logging import configure_logging, get_logger
 from mohawk_common.settings import load_settings
+from mohawk_common.tracing import setup_tracing
 from mohawk_gateway.app import create_app, load_security
 from mohawk_gateway.config import GatewaySettings
 
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     except MohawkError as exc:
         sys.stderr.write(f"mohawk gateway: error: {exc}\n")
         return 2
+    if setup_tracing("mohawk-gateway", settings.gateway_id):
+        log.info("traces exported over OTLP")
     config = uvicorn.Config(
         create_app(settings, security=security),
         host=settings.host,

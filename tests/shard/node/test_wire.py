@@ -8,7 +8,7 @@ from mohawk_common.errors import InvalidRequestError
 from mohawk_proto.v1 import bus_pb2, engine_pb2
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.sequence import Priority, QoS
-from mohawk_shard.node.wire import qos_from_proto, step_batch_from_proto, step_batch_to_proto
+from mohawk_shard.node.wire import Joining, qos_from_proto, step_batch_from_proto, step_batch_to_proto
 from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 
 
@@ -37,7 +37,7 @@ def test_bad_fair_share_fields_are_refused() -> None:
 def test_the_latency_budget_reaches_the_sampling_stage() -> None:
     spec = SequenceSpec(3, SamplingParams.create(), (), 0, 25.0)
     batch = StepBatch(1, (SequenceStep(0, 0, (5, 6, 7), (0,), True, spec),))
-    message = step_batch_to_proto(batch, {0: ("r", [6, 7], b"")}, with_token_ids=True)
+    message = step_batch_to_proto(batch, {0: Joining("r", [6, 7], b"")}, with_token_ids=True)
     message.started_at = 1234.5
     decoded = engine_pb2.StepBatch.FromString(message.SerializeToString())
     back, _ = step_batch_from_proto(decoded)

@@ -18,7 +18,7 @@ PRIORITY_HIGH: Priority
 PRIORITY_LOW: Priority
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "created", "token_key", "gateway", "deadline", "tenant", "priority", "weight", "latency_budget_ms")
+    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "created", "token_key", "gateway", "deadline", "tenant", "priority", "weight", "latency_budget_ms", "traceparent")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class GenerateRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     LATENCY_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -43,7 +44,8 @@ class GenerateRequest(_message.Message):
     priority: Priority
     weight: float
     latency_budget_ms: float
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_engine_pb2.SamplingParams, _Mapping]] = ..., created: _Optional[float] = ..., token_key: _Optional[bytes] = ..., gateway: _Optional[str] = ..., deadline: _Optional[float] = ..., tenant: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., weight: _Optional[float] = ..., latency_budget_ms: _Optional[float] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_engine_pb2.SamplingParams, _Mapping]] = ..., created: _Optional[float] = ..., token_key: _Optional[bytes] = ..., gateway: _Optional[str] = ..., deadline: _Optional[float] = ..., tenant: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., weight: _Optional[float] = ..., latency_budget_ms: _Optional[float] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class SampledResult(_message.Message):
     __slots__ = ("seq_id", "token_id", "finish_reason")

@@ -35,7 +35,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class SequenceSpec(_message.Message):
-    __slots__ = ("num_prompt_tokens", "output_token_ids", "sampling", "request_id", "prompt_tail", "token_key", "num_cached_tokens", "latency_budget_ms")
+    __slots__ = ("num_prompt_tokens", "output_token_ids", "sampling", "request_id", "prompt_tail", "token_key", "num_cached_tokens", "latency_budget_ms", "traceparent")
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class SequenceSpec(_message.Message):
     TOKEN_KEY_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     num_prompt_tokens: int
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -52,7 +53,8 @@ class SequenceSpec(_message.Message):
     token_key: bytes
     num_cached_tokens: int
     latency_budget_ms: float
-    def __init__(self, num_prompt_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_tail: _Optional[_Iterable[int]] = ..., token_key: _Optional[bytes] = ..., num_cached_tokens: _Optional[int] = ..., latency_budget_ms: _Optional[float] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, num_prompt_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_tail: _Optional[_Iterable[int]] = ..., token_key: _Optional[bytes] = ..., num_cached_tokens: _Optional[int] = ..., latency_budget_ms: _Optional[float] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class SequenceStep(_message.Message):
     __slots__ = ("seq_id", "start_position", "num_new_tokens", "token_ids", "new_block_ids", "sample", "new_sequence")
@@ -117,7 +119,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
-    __slots__ = ("request_id", "index", "token_id", "text", "finish_reason", "usage", "logprob", "top_logprobs", "error", "error_status", "batch_size", "budget_missed")
+    __slots__ = ("request_id", "index", "token_id", "text", "finish_reason", "usage", "logprob", "top_logprobs", "error", "error_status", "batch_size", "budget_missed", "sent_at", "traceparent")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +132,8 @@ class TokenEvent(_message.Message):
     ERROR_STATUS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MISSED_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     index: int
     token_id: int
@@ -142,4 +146,6 @@ class TokenEvent(_message.Message):
     error_status: int
     batch_size: int
     budget_missed: bool
-    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., token_id: _Optional[int] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ..., error: _Optional[str] = ..., error_status: _Optional[int] = ..., batch_size: _Optional[int] = ..., budget_missed: _Optional[bool] = ...) -> None: ...
+    sent_at: float
+    traceparent: str
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., token_id: _Optional[int] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ..., error: _Optional[str] = ..., error_status: _Optional[int] = ..., batch_size: _Optional[int] = ..., budget_missed: _Optional[bool] = ..., sent_at: _Optional[float] = ..., traceparent: _Optional[str] = ...) -> None: ...

@@ -29,7 +29,9 @@ names the gateway process that waits for it and its deadline: one whose gateway'
 lapsed (`GatewayPresence`), or whose deadline has passed, is cancelled and leaves the stream.
 A request also names its tenant, priority, weight and latency budget: what this stage 0 has pulled
 waits in the scheduler's fair queue, which admits it in fair-share order, and every step's time
-from its start to its result feeds the core's latency-budget cap.
+from its start to its result feeds the core's latency-budget cap. With tracing on, each request
+gets a span here (`StageTraces`), the child of the gateway's, from its pull to its end; the first
+frame of its sequence names that span, so stage 1's span is its child.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from mohawk_shard.node.recovery import read_emitted
 from mohawk_shard.node.step_deadlines import StepDeadlines
 from mohawk_shard.node.step_stats import StepStats
 from mohawk_shard.node.tokens import TokenPublisher, event_box, publish_error
+from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.wire import Joining, qos_from_proto, sampling_from_proto, step_batch_to_proto
 from mohawk_shard.stage import Stage, StepBatch
 
@@ -90,6 +93,7 @@ class _Delivery:
     box: EventBox | None
     gateway: str = ""  # the submitting gateway process ("" = not tracked)
     deadline: float = 0.0  # unix seconds; 0 = none
+    traceparent: str = ""  # the gateway's span of the request ("" = not traced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +120,7 @@ class HeadDriver:
         ack_wait_s: float,
         step_deadline_floor_s: float = 5.0,
         max_waiting: int = 1024,
+        traces: StageTraces | None = None,
     ) -> None:
         self.nc, self.js, self.plan = nc, js, plan
         self.link, self.security = link, security
@@ -128,6 +133,7 @@ class HeadDriver:
         self.max_waiting = max_waiting
         self.num_steps = 0  # steps started here (the node's idle detection watches it)
         self.stats = StepStats()  # for the telemetry service
+        self.traces = traces if traces is not None else StageTraces.off()
         self._deliveries: dict[str, _Delivery] = {}
         self._inflight_steps: dict[int, _InflightStep] = {}
         self.deadlines = StepDeadlines(floor_s=step_deadline_floor_s)
@@ -194,6 +200,7 @@ class HeadDriver:
             with contextlib.suppress(Exception):
                 await delivery.msg.nak()
         await self.link.stop()
+        self.traces.end_all()
         self._log.info("stage 0 stopped", handed_back=len(self._deliveries))
         self._deliveries.clear()
 
@@ -300,8 +307,22 @@ class HeadDriver:
             self._log.info("request resumed", request_id=request_id, emitted=len(emitted))
         self.core.add_request(request_id, prompt, params, emitted, qos=qos)
         self._deliveries[request_id] = _Delivery(
-            msg, request.token_key, box, request.gateway, request.deadline
+            msg, request.token_key, box, request.gateway, request.deadline, request.traceparent
         )
+        if self.traces.enabled:
+            queued_ms = max(0.0, time.time() - request.created) * 1000 if request.created else 0.0
+            self.traces.begin(
+                request_id,
+                request.traceparent,
+                request_id,
+                attributes={
+                    "mohawk.queued_ms": round(queued_ms, 3),
+                    "mohawk.tenant": request.tenant,
+                    "mohawk.prompt_tokens": len(prompt),
+                    "mohawk.resumed_from_token": len(emitted),
+                    "mohawk.delivery": msg.metadata.num_delivered,
+                },
+            )
 
     # -- stepping ------------------------------------------------------------------------------
 
@@ -337,10 +358,12 @@ class HeadDriver:
             )
             self.core.record_step(batch, time.monotonic() - started)
             self.stats.emitted += len(results)
+            self._traced_step(batch, None, started)
             for result in results:
                 self._apply(result)
             return
         dtype, shape, data = await loop.run_in_executor(self.executor, self._forward, batch)
+        self._traced_step(batch, None, started)
         step = step_batch_to_proto(batch, joining, with_token_ids=False)
         step.started_at = started_at
         self._inflight_steps[batch.step_id] = _InflightStep(batch, started)
@@ -362,8 +385,20 @@ class HeadDriver:
                 continue
             delivery = self._deliveries.get(seq.request_id)
             token_key = delivery.token_key if delivery is not None else b""
-            joining[s.seq_id] = (seq.request_id, self.core.prompt_tail(seq), token_key)
+            traceparent = self.traces.traceparent(seq.request_id)
+            joining[s.seq_id] = Joining(seq.request_id, self.core.prompt_tail(seq), token_key, traceparent)
+            if traceparent:
+                self.traces.event(seq.request_id, "first step", {"mohawk.step_id": batch.step_id})
         return joining
+
+    def _traced_step(self, batch: StepBatch, result_hop_ms: float | None, started: float | None) -> None:
+        """Add a step's time here (`started`: when it began) or its result's hop to the spans of
+        the requests it carried."""
+        if not self.traces.enabled or not len(self.traces):
+            return
+        step_ms = (time.monotonic() - started) * 1000 if started is not None else None
+        keys = [seq.request_id for s in batch.sequences if (seq := self.core.sequence(s.seq_id)) is not None]
+        self.traces.stepped(keys, result_hop_ms, step_ms)
 
     async def _on_result(self, msg: Msg) -> None:
         frame = self.link.receive(msg.data)
@@ -372,7 +407,7 @@ class HeadDriver:
         result = read_result_payload(frame[1])
         if result.plan_version != self.plan.version:
             return
-        self.hops.record(frame[0].sent_at)
+        hop_s = self.hops.record(frame[0].sent_at)
         inflight = self._inflight_steps.pop(result.step_id, None)
         now = time.monotonic()
         if inflight is None or not self.deadlines.returned(result.step_id, now):
@@ -383,6 +418,7 @@ class HeadDriver:
             await self._fail(inflight.batch, "internal error while running the model")
             return
         self.core.record_step(inflight.batch, now - inflight.started)
+        self._traced_step(inflight.batch, hop_s * 1000 if hop_s is not None else None, None)
         for sampled in result.results:
             self._apply(sampled)
         self._wake.set()
@@ -403,6 +439,7 @@ class HeadDriver:
         """The core let `seq` go (finished, cancelled or failed): drop what the bus side kept of it."""
         if self.tokens is not None:
             self.tokens.drop(seq.seq_id)
+        self.traces.end(seq.request_id, {"mohawk.output_tokens": seq.num_output_tokens})
         self._deliveries.pop(seq.request_id, None)
         self._expiries.pop(seq.request_id, None)
 
@@ -511,6 +548,8 @@ class HeadDriver:
         )
         self._deliveries[request_id] = delivery
         self._expiries[request_id] = expiries
+        resumed = {"mohawk.resumed_from_token": len(emitted)}
+        self.traces.begin(request_id, delivery.traceparent, request_id, attributes=resumed)
         self._log.info("request resumed after an overdue step", request_id=request_id, emitted=len(emitted))
 
     # -- orphans -----------------------------------------------------------------------------------

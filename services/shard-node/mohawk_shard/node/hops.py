@@ -18,11 +18,15 @@ class HopStats:
         self._recent: deque[float] = deque(maxlen=_WINDOW)
         self.num_hops = 0
 
-    def record(self, sent_at: float, arrived_at: float | None = None) -> None:
-        """One hop; `arrived_at` (default: now) is when its last message reached this process."""
-        if sent_at > 0:
-            self._recent.append(max(0.0, (arrived_at or time.time()) - sent_at))
-            self.num_hops += 1
+    def record(self, sent_at: float, arrived_at: float | None = None) -> float | None:
+        """One hop; `arrived_at` (default: now) is when its last message reached this process.
+        Returns the hop's seconds (None when the frame carried no send time)."""
+        if sent_at <= 0:
+            return None
+        hop_s = max(0.0, (arrived_at or time.time()) - sent_at)
+        self._recent.append(hop_s)
+        self.num_hops += 1
+        return hop_s
 
     def percentile_ms(self, q: float) -> float:
         if not self._recent:

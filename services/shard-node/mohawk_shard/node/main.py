@@ -12,6 +12,7 @@ from mohawk_common.bus.security import Security
 from mohawk_common.errors import MohawkError
 from mohawk_common.logging import configure_logging, get_logger
 from mohawk_common.settings import load_settings
+from mohawk_common.tracing import setup_tracing
 from mohawk_shard.config import add_format_flags
 from mohawk_shard.node.config import NodeSettings
 
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     except MohawkError as exc:
         get_logger("mohawk.shard").error("refusing to start", error=str(exc))
         return 2
+    if setup_tracing("mohawk-shard", settings.node_id):
+        get_logger("mohawk.shard").info("traces exported over OTLP")
     return asyncio.run(_serve(settings, security))
 
 

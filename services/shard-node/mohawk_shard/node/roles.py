@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.block_manager import BlockManager
 from mohawk_shard.engine.emitter import TokenEmitter
@@ -11,6 +12,7 @@ from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
 from mohawk_shard.node.head import HeadDriver
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.tokens import TokenPublisher
+from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.worker import StageWorker
 from mohawk_shard.stage import Stage
 
@@ -22,6 +24,14 @@ def make_role(node: ShardNode, plan: bus_pb2.Plan, index: int, stage: Stage) -> 
     """Stage `index` of the pipeline `plan`, built but not started."""
     is_last = index == len(plan.stages) - 1
     link = StageLink(node.nc, node.security, node_id=node.node_id, plan=plan, stage=index)
+    placed = plan.stages[index]
+    traces = StageTraces(
+        stage_index=index,
+        node_id=node.node_id,
+        layers=(placed.start, placed.end),
+        plan_version=plan.version,
+        pipeline=pipeline_id(plan),
+    )
     tokens = None
     if is_last:
         emitter = TokenEmitter(node.tokenizer, node.source.config.eos_token_ids, plan.max_model_len)
@@ -35,6 +45,7 @@ def make_role(node: ShardNode, plan: bus_pb2.Plan, index: int, stage: Stage) -> 
             stage=stage,
             executor=node.executor,
             tokens=tokens,
+            traces=traces,
         )
     scheduler = Scheduler(
         SchedulerConfig(node.settings.max_num_seqs, node.settings.max_num_batched_tokens, plan.max_model_len),
@@ -59,4 +70,5 @@ def make_role(node: ShardNode, plan: bus_pb2.Plan, index: int, stage: Stage) -> 
         ack_wait_s=node.settings.request_ack_wait_s,
         max_waiting=node.settings.max_waiting,
         step_deadline_floor_s=node.settings.step_deadline_floor_s,
+        traces=traces,
     )

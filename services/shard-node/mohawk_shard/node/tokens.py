@@ -7,7 +7,9 @@ of a request that came with a token key are encrypted with it (`EventBox`); only
 made the key (and a stage 0 that opened the sealed request) can read them. Every event says how
 many sequences its step ran (`batch_size`) and whether the step, timed from when stage 0 began it
 (its `started_at`, wall clock: nodes' clocks are assumed in sync, as the hop latencies assume),
-overran the request's latency budget (`budget_missed`).
+overran the request's latency budget (`budget_missed`), when it was published (`sent_at`, the
+gateway's hop time) and, when the request is traced, this stage's span (`traceparent`), which the
+gateway's token span is the child of.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class TokenPublisher:
         self.nc = nc
         self.emitter = emitter
         self._boxes: dict[int, EventBox] = {}
+        self._traceparents: dict[int, str] = {}  # this stage's span of each traced sequence
 
     def set_key(self, seq_id: int, request_id: str, token_key: bytes) -> None:
         box = event_box(request_id, token_key)
@@ -85,6 +88,7 @@ class TokenPublisher:
     def drop(self, seq_id: int) -> None:
         self.emitter.drop(seq_id)
         self._boxes.pop(seq_id, None)
+        self._traceparents.pop(seq_id, None)
 
     def follow(self, batch: StepBatch, joining: Mapping[int, Joining]) -> None:
         """Drop freed sequences and start tracking the ones that join in `batch`."""
@@ -93,18 +97,20 @@ class TokenPublisher:
         for step in batch.sequences:
             spec = step.new_sequence
             if spec is not None and step.seq_id in joining:
-                request_id, tail, token_key = joining[step.seq_id]
+                joined = joining[step.seq_id]
                 self.emitter.track(
                     step.seq_id,
-                    request_id,
+                    joined.request_id,
                     spec.params,
                     spec.num_prompt_tokens,
-                    tail,
+                    joined.prompt_tail,
                     spec.output_token_ids,
                     spec.num_cached_tokens,
                     spec.latency_budget_ms,
                 )
-                self.set_key(step.seq_id, request_id, token_key)
+                self.set_key(step.seq_id, joined.request_id, joined.token_key)
+                if joined.traceparent:
+                    self._traceparents[step.seq_id] = joined.traceparent
 
     async def sample_step(
         self,
@@ -130,12 +136,15 @@ class TokenPublisher:
             event = self.emitter.emit(seq_id, token, batch_size=batch_size, step_s=step_s)
             if event is None:
                 continue
+            message = token_event(event)
+            message.sent_at = time.time()
+            message.traceparent = self._traceparents.get(seq_id, "")
             await self.nc.publish(
-                names.token_subject(event.request_id),
-                encode_event(token_event(event), self._boxes.get(seq_id)),
+                names.token_subject(event.request_id), encode_event(message, self._boxes.get(seq_id))
             )
             if event.finish_reason is not None:
                 self._boxes.pop(seq_id, None)
+                self._traceparents.pop(seq_id, None)
             results.append(
                 bus_pb2.SampledResult(
                     seq_id=seq_id, token_id=token.token_id, finish_reason=event.finish_reason or ""

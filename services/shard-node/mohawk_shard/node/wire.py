@@ -6,14 +6,21 @@ wire path imports no array library, so an MLX node never loads torch."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from mohawk_proto.v1 import bus_pb2, engine_pb2
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.sequence import Priority, QoS
 from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 
-# What a stage learns about a sequence that joins a step: request id, prompt tail, token-event key.
-Joining = tuple[str, Sequence[int], bytes]
+
+class Joining(NamedTuple):
+    """What a stage learns about a sequence that joins a step."""
+
+    request_id: str
+    prompt_tail: Sequence[int]
+    token_key: bytes  # the token-event key ("" = events in plaintext)
+    traceparent: str = ""  # the sending stage's span for this sequence ("" = not traced)
 
 
 def sampling_to_proto(params: SamplingParams) -> engine_pb2.SamplingParams:
@@ -73,7 +80,7 @@ def qos_from_proto(request: bus_pb2.GenerateRequest) -> QoS:
 def step_batch_to_proto(
     batch: StepBatch, specs: Mapping[int, Joining], *, with_token_ids: bool
 ) -> engine_pb2.StepBatch:
-    """`specs` maps seq_id → (request id, prompt tail, token key) for sequences that join in this step."""
+    """`specs` maps seq_id → what the stages learn of each sequence that joins in this step."""
     message = engine_pb2.StepBatch(step_id=batch.step_id, finished_seq_ids=list(batch.freed_seq_ids))
     for step in batch.sequences:
         item = message.sequences.add(
@@ -87,24 +94,25 @@ def step_batch_to_proto(
             item.token_ids.extend(step.token_ids)
         if step.new_sequence is not None:
             spec = step.new_sequence
-            request_id, tail, token_key = specs[step.seq_id]
+            joining = specs[step.seq_id]
             item.new_sequence.CopyFrom(
                 engine_pb2.SequenceSpec(
                     num_prompt_tokens=spec.num_prompt_tokens,
                     output_token_ids=list(spec.output_token_ids),
                     sampling=sampling_to_proto(spec.params),
-                    request_id=request_id,
-                    prompt_tail=list(tail),
-                    token_key=token_key,
+                    request_id=joining.request_id,
+                    prompt_tail=list(joining.prompt_tail),
+                    token_key=joining.token_key,
                     num_cached_tokens=spec.num_cached_tokens,
                     latency_budget_ms=spec.latency_budget_ms,
+                    traceparent=joining.traceparent,
                 )
             )
     return message
 
 
 def step_batch_from_proto(message: engine_pb2.StepBatch) -> tuple[StepBatch, dict[int, Joining]]:
-    """The step, and (request id, prompt tail, token key) of each sequence joining in it."""
+    """The step, and what the stages learn of each sequence joining in it."""
     steps = []
     joining: dict[int, Joining] = {}
     for item in message.sequences:
@@ -119,7 +127,7 @@ def step_batch_from_proto(message: engine_pb2.StepBatch) -> tuple[StepBatch, dic
                 s.num_cached_tokens,
                 s.latency_budget_ms,
             )
-            joining[item.seq_id] = (s.request_id, tuple(s.prompt_tail), s.token_key)
+            joining[item.seq_id] = Joining(s.request_id, tuple(s.prompt_tail), s.token_key, s.traceparent)
         token_ids = tuple(item.token_ids) or (0,) * item.num_new_tokens
         steps.append(
             SequenceStep(

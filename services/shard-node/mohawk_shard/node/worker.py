@@ -10,7 +10,8 @@ so stage 0 can count its steps in flight. A step this stage cannot run is not dr
 as a failed frame, and the last stage answers stage 0 with an error result, so stage 0 fails those
 requests (their clients get an error) instead of waiting for a result that never comes. Hidden
 states are decoded and encoded on the compute thread, where the backend's arrays live (MLX
-streams belong to the thread that made them).
+streams belong to the thread that made them). With tracing on, each sequence gets a span here
+(`StageTraces`), the child of the previous stage's, and the frame passed on names this stage's.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.step_stats import StepStats
 from mohawk_shard.node.tokens import TokenPublisher
-from mohawk_shard.node.wire import step_batch_from_proto
+from mohawk_shard.node.traces import StageTraces
+from mohawk_shard.node.wire import Joining, step_batch_from_proto
 from mohawk_shard.stage import Stage, StageOutput, StepBatch
 
 log = structlog.get_logger("mohawk.shard.worker")
@@ -51,10 +53,12 @@ class StageWorker:
         stage: Stage,
         executor: Executor,
         tokens: TokenPublisher | None,
+        traces: StageTraces | None = None,
     ) -> None:
         self.nc, self.link, self.plan, self.stage_index = nc, link, plan, stage_index
         self.stage, self.executor = stage, executor
         self.tokens = tokens  # set on the last stage
+        self.traces = traces if traces is not None else StageTraces.off()
         self._inbox: asyncio.Queue[tuple[Msg, float]] = asyncio.Queue()
         self.hops = HopStats()
         self.num_failed_steps = 0  # steps this stage itself could not run (heartbeats report them)
@@ -76,6 +80,7 @@ class StageWorker:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
         await cancel_and_wait(self._task)
+        self.traces.end_all()
         await self.link.stop()
 
     async def _on_message(self, msg: Msg) -> None:
@@ -100,7 +105,7 @@ class StageWorker:
                 await self._pass_failure(step, "an earlier stage failed this step")
                 continue
             try:
-                await self._handle(header, step, data)
+                await self._handle(header, step, data, (arrived_at - header.sent_at) * 1000)
             except Exception as exc:
                 self._log.exception("step failed", step_id=header.step_id)
                 self.num_failed_steps += 1
@@ -120,12 +125,15 @@ class StageWorker:
                 await self.link.send_activations(step, "", [], b"", failed=True)
 
     async def _handle(
-        self, header: security_pb2.FrameHeader, step: engine_pb2.StepBatch, data: bytes
+        self, header: security_pb2.FrameHeader, step: engine_pb2.StepBatch, data: bytes, hop_ms: float
     ) -> None:
         batch, joining = step_batch_from_proto(step)
         self.stats.record(sum(s.num_new_tokens for s in batch.sequences), len(batch.sequences))
+        if self.traces.enabled:
+            joining = self._trace(step, joining, batch.freed_seq_ids, hop_ms)
         raw = (header.dtype, list(header.shape), data) if data else None
         loop = asyncio.get_running_loop()
+        started = time.monotonic()
         if self.tokens is not None:
             results = await self.tokens.sample_step(
                 batch,
@@ -134,13 +142,43 @@ class StageWorker:
                 step.started_at or time.time(),
             )
             self.stats.emitted += len(results)
+            self._traced_step(batch, hop_ms, started)
+            for sampled in results:
+                if sampled.finish_reason:
+                    self.traces.end(sampled.seq_id, {"mohawk.finish_reason": sampled.finish_reason})
             result = bus_pb2.StepResult(plan_version=self.plan.version, step_id=batch.step_id)
             result.results.extend(results)
             result.sent_at = time.time()
             await self.link.send_result(result)
             return
         dtype, shape, out = await loop.run_in_executor(self.executor, self._forward, batch, raw)
+        self._traced_step(batch, hop_ms, started)
         await self.link.send_activations(step, dtype, shape, out)
+
+    def _trace(
+        self,
+        step: engine_pb2.StepBatch,
+        joining: dict[int, Joining],
+        freed: tuple[int, ...],
+        hop_ms: float,
+    ) -> dict[int, Joining]:
+        """End the spans of freed sequences; open those of joining ones, and name them in the frame
+        that goes on (and in what the sampler learns), so the next hop is their child."""
+        for seq_id in freed:
+            self.traces.end(seq_id, at_last_step=True)
+        for item in step.sequences:
+            joined = joining.get(item.seq_id)
+            if joined is None:
+                continue
+            own = self.traces.begin(item.seq_id, joined.traceparent, joined.request_id, hop_ms=hop_ms)
+            item.new_sequence.traceparent = own
+            joining[item.seq_id] = joined._replace(traceparent=own)
+        return joining
+
+    def _traced_step(self, batch: StepBatch, hop_ms: float, started: float) -> None:
+        if self.traces.enabled:
+            step_ms = (time.monotonic() - started) * 1000
+            self.traces.stepped((s.seq_id for s in batch.sequences), hop_ms, step_ms)
 
     def _step(self, batch: StepBatch, raw: tuple[str, list[int], bytes] | None) -> StageOutput:
         """On the compute thread: arrays are made where they are used (MLX streams are per thread)."""

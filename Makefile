@@ -59,7 +59,7 @@ bench: setup
 	$(PY) bench/native_precision.py
 	$(PY) bench/distributed.py --full --json bench/results/distributed-cpu.json
 	$(PY) bench/scaleout.py --full --json bench/results/scaleout-cpu.json
-	$(PY) bench/telemetry.py --full --json bench/results/telemetry-cpu.json
+	$(PY) bench/telemetry.py --full --traces --json bench/results/telemetry-cpu.json
 	$(PY) bench/security.py --full --json bench/results/security-cpu.json
 	$(PY) bench/backends.py --full --json bench/results/backends-cpu.json
 

@@ -6,7 +6,9 @@ which this benchmark scrapes every second as Prometheus would. "Off" is the same
 `MOHAWK_TELEMETRY=false` and no telemetry service. Each round starts one cluster of each kind in
 turn (3 one-thread shard nodes, the bundled model), warms it up and measures aggregate output
 tokens/s of 32 concurrent greedy streams through the gateway, --repeats times. The report gives
-medians with min–max and the ratio on/off; the issue's bar is a cost of at most 2%.
+medians with min–max and the ratio on/off; the issue's bar is a cost of at most 2%. `--traces`
+adds a third kind: telemetry on and every gateway and shard node exporting its spans over OTLP
+(`OTEL_EXPORTER_OTLP_ENDPOINT`) to a sink process that reads and drops them, as a collector would.
 `python bench/telemetry.py` is the short form, `--full` the long one (`make bench`).
 """
 
@@ -57,6 +59,49 @@ while True:
     print(scrapes, flush=True)
 """
 
+_OTLP_SINK = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Sink(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        print(1, flush=True)
+
+    def log_message(self, *args):
+        pass
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+class OtlpSink:
+    """An OTLP/HTTP endpoint in a process of its own that reads every export and drops it."""
+
+    def __init__(self) -> None:
+        self.num_exports = 0
+        self._process: subprocess.Popen[str] | None = None
+        self.endpoint = ""
+
+    def __enter__(self) -> OtlpSink:
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _OTLP_SINK], stdout=subprocess.PIPE, text=True
+        )
+        assert self._process.stdout is not None
+        self.endpoint = f"http://127.0.0.1:{int(self._process.stdout.readline())}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._process is not None
+        self._process.terminate()
+        out, _ = self._process.communicate(timeout=10)
+        self.num_exports = len(out.split())
+
 
 class Scraper:
     """GET /metrics every second from a process of its own, as Prometheus would, while the load
@@ -78,9 +123,11 @@ class Scraper:
         self.num_scrapes = len(out.split())
 
 
-def measure(telemetry: bool, form: Form) -> list[float]:
+def measure(telemetry: bool, form: Form, otlp_endpoint: str = "") -> list[float]:
     qs = questions(form.num_concurrent)
     env = {"MOHAWK_WEIGHTS": "native"} | ({} if telemetry else {"MOHAWK_TELEMETRY": "false"})
+    if otlp_endpoint:
+        env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint}
     with tempfile.TemporaryDirectory(prefix="mohawk-telemetry-bench-") as data_dir:
         setup = ClusterSetup(3, Path(data_dir), threads_per_node=1, env=env, telemetry=telemetry)
         try:
@@ -100,24 +147,38 @@ def measure(telemetry: bool, form: Form) -> list[float]:
             setup.close()
 
 
-def run(form: Form) -> dict[str, Any]:
+def run(form: Form, traces: bool) -> dict[str, Any]:
     off: list[float] = []
     on: list[float] = []
+    traced: list[float] = []
+    exports = 0
     for _ in range(form.rounds):
         off += measure(False, form)
         on += measure(True, form)
+        if traces:
+            with OtlpSink() as sink:
+                traced += measure(True, form, sink.endpoint)
+            exports += sink.num_exports
+            if sink.num_exports == 0:
+                raise RuntimeError("no process exported a span to the OTLP sink")
     off_stat, on_stat = Stat.of(off), Stat.of(on)
-    return {"off": off_stat, "on": on_stat, "ratio": on_stat.median / off_stat.median}
+    result: dict[str, Any] = {"off": off_stat, "on": on_stat, "ratio": on_stat.median / off_stat.median}
+    if traces:
+        traced_stat = Stat.of(traced)
+        result |= {"traces": traced_stat, "traces_ratio": traced_stat.median / off_stat.median}
+        result["otlp_exports"] = exports
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the full form (make bench)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--traces", action="store_true", help="also measure with OTLP traces exported")
     args = parser.parse_args(argv)
     configure_logging("warning")
     form = FULL if args.full else SHORT
-    result = run(form)
+    result = run(form, args.traces)
     runs = form.rounds * form.repeats
     print(
         f"{form.num_concurrent} streams × {form.tokens} tokens, greedy, 3 one-thread nodes; "
@@ -128,8 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|")
     print(f"| off (MOHAWK_TELEMETRY=false, no service) | {result['off']} |")
     print(f"| on (reports, service, a scrape a second) | {result['on']} |")
+    if args.traces:
+        print(f"| on, and traces exported over OTLP | {result['traces']} |")
     print()
     print(f"on / off: {result['ratio']:.3f} (cost {100 * (1 - result['ratio']):.1f}%)")
+    if args.traces:
+        ratio = result["traces_ratio"]
+        print(f"on with traces / off: {ratio:.3f} (cost {100 * (1 - ratio):.1f}%)")
+        print(f"OTLP exports received by the sink: {result['otlp_exports']}")
     shares = ", ".join(f"{100 * c:.1f}%" for c in SERVICE_CPU)
     print(f"the telemetry service's own CPU during the load: {shares} of one core (per round)")
     result["service_cpu"] = SERVICE_CPU

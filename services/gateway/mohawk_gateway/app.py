@@ -19,6 +19,7 @@ from mohawk_gateway.api.routes import chat, completions, health, metrics, models
 from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.handlers import Gateway
+from mohawk_gateway.idle_memory import give_back_memory_when_idle
 from mohawk_gateway.metrics import GatewayMetrics
 from mohawk_gateway.middleware import AdmissionMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from mohawk_gateway.request_trace import TraceContextMiddleware
@@ -56,11 +57,14 @@ def create_app(
         bus.start()
         loader = None if gateway.codec is not None else asyncio.create_task(_load_codec(gateway))
         reports = asyncio.create_task(gateway.reports.run(), name="request-reports")
+        idle = asyncio.create_task(
+            give_back_memory_when_idle(lambda: gateway.num_started + gateway.num_ended), name="idle-memory"
+        )
         log.info("gateway starting", model=gateway.model_name, nats=settings.nats_url)
         try:
             yield
         finally:
-            await cancel_and_wait(loader, reports)
+            await cancel_and_wait(loader, reports, idle)
             await gateway.reports.flush()
             await sessions.close()
             await bus.close()

@@ -94,6 +94,8 @@ class Gateway:
         self.tokenizer_error: str | None = None
         self.num_in_flight = 0
         self.num_tokenizing = 0
+        self.num_started = 0  # requests submitted, and ended: the idle memory collector watches them
+        self.num_ended = 0
         self.reports = RequestReporter(bus.instance, lambda data: bus.publish_telemetry(REQUESTS, data))
         self.reports.enabled = settings.telemetry
         self._tokenize_limiter: anyio.CapacityLimiter | None = None
@@ -153,6 +155,7 @@ class Gateway:
             self.num_in_flight -= 1
             raise
         generation = Generation(self, submission, lease)
+        self.num_started += 1
         try:
             await generation.submit()
         except BaseException:
@@ -216,29 +219,24 @@ class Generation:
         bus = gateway.bus
         self.token_key = new_token_key() if bus.security.secure else b""
         box = EventBox(self.token_key, self.request_id) if self.token_key else None
-        self._box = box
-        self._token_log: TokenLogReader | None = None
+        request_id, security = self.request_id, bus.security
+        # nothing the stream holds refers back to this generation: a cycle would keep every
+        # finished request's objects until the cycle collector runs, which an idle gateway never does
         self._stream = TokenStream(
             self.request_id,
-            self._read_token_log,
+            _TokenLogReplay(bus, box),
             gap_wait_s=gateway.settings.token_gap_wait_s,
             idle_probe_s=gateway.settings.token_idle_probe_s,
             on_duplicate=metrics.duplicate_events.inc,
             on_replay=metrics.replays.inc,
             box=box,
-            on_reject=lambda exc: bus.security.reject(exc, request_id=self.request_id, what="token event"),
+            on_reject=lambda exc: security.reject(exc, request_id=request_id, what="token event"),
         )
         self._log = log.bind(request_id=self.request_id)
         tenant = submission.tenant.name if submission.tenant is not None else ""
         self.trace = RequestTrace(
             self.request_id, submission.endpoint, gateway.model_name, tenant, len(submission.prompt_token_ids)
         )
-
-    async def _read_token_log(self, request_id: str) -> list[engine_pb2.TokenEvent]:
-        """The request's events stored since the last read-back (the reader keeps its cursor)."""
-        if self._token_log is None:
-            self._token_log = self.gateway.bus.token_log(request_id, self._box)
-        return await self._token_log.read_new()
 
     async def submit(self) -> None:
         bus = self.gateway.bus
@@ -356,6 +354,7 @@ class Generation:
             used = len(self.submission.prompt_token_ids) + self.num_tokens
             await self.gateway.access.release(self.submission.tenant, self.lease, used)
         self.gateway.num_in_flight -= 1
+        self.gateway.num_ended += 1
         metrics = self.gateway.metrics
         metrics.in_flight.labels(endpoint=self.submission.endpoint).dec()
         if self.finished:
@@ -376,6 +375,20 @@ class Generation:
             metrics.time_to_first_token.labels(endpoint=endpoint).observe(arrived_at - self._arrived)
         self.num_tokens += 1
         metrics.generated_tokens.labels(endpoint=endpoint).inc()
+
+
+class _TokenLogReplay:
+    """A request's events stored in the TOKENS stream since the last read-back (the reader keeps
+    its cursor): what a `TokenStream` reads when live events went missing."""
+
+    def __init__(self, bus: BusClient, box: EventBox | None) -> None:
+        self._bus, self._box = bus, box
+        self._reader: TokenLogReader | None = None
+
+    async def __call__(self, request_id: str) -> list[engine_pb2.TokenEvent]:
+        if self._reader is None:
+            self._reader = self._bus.token_log(request_id, self._box)
+        return await self._reader.read_new()
 
 
 def _carries_token(event: engine_pb2.TokenEvent) -> bool:

@@ -36,6 +36,7 @@ from mohawk_common.bus.pipelines import ACTIVE, node_view, pipeline_id, pipeline
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
 from mohawk_common.errors import ModelLoadError
+from mohawk_common.memory_trim import IdleTrim, load_malloc_trim
 from mohawk_common.metrics_port import serve_metrics
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.slice_fetch import fetch_slice_source
@@ -49,7 +50,6 @@ from mohawk_shard.node.capacity import Capacity, measure_capacity
 from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.handover import room_for_both, serving_footprint, share_weights, stage_footprint
 from mohawk_shard.node.head import HeadDriver
-from mohawk_shard.node.memory_trim import IdleTrim, load_malloc_trim
 from mohawk_shard.node.metrics import node_metrics
 from mohawk_shard.node.roles import make_role
 from mohawk_shard.node.step_stats import StepWindow, TimedExecutor, step_report

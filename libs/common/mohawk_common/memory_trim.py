@@ -1,4 +1,4 @@
-"""Giving the heap memory a busy stretch freed back to the OS once a node goes idle.
+"""Giving the heap memory a busy stretch freed back to the OS once a process goes idle.
 
 Design. A step allocates and frees many large tensors. glibc serves them from mmap at first, but
 each free of an mmapped block raises its mmap threshold to that block's size (up to 32 MiB on
@@ -7,8 +7,12 @@ stays mapped: a node's RSS keeps the peak of its busiest step long after the loa
 1,000-session load test saw a shard 18% up after it ended). `malloc_trim(0)` returns the free
 pages of every arena to the OS in a few milliseconds. The node calls it once per idle period: when
 its step counter has not moved for `idle_s` and has moved since the last trim, so a busy node
-never trims between steps and an idle one trims once. Where the C library has no `malloc_trim`
-(macOS, musl), nothing is trimmed.
+never trims between steps and an idle one trims once. A gateway does the same with its count of
+requests started and ended, and first collects its cyclic garbage: a request's objects refer to
+each other (its token stream calls back into it), so they wait for the cycle collector, which
+runs on allocations and so not at all once the gateway is idle (the 1,000-session load test left
+~2,100 requests' objects, 17 MiB of Python objects, in an idle gateway). Where the C library has
+no `malloc_trim` (macOS, musl), nothing is trimmed.
 """
 
 from __future__ import annotations

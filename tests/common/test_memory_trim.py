@@ -1,4 +1,5 @@
-"""An idle node gives the heap memory its busy stretch freed back to the OS, once per idle period."""
+"""An idle process (shard node, gateway) gives the heap its busy stretch freed back to the OS, once per idle
+period."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import textwrap
 
 import pytest
 
-from mohawk_shard.node.memory_trim import IdleTrim, load_malloc_trim
+from mohawk_common.memory_trim import IdleTrim, load_malloc_trim
 
 
 def test_trims_once_the_step_counter_has_stood_still_for_idle_s() -> None:
@@ -35,7 +36,7 @@ def test_malloc_trim_gives_freed_heap_back() -> None:
     probe = textwrap.dedent(
         """
         import ctypes, ctypes.util, psutil
-        from mohawk_shard.node.memory_trim import load_malloc_trim
+        from mohawk_common.memory_trim import load_malloc_trim
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.malloc.restype = ctypes.c_void_p
         libc.free.argtypes = [ctypes.c_void_p]

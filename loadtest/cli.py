@@ -25,7 +25,7 @@ import structlog
 
 from loadtest.run import run_load, write_outputs
 from loadtest.spec import LoadSpec, standard_spec
-from loadtest.table import markdown
+from loadtest.table import markdown, memory_table
 from loadtest.target import Target, local_target
 from mohawk_common.logging import configure_logging
 
@@ -57,7 +57,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, help="where the local cluster keeps its files and logs")
     parser.add_argument("--threads", type=int, help="torch threads of the local cluster's node")
     parser.add_argument("--seed", type=int, default=0, help="seed of the retry spread")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="repeat the whole load on the same cluster (a leak grows run after run, a working set "
+        "does not); the report, plot and exit status are the first run's, the later runs' memory "
+        "rows are printed",
+    )
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     if (args.url is None) != (args.redis_url is None):
         parser.error("--url and --redis-url go together")
     if args.pid and args.url is None:
@@ -119,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any]
     with target_of(args) as target:
         report = asyncio.run(run_load(spec, target, seed=args.seed))
+        later = [asyncio.run(run_load(spec, target, seed=args.seed + n)) for n in range(1, args.runs)]
     write_outputs(report, args.json, args.png)
     sys.stdout.write(markdown(report))
+    for n, again in enumerate(later, start=2):
+        sys.stdout.write(f"\nrun {n} on the same cluster: memory\n\n")
+        sys.stdout.write(memory_table(again))
     return 0 if report["passed"] else 1

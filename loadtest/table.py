@@ -96,6 +96,11 @@ def _tenant_table(report: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def memory_table(report: Mapping[str, Any]) -> str:
+    """The report's memory rows alone, as markdown."""
+    return "\n".join(_memory_table(report)) + "\n"
+
+
 def _memory_table(report: Mapping[str, Any]) -> list[str]:
     lines = [
         "| process | RSS before, MiB | peak, MiB | after, MiB | change | within 10% |",

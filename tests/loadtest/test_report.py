@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from loadtest.cli import parse_args
 from loadtest.measure import Recorder, RequestLog, error_class, stream_error_kind
 from loadtest.memory import compare
 from loadtest.plot import write_png
@@ -24,7 +25,7 @@ from loadtest.stats import (
     ttft_ms,
     window_shares,
 )
-from loadtest.table import markdown
+from loadtest.table import markdown, memory_table
 
 TENANTS = (TenantSpec("gold", 3.0), TenantSpec("silver", 2.0), TenantSpec("bronze", 1.0, rpm=1))
 
@@ -233,3 +234,16 @@ def test_computed_tokens_count_the_uncached_prompt_at_the_first_token() -> None:
         {"gold": 1, "silver": 1},
         {"gold": 1, "silver": 0},
     ]
+
+
+def test_the_memory_table_of_a_later_run_stands_alone() -> None:
+    report = synthetic_report(refusals=[])
+    table = memory_table(report).splitlines()
+    assert table[0].startswith("| process | RSS before, MiB")
+    assert len(table) == 2 + len(report["memory"]["processes"])
+
+
+def test_runs_must_be_at_least_one() -> None:
+    assert parse_args(["--runs", "3"]).runs == 3 and parse_args([]).runs == 1
+    with pytest.raises(SystemExit):
+        parse_args(["--runs", "0"])

@@ -175,9 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="the full form (make bench)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--traces", action="store_true", help="also measure with OTLP traces exported")
+    parser.add_argument("--rounds", type=int, help="rounds of each kind (the form's by default)")
     args = parser.parse_args(argv)
     configure_logging("warning")
     form = FULL if args.full else SHORT
+    if args.rounds:
+        form = Form(rounds=args.rounds, repeats=form.repeats, tokens=form.tokens)
     result = run(form, args.traces)
     runs = form.rounds * form.repeats
     print(

@@ -25,6 +25,7 @@ from mohawk_proto.v1 import engine_pb2, security_pb2
 from mohawk_shard.backends.torch_backend import tensor_from_bytes, tensor_to_bytes
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.node.wire import (
+    Joining,
     sampling_from_proto,
     sampling_to_proto,
     step_batch_from_proto,
@@ -141,7 +142,7 @@ def test_step_batches_and_sampling_survive_the_wire() -> None:
         ),
         (0,),
     )
-    message = step_batch_to_proto(batch, {1: ("req-1", [6, 7], b"k" * 32)}, with_token_ids=True)
+    message = step_batch_to_proto(batch, {1: Joining("req-1", [6, 7], b"k" * 32)}, with_token_ids=True)
     back, joining = step_batch_from_proto(engine_pb2.StepBatch.FromString(message.SerializeToString()))
     assert back == batch
-    assert joining == {1: ("req-1", (6, 7), b"k" * 32)}
+    assert joining == {1: Joining("req-1", (6, 7), b"k" * 32)}

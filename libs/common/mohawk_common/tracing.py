@@ -16,8 +16,9 @@ background; the provider flushes what it holds when the process exits.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Tracer
@@ -89,6 +90,13 @@ def context_from(traceparent: str) -> Context | None:
     return context
 
 
-def context_from_headers(headers: Mapping[str, str]) -> Context | None:
-    """The parent context of an incoming HTTP request's `traceparent` header, if it has one."""
-    return context_from(headers.get("traceparent", ""))
+def summary_attributes(prefix: str, values: Sequence[float]) -> dict[str, float]:
+    """`prefix.p50`, `.max` and `.sum` of `values` (ms, rounded to µs) for a span; {} when empty."""
+    if not values:
+        return {}
+    array = np.asarray(values)
+    return {
+        f"{prefix}.p50": round(float(np.median(array)), 3),
+        f"{prefix}.max": round(float(array.max()), 3),
+        f"{prefix}.sum": round(float(array.sum()), 3),
+    }

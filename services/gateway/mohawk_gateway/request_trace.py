@@ -13,11 +13,16 @@ from __future__ import annotations
 import time
 from contextvars import ContextVar
 
-import numpy as np
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mohawk_common.tracing import context_from, traceparent_of, tracer, tracing_enabled
+from mohawk_common.tracing import (
+    context_from,
+    summary_attributes,
+    traceparent_of,
+    tracer,
+    tracing_enabled,
+)
 from mohawk_proto.v1 import engine_pb2
 
 INCOMING_TRACEPARENT: ContextVar[str] = ContextVar("incoming_traceparent", default="")
@@ -79,14 +84,7 @@ class RequestTrace:
 
     def end(self, outcome: str, num_tokens: int, ttft_s: float | None) -> None:
         if self._tokens is not None:
-            if self._hops_ms:
-                hops = np.asarray(self._hops_ms)
-                self._tokens.set_attributes(
-                    {
-                        "mohawk.hop_ms.p50": round(float(np.median(hops)), 3),
-                        "mohawk.hop_ms.max": round(float(hops.max()), 3),
-                    }
-                )
+            self._tokens.set_attributes(summary_attributes("mohawk.hop_ms", self._hops_ms))
             self._tokens.set_attribute("mohawk.tokens", num_tokens)
             self._tokens.end()
             self._tokens = None

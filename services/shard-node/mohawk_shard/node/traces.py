@@ -19,10 +19,15 @@ import time
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
 from opentelemetry.trace import Span, SpanKind, Tracer
 
-from mohawk_common.tracing import context_from, traceparent_of, tracer, tracing_enabled
+from mohawk_common.tracing import (
+    context_from,
+    summary_attributes,
+    traceparent_of,
+    tracer,
+    tracing_enabled,
+)
 
 Attributes = Mapping[str, str | int | float | bool]
 STALE_S = 120.0
@@ -140,8 +145,8 @@ class StageTraces:
         if opened is None:
             return
         span = opened.span
-        span.set_attributes(_summary("mohawk.hop_ms", opened.hop_ms))
-        span.set_attributes(_summary("mohawk.step_ms", opened.step_ms))
+        span.set_attributes(summary_attributes("mohawk.hop_ms", opened.hop_ms))
+        span.set_attributes(summary_attributes("mohawk.step_ms", opened.step_ms))
         span.set_attribute("mohawk.steps", len(opened.step_ms))
         if attributes:
             span.set_attributes(attributes)
@@ -156,14 +161,3 @@ class StageTraces:
         for key, opened in list(self._open.items()):
             if now - opened.last_seen > STALE_S:
                 self.end(key, {"mohawk.ended": "no step for a while"}, at_last_step=True)
-
-
-def _summary(prefix: str, values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    array = np.asarray(values)
-    return {
-        f"{prefix}.p50": round(float(np.median(array)), 3),
-        f"{prefix}.max": round(float(array.max()), 3),
-        f"{prefix}.sum": round(float(array.sum()), 3),
-    }

@@ -18,8 +18,10 @@ from mohawk_common.model_store.source import weight_names
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.model import quantized_layers
 from mohawk_shard.model.quantized_layers import (
     DENSE_MIN_ROWS,
+    DENSE_ROW_MULTIPLE,
     GroupwiseEmbedding,
     Int4Linear,
     RescoredHead,
@@ -74,6 +76,30 @@ def test_many_rows_run_dense_bf16_with_the_kernels_weights() -> None:
         x.bfloat16(), layer.packed, layer.group_size, layer.scales_and_zeros
     ).float()
     torch.testing.assert_close(layer(x), kernel, atol=0.02 * kernel.abs().max().item(), rtol=0)
+
+
+@pytest.mark.skipif(not native_bf16_matmul(), reason="this CPU has no native bf16 matmul (AVX512-BF16/AMX)")
+def test_dense_rows_are_padded_to_few_shapes_with_the_same_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = np.random.default_rng(6).standard_normal((128, 96), dtype=np.float32)
+    layer = Int4Linear(quantize_groupwise(weights), torch.device("cpu"))
+    linear = quantized_layers.F.linear
+    seen: list[int] = []
+
+    def spy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        seen.append(x.shape[0])
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(quantized_layers.F, "linear", spy)
+    dense = layer.dense_weight()
+    for num_rows in range(DENSE_MIN_ROWS, 513, 5):
+        x = torch.randn(num_rows, 96)
+        y = layer(x)
+        assert y.shape == (num_rows, 128)
+        # the padding rows change nothing in the real ones, bit for bit
+        assert torch.equal(y, linear(x.bfloat16(), dense).float())
+    row_counts = set(seen)  # the reference above calls the real F.linear, unseen
+    assert all(count % DENSE_ROW_MULTIPLE == 0 for count in row_counts)
+    assert len(row_counts) == 512 // DENSE_ROW_MULTIPLE - DENSE_MIN_ROWS // DENSE_ROW_MULTIPLE + 1  # 14
 
 
 def test_rescored_head_gives_exact_logits_on_its_shortlist() -> None:

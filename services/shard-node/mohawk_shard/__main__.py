@@ -3,12 +3,10 @@
 import os
 import sys
 
-# oneDNN (torch's bf16 matmuls on CPUs with AVX512-BF16 or AMX) keeps a compiled kernel, with its
-# own scratch memory, for every matmul shape it meets, up to 1,024 of them by default: under
-# traffic of many prompt lengths that held ~400 MiB after the 1,000-session load test had ended.
-# A small cache bounds it (set before torch loads; an operator's own setting wins).
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
+from mohawk_shard.native_caches import bound_native_caches
 
-from mohawk_shard.node.main import main
+bound_native_caches(os.environ)  # before torch loads: it reads them once
+
+from mohawk_shard.node.main import main  # noqa: E402
 
 sys.exit(main())

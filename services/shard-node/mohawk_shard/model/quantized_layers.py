@@ -14,7 +14,12 @@ an error of at most 1/64 of a quantization step per weight. The kernel suits a f
 from `DENSE_MIN_ROWS` rows on (prefill chunks) a CPU with native bf16 matmuls (AVX512-BF16 or AMX)
 unpacks the codes to a bf16 weight for the one call and runs a dense bf16 matmul, 4x faster at 512
 rows for SmolLM2's MLP on this machine's AMX (`python bench/int4_kernels.py` prints both); nothing
-dense is kept between calls. `GroupwiseEmbedding` keeps a token
+dense is kept between calls. The dense matmul's rows are padded with zeros to a multiple of
+`DENSE_ROW_MULTIPLE`: oneDNN compiles a kernel, with scratch memory about the size of the weight,
+for every row count it meets and torch keeps up to 1,024 of them, so a server whose steps take
+every count from 96 to 512 rows grew by hundreds of MiB; padded, a 512-token step budget meets 14
+counts, whose kernels stay cached (the padded rows cost less than recompiling, and the real rows
+come out bit for bit the same: `python bench/native_caches.py`). `GroupwiseEmbedding` keeps a token
 table's codes (int8 for Q8_0, uint8 for 4-bit) and dequantizes only the rows a step looks up.
 """
 
@@ -31,6 +36,7 @@ from mohawk_common.model_store.quantized import GroupQuantized
 
 KERNEL_DTYPE = torch.bfloat16
 DENSE_MIN_ROWS = 96  # from here on a bf16 matmul over the unpacked weight beats the 4-bit kernel
+DENSE_ROW_MULTIPLE = 32  # the dense matmul's row count is padded to a multiple of this
 
 
 class Int4Linear(nn.Module):
@@ -64,8 +70,11 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if self._cpu_block is not None and flat.shape[0] >= DENSE_MIN_ROWS:
-            y = F.linear(flat.to(KERNEL_DTYPE), self.dense_weight())
+        num_rows = flat.shape[0]
+        if self._cpu_block is not None and num_rows >= DENSE_MIN_ROWS:
+            padding = -num_rows % DENSE_ROW_MULTIPLE
+            rows = F.pad(flat.to(KERNEL_DTYPE), (0, 0, 0, padding))
+            y = F.linear(rows, self.dense_weight())[:num_rows]
         else:
             y = self._matmul(flat.to(KERNEL_DTYPE), self.packed, self.group_size, self.scales_and_zeros)
         y = y.to(x.dtype) if x.dim() == 2 else y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

@@ -1,0 +1,23 @@
+"""The short form of bench/native_caches.py: with the shard's kernel-cache bounds and padded dense
+rows, a stage's memory stops growing with the number of row counts it meets."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from mohawk_shard.model.quantized_layers import native_bf16_matmul
+from tests.bench import run_bench
+
+
+@pytest.mark.skipif(not native_bf16_matmul(), reason="this CPU has no native bf16 matmul (AVX512-BF16/AMX)")
+def test_bounded_caches_and_padded_rows_stop_the_growth(tmp_path: Path) -> None:
+    figures = run_bench("native_caches.py", tmp_path / "caches.json", "--steps", "150", "--rounds", "1")
+    grown = {name: statistics.median(r["rss_mib"] for r in runs) for name, runs in figures["runs"].items()}
+    defaults, padded = grown["torch defaults, exact rows"], grown["caches bounded, padded rows"]
+    # 150 steps meet ~110 row counts, 4 kernels of ~0.7 MiB each by default (~350 MiB here);
+    # padded rows meet 14 counts, whose kernels (4 linears each) fit in the bounded caches
+    assert defaults > 100, grown
+    assert padded < defaults / 3, grown

@@ -78,8 +78,13 @@ class Stat:
     def of(cls, values: Sequence[float]) -> Stat:
         return cls(statistics.median(values), min(values), max(values))
 
+    def __format__(self, spec: str) -> str:
+        """`f"{stat:.2f}"`: each figure in that format; the default is `.1f`."""
+        spec = spec or ".1f"
+        return f"{self.median:{spec}} ({self.low:{spec}}–{self.high:{spec}})"
+
     def __str__(self) -> str:
-        return f"{self.median:.1f} ({self.low:.1f}–{self.high:.1f})"
+        return format(self)
 
 
 Stats = dict[str, dict[str, Stat]]  # runner name -> metric -> Stat

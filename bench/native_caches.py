@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine import Stat
 
 from mohawk_shard.native_caches import NATIVE_CACHE_LIMITS
 
@@ -68,10 +71,6 @@ def run_one(bounded: bool, padded: bool, steps: int, threads: int) -> dict[str, 
     return result
 
 
-def spread(values: list[float], fmt: str) -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
@@ -85,19 +84,18 @@ def main() -> None:
             results[name].append(run_one(bounded, padded, args.steps, args.threads))
     if args.json is not None:
         args.json.write_text(json.dumps({"limits": NATIVE_CACHE_LIMITS, "runs": results}, indent=2) + "\n")
-    if not results[next(iter(SETUPS))][0]["native_bf16"]:
+    baseline = results[next(iter(SETUPS))]
+    if not baseline[0]["native_bf16"]:
         print("this CPU has no native bf16 matmul: the dense path (and oneDNN's caches) never runs")
     limits = ", ".join(f"{k}={v}" for k, v in NATIVE_CACHE_LIMITS.items())
     setup = f"{args.steps} steps of 96–512 rows, {args.threads} threads, {args.rounds} rounds"
     print(f"{setup}; bounds: {limits}")
     print("| setup | time, s | time vs defaults | RSS grown, MiB |")
     print("|---|---|---|---|")
-    baseline = results[next(iter(SETUPS))]
     for name, runs in results.items():
-        ratios = [r["seconds"] / b["seconds"] for r, b in zip(runs, baseline, strict=True)]
-        seconds = spread([r["seconds"] for r in runs], ".2f")
-        rss = spread([r["rss_mib"] for r in runs], ".0f")
-        print(f"| {name} | {seconds} | {spread(ratios, '.2f')} | {rss} |")
+        ratios = Stat.of([r["seconds"] / b["seconds"] for r, b in zip(runs, baseline, strict=True)])
+        seconds, rss = Stat.of([r["seconds"] for r in runs]), Stat.of([r["rss_mib"] for r in runs])
+        print(f"| {name} | {seconds:.2f} | {ratios:.2f} | {rss:.0f} |")
 
 
 if __name__ == "__main__":

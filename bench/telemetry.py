@@ -80,47 +80,50 @@ server.serve_forever()
 """
 
 
-class OtlpSink:
-    """An OTLP/HTTP endpoint in a process of its own that reads every export and drops it."""
+class _EventCountingChild:
+    """A `python -c` helper in a process of its own that prints a line per event; on exit it is
+    stopped and `num_events` counts the lines it printed after those `__enter__` read."""
+
+    def __init__(self, code: str, *args: str) -> None:
+        self._command = [sys.executable, "-c", code, *args]
+        self._process: subprocess.Popen[str] | None = None
+        self.num_events = 0
+
+    def _start(self) -> subprocess.Popen[str]:
+        self._process = subprocess.Popen(self._command, stdout=subprocess.PIPE, text=True)
+        return self._process
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._process is not None
+        self._process.terminate()
+        out, _ = self._process.communicate(timeout=10)
+        self.num_events = len(out.split())
+
+
+class OtlpSink(_EventCountingChild):
+    """An OTLP/HTTP endpoint that reads every export and drops it; an event is an export."""
 
     def __init__(self) -> None:
-        self.num_exports = 0
-        self._process: subprocess.Popen[str] | None = None
+        super().__init__(_OTLP_SINK)
         self.endpoint = ""
 
     def __enter__(self) -> OtlpSink:
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _OTLP_SINK], stdout=subprocess.PIPE, text=True
-        )
-        assert self._process.stdout is not None
-        self.endpoint = f"http://127.0.0.1:{int(self._process.stdout.readline())}"
+        stdout = self._start().stdout
+        assert stdout is not None
+        self.endpoint = f"http://127.0.0.1:{int(stdout.readline())}"
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        assert self._process is not None
-        self._process.terminate()
-        out, _ = self._process.communicate(timeout=10)
-        self.num_exports = len(out.split())
 
-
-class Scraper:
-    """GET /metrics every second from a process of its own, as Prometheus would, while the load
-    runs (a thread in this process would take the GIL from the streams' client)."""
+class Scraper(_EventCountingChild):
+    """GET /metrics every second, as Prometheus would, while the load runs (from a process of its
+    own: a thread in this process would take the GIL from the streams' client); an event is a scrape."""
 
     def __init__(self, url: str) -> None:
-        self.url, self.num_scrapes = url, 0
-        self._process: subprocess.Popen[str] | None = None
+        super().__init__(_SCRAPE_LOOP, f"{url}/metrics")
 
     def __enter__(self) -> Scraper:
-        command = [sys.executable, "-c", _SCRAPE_LOOP, f"{self.url}/metrics"]
-        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        self._start()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._process is not None
-        self._process.terminate()
-        out, _ = self._process.communicate(timeout=10)
-        self.num_scrapes = len(out.split())
 
 
 def measure(telemetry: bool, form: Form, otlp_endpoint: str = "") -> list[float]:
@@ -140,7 +143,7 @@ def measure(telemetry: bool, form: Form, otlp_endpoint: str = "") -> list[float]
             with Scraper(url) as scraper:
                 runs = [setup.concurrent(qs, form.tokens) for _ in range(form.repeats)]
             SERVICE_CPU.append((sum(service.cpu_times()[:2]) - cpu_before) / (time.monotonic() - started))
-            if scraper.num_scrapes == 0:
+            if scraper.num_events == 0:
                 raise RuntimeError("the telemetry service answered no scrape")
             return runs
         finally:
@@ -158,8 +161,8 @@ def run(form: Form, traces: bool) -> dict[str, Any]:
         if traces:
             with OtlpSink() as sink:
                 traced += measure(True, form, sink.endpoint)
-            exports += sink.num_exports
-            if sink.num_exports == 0:
+            exports += sink.num_events
+            if sink.num_events == 0:
                 raise RuntimeError("no process exported a span to the OTLP sink")
     off_stat, on_stat = Stat.of(off), Stat.of(on)
     result: dict[str, Any] = {"off": off_stat, "on": on_stat, "ratio": on_stat.median / off_stat.median}

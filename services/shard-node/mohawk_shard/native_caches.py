@@ -2,11 +2,12 @@
 
 Design. On CPUs with native bf16 matmuls (AVX512-BF16, AMX) torch runs a bf16 matmul through
 oneDNN, and two caches keep the kernel it compiles for each shape it meets: oneDNN's own primitive
-cache and, above it, torch's ideep layer cache, each 1,024 entries by default. A kernel holds about
-1 MiB of code and scratch memory (0.6 to 1.3 MiB for weights of 576×576 to 11008×4096 on this
-machine), and a serving stage meets a new shape for each row count of its prefill steps: the
-shard's RSS ended the 1,000-session load test 11 to 13 % above its level before (a heap profile
-put the growth in `dnnl::impl::malloc`, under the primitives of `ideep::matmul_forward`). Both
+cache and, above it, torch's ideep layer cache, each 1,024 entries by default. A kernel holds its
+code and scratch memory (one layer of SmolLM2's four 4-bit linears over 400 steps of 96-512 rows
+grew a process by 810 MiB: `bench/native_caches.py`), and a serving stage meets a new shape for
+each row count of its prefill steps: the shard's RSS ended the 1,000-session load test 10 to 13 %
+above its level before (a heap profile put the growth in `dnnl::impl::malloc`, under the
+primitives of `ideep::matmul_forward`). Both
 caches are bounded here, unless the operator's environment sets them; `Int4Linear` pads its dense
 rows so that the shapes a stage meets fit within the bound, and no kernel is compiled twice.
 Each variable is read once, when the library first needs it, so this runs before torch is imported.

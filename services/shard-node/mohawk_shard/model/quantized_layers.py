@@ -15,10 +15,10 @@ from `DENSE_MIN_ROWS` rows on (prefill chunks) a CPU with native bf16 matmuls (A
 unpacks the codes to a bf16 weight for the one call and runs a dense bf16 matmul, 4x faster at 512
 rows for SmolLM2's MLP on this machine's AMX (`python bench/int4_kernels.py` prints both); nothing
 dense is kept between calls. The dense matmul's rows are padded with zeros to a multiple of
-`DENSE_ROW_MULTIPLE`: oneDNN compiles a kernel, about 1 MiB with its scratch memory, for every
-row count it meets, and torch's caches keep up to 1,024 of them (`native_caches.py` bounds them),
-so a server whose steps take every count from 96 to 512 rows grew by hundreds of MiB; padded, a
-512-token step budget meets 14 counts, whose kernels stay cached (the padded rows cost less than
+`DENSE_ROW_MULTIPLE`: oneDNN compiles a kernel, with its scratch memory, for every row count it
+meets, and torch's caches keep up to 1,024 of them (`native_caches.py` bounds them), so a server
+whose steps take every count from 96 to 512 rows grew by hundreds of MiB; padded, a 512-token step
+budget meets 14 counts, whose kernels stay cached (the padded rows cost less than
 recompiling, and the real rows come out bit for bit the same: `python bench/native_caches.py`).
 `GroupwiseEmbedding` keeps a token table's codes (int8 for Q8_0, uint8 for 4-bit) and dequantizes
 only the rows a step looks up.

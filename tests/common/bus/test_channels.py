@@ -46,6 +46,9 @@ def test_the_manager_of_the_offers_plan_answers_and_an_unserved_plan_is_refused(
         b_old, b_new = manager(b_nc, b_sec, "shard-b", 1), manager(b_nc, b_sec, "shard-b", 2)
         for m in (b_old, b_new):
             await m.start()
+        # the server has b's subscriptions before a (another connection) sends its first offer; a
+        # node's own later messages (its ready report) come after them on its one connection
+        await b_nc.flush()
         try:
             for version, answering in ((2, b_new), (1, b_old), (2, b_new)):
                 a = manager(a_nc, a_sec, "shard-a", version)

@@ -355,6 +355,23 @@ def test_finish_twice_is_refused(pki: ScratchPki) -> None:
         ends.responder.finish(finish)
 
 
+def test_a_bogus_finish_on_the_sniffed_channel_id_does_not_end_the_handshake(pki: ScratchPki) -> None:
+    """The channel id travels in the clear: an attacker's finish for it fails, and the pending
+    handshake survives, so the initiator's own finish still opens the channel."""
+    ends = make_ends(pki)
+    finish, initiator_keys = ends.initiator.handle_response(
+        ends.responder.respond(ends.initiator.init_message())
+    )
+    mallory = pki.identity("shard-a", "shard")  # even a certified key of the same node
+    bogus = security_pb2.HandshakeFinish(
+        channel_id=ends.initiator.channel_id, signature=mallory.signing_key.sign(b"handshake-finish", b"x")
+    )
+    assert reason(lambda: ends.responder.finish(bogus.SerializeToString())) == "tampered"
+    assert reason(lambda: ends.responder.finish(b"\xff\xff")) == "malformed"
+    assert ends.responder.finish(finish).receive_key == initiator_keys.send_key
+    assert reason(lambda: ends.responder.finish(finish)) == "unknown_channel"  # consumed now
+
+
 def test_finish_before_an_offer_is_refused(pki: ScratchPki) -> None:
     ends = make_ends(pki)
     assert reason(lambda: ends.responder.finish(b"")) == "unknown_channel"

@@ -18,6 +18,8 @@ RejectReason = Literal[
     "bad_digest",  # slice weights do not hash to what the signed manifest says
     "bad_version",  # slice format or model revision other than the one asked for
     "malformed",  # bytes that do not parse as the expected message
+    "unsigned",  # a control record (plan, heartbeat) without the signature this node requires
+    "overloaded",  # a bounded table (handshakes awaiting their finish) is full
 ]
 
 REJECT_REASONS: tuple[str, ...] = RejectReason.__args__  # type: ignore[attr-defined]

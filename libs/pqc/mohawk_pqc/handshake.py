@@ -12,8 +12,9 @@ it is the node the plan puts at the other end (the caller's `accept_peer`). Keys
 HKDF-SHA256(ss_x25519 || ss_mlkem, salt = T1), one per direction (`keyschedule.channel_keys`). A
 responder refuses an offer without the hybrid suite or without an ML-KEM key: there is no
 classical-only fallback to downgrade to. The responder installs the channel only after message 3
-verifies, so an unauthenticated initiator never gets a channel. Randomness (ephemeral keys, the
-channel id) and the clock are injectable for known-answer tests.
+verifies, so an unauthenticated initiator never gets a channel; a message 3 that fails leaves the
+handshake pending, so whoever sniffed the channel id cannot end it with a bogus finish. Randomness
+(ephemeral keys, the channel id) and the clock are injectable for known-answer tests.
 """
 
 from __future__ import annotations
@@ -193,12 +194,12 @@ class HandshakeResponder:
         if self._pending is None:
             raise AuthenticationError("unknown_channel", "finish before an offer")
         init, peer, t1, ss_x, ss_k = self._pending
-        self._pending = None  # one try: a failed finish ends this handshake
         finish = _parse(security_pb2.HandshakeFinish, data)
         if finish.channel_id != init.channel_id:
             raise AuthenticationError("unknown_channel", "finish for another channel")
         t2 = transcript_hash(t1, self._signature)
         _verify_key(peer).verify(_FINISH_LABEL, t2, finish.signature)
+        # consumed only now: a bogus finish (the channel id is visible on the wire) cannot end it
         self._pending = None
         to_responder, to_initiator = channel_keys(ss_x, ss_k, t1, init.channel_id)
         return ChannelKeys(init.channel_id, to_initiator, to_responder, peer, init.plan_version)

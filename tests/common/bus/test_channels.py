@@ -1,5 +1,6 @@
-"""Secure channels when a node holds two plans at once (make before break): one handshake subject,
-two managers, and only the one serving the offer's plan version answers; against a real nats-server."""
+"""Secure channels against a real nats-server: when a node holds two plans at once (make before
+break), one handshake subject, two managers, and only the one serving the offer's plan version
+answers; the responder's pending handshakes are capped and survive bogus finishes."""
 
 from __future__ import annotations
 
@@ -7,14 +8,19 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from nats.aio.client import Client
 
+from mohawk_common.bus import channels as channels_module
+from mohawk_common.bus import names
 from mohawk_common.bus.channels import ChannelManager
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.server import NatsServer
 from mohawk_pqc.errors import AuthenticationError
+from mohawk_pqc.handshake import HandshakeInitiator
 from mohawk_pqc.kem import CryptographyKem
 from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
+from mohawk_proto.v1 import security_pb2
 
 PEERS = {"shard-a": 0, "shard-b": 1}
 
@@ -75,5 +81,61 @@ def test_the_manager_of_the_offers_plan_answers_and_an_unserved_plan_is_refused(
             await b_new.stop()
             await a_nc.close()
             await b_nc.close()
+
+    asyncio.run(scenario())
+
+
+async def ask(nc: Client, kind: str, data: bytes) -> security_pb2.HandshakeReply:
+    """One handshake message to shard-b, as any client on the bus may send it."""
+    msg = await nc.request(
+        names.handshake_subject("shard-b"), data, timeout=5, headers={"Mohawk-Handshake": kind}
+    )
+    return security_pb2.HandshakeReply.FromString(msg.data)
+
+
+def initiator(sec: Security) -> HandshakeInitiator:
+    bundle = sec.require()
+    return HandshakeInitiator(
+        bundle.identity,
+        bundle.trust,
+        plan_version=1,
+        responder_id="shard-b",
+        accept_peer=lambda _peer, _offer: None,
+        kem=sec.kem,
+    )
+
+
+def test_a_bogus_finish_ends_no_handshake_and_offers_past_the_cap_are_refused(
+    nats_server: NatsServer, pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(channels_module, "MAX_PENDING_HANDSHAKES", 2)
+
+    async def scenario() -> None:
+        nc = await connect([nats_server.url], name="a", attempts=3)
+        a_sec, b_sec = security(pki, "shard-a"), security(pki, "shard-b")
+        b = ChannelManager(nc, b_sec, node_id="shard-b", plan_version=1, expected_peers=PEERS)
+        await b.start()
+        await nc.flush()
+        try:
+            real = initiator(a_sec)
+            finish, keys = real.handle_response((await ask(nc, "init", real.init_message())).message)
+            # someone who sniffed the channel id sends a finish for it first: refused, counted...
+            bogus = security_pb2.HandshakeFinish(channel_id=real.channel_id)
+            bogus.signature.ecdsa_p256, bogus.signature.mldsa65 = b"\x30" * 70, b"\x00" * 3309
+            assert (await ask(nc, "finish", bogus.SerializeToString())).refused
+            assert sum(b_sec.rejections.values()) == 1
+            # ...and the real finish still opens the channel
+            assert (await ask(nc, "finish", finish)).message == b"ok"
+            assert b.receiving(keys.channel_id).peer_id == "shard-a"
+            assert (await ask(nc, "finish", finish)).refused  # consumed: once only
+
+            # two offers wait for their finish (the cap); a third is refused and counted
+            for _ in range(2):
+                assert not (await ask(nc, "init", initiator(a_sec).init_message())).refused
+            assert (await ask(nc, "init", initiator(a_sec).init_message())).refused
+            assert b_sec.rejections["overloaded"] == 1
+        finally:
+            await b.stop()
+            await nc.close()
 
     asyncio.run(scenario())

@@ -11,8 +11,11 @@ plan version means new channels (the old ones are dropped with the plan). While 
 next stage beside the running one (make before break), it holds two managers, one per plan
 version, on the one handshake subject: a manager stays silent on an offer for a plan version
 another manager of the node serves (and on that offer's finish), so only the right one answers,
-while an offer no manager of the node serves is refused at once. Frames name their
-channel by its random 16-byte id; a frame on an unknown channel, from a peer whose certificate
+while an offer no manager of the node serves is refused at once. At most `MAX_PENDING_HANDSHAKES`
+answered offers wait for their finish (each `_PENDING_TTL_S` at most; past the cap a new offer is
+refused and counted, reason overloaded), and an entry is consumed only by a finish whose signature
+verifies, so a bogus finish on a sniffed channel id ends nothing. Frames name their channel by its
+random 16-byte id; a frame on an unknown channel, from a peer whose certificate
 has since been revoked, or that fails its tag or the replay window is rejected and counted.
 """
 
@@ -40,6 +43,7 @@ log = structlog.get_logger("mohawk.channels")
 
 HANDSHAKE_TIMEOUT_S = 10.0
 _PENDING_TTL_S = 30.0
+MAX_PENDING_HANDSHAKES = 64  # answered offers awaiting their finish; past it new offers are refused
 _SEEN_OFFERS = 4096
 _KIND_HEADER = "Mohawk-Handshake"
 
@@ -228,6 +232,8 @@ class ChannelManager:
             channel_id = security_pb2.HandshakeInit.FromString(data).channel_id
             if channel_id in self._seen_offers:
                 raise AuthenticationError("replayed", "a handshake offer seen before")
+            if len(self._pending) >= MAX_PENDING_HANDSHAKES:
+                raise AuthenticationError("overloaded", f"{len(self._pending)} handshakes await their finish")
             responder = HandshakeResponder(
                 bundle.identity, bundle.trust, accept_peer=self._accept_peer, kem=self.security.kem
             )
@@ -239,10 +245,12 @@ class ChannelManager:
             return response
         if kind == "finish":
             channel_id = security_pb2.HandshakeFinish.FromString(data).channel_id
-            pending = self._pending.pop(channel_id, None)
+            pending = self._pending.get(channel_id)
             if pending is None:
                 raise AuthenticationError("unknown_channel", "finish without an offer")
-            self._install(pending.responder.finish(data))
+            keys = pending.responder.finish(data)  # a finish that fails leaves the handshake pending
+            del self._pending[channel_id]
+            self._install(keys)
             return b"ok"
         raise AuthenticationError("malformed", f"handshake message kind {kind!r}")
 

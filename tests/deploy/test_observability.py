@@ -22,13 +22,15 @@ from tests.deploy.test_compose import (
     COMPOSE_FILE,
     MOHAWK_SERVICES,
     ROOT,
+    active_services,
     compose_impls,
+    depends_on,
     env_of,
     mounts,
+    port_bindings,
     published_ports,
     raw,
     resolved,
-    run_compose,
 )
 
 PROFILE = "observability"
@@ -47,8 +49,14 @@ def services() -> dict[str, Any]:
     return raw(COMPOSE_FILE)["services"]
 
 
-def services_to_start(compose: list[str], *options: str) -> set[str]:
-    return set(run_compose(compose, COMPOSE_FILE, *options, "config", "--services").stdout.split())
+def services_to_start(compose: list[str], *profiles: str) -> set[str]:
+    """What `docker compose [--profile P ...] up` starts, as this implementation resolves the file.
+
+    1.29 accepts `--profile` but its `config` (and `config --services`) lists every service
+    anyway, so the selection comes from the resolved `profiles` keys (`active_services`).
+    """
+    options = [arg for profile in profiles for arg in ("--profile", profile)]
+    return set(active_services(resolved(compose, COMPOSE_FILE, *options), frozenset(profiles)))
 
 
 def loopback_only(service: dict[str, Any]) -> bool:
@@ -77,19 +85,21 @@ def test_the_profile_adds_prometheus_grafana_and_jaeger_and_nothing_else(compose
     default = services_to_start(compose)
     assert "telemetry" in default
     assert not default & OBSERVABILITY, "`docker compose up` alone must not start them"
-    assert services_to_start(compose, "--profile", PROFILE) == default | OBSERVABILITY
+    assert services_to_start(compose, PROFILE) == default | OBSERVABILITY
 
 
 @compose_impls
 def test_the_profile_resolves_with_no_variable_set(compose: list[str]) -> None:
     """No admin password or other secret has to be set for `--profile observability`."""
     config = resolved(compose, COMPOSE_FILE, COMPOSE_PROFILES=PROFILE)
+    services = active_services(config, frozenset({PROFILE}))
     for name in OBSERVABILITY:
-        service = config["services"][name]
+        service = services[name]
         for source, _ in mounts(service):
             if source.startswith("/"):
                 assert Path(source).exists(), f"{name}: bind mount {source} does not exist"
-        assert {port.get("host_ip") for port in service["ports"]} == {"127.0.0.1"}, name
+        assert {host_ip for host_ip, _, _ in port_bindings(service)} == {"127.0.0.1"}, name
+    assert depends_on(services["grafana"]) == {"prometheus": "service_started"}
     assert "prometheus-data" in config["volumes"]
 
 

@@ -15,8 +15,10 @@ while an offer no manager of the node serves is refused at once. At most `MAX_PE
 answered offers wait for their finish (each `_PENDING_TTL_S` at most; past the cap a new offer is
 refused and counted, reason overloaded), and an entry is consumed only by a finish whose signature
 verifies, so a bogus finish on a sniffed channel id ends nothing. Frames name their channel by its
-random 16-byte id; a frame on an unknown channel, from a peer whose certificate
-has since been revoked, or that fails its tag or the replay window is rejected and counted.
+random 16-byte id; a frame on an unknown channel, from a peer whose certificate has since been
+revoked, or that fails its tag or the replay window is rejected and counted. The revocation list
+is checked on every send too (`channel_to`): once the peer's serial is on it, its channel is
+dropped and nothing more is sent to it (counted, reason revoked).
 """
 
 from __future__ import annotations
@@ -160,19 +162,38 @@ class ChannelManager:
         return channel
 
     async def channel_to(self, peer_id: str) -> SecureChannel:
-        """The channel with `peer_id`: handshaken here when this node's stage is lower, else awaited."""
+        """The channel to send on to `peer_id`: handshaken here when this node's stage is lower, else
+        awaited; checked against the revocation list each time (AuthenticationError, counted, when
+        the peer's certificate has been revoked since: the channel is dropped and nothing is sent)."""
         channel = self._by_peer.get(peer_id)
-        if channel is not None:
-            return channel
-        mine, theirs = self.expected_peers.get(self.node_id, -1), self.expected_peers.get(peer_id, -1)
-        if mine < theirs:
-            async with self._locks.setdefault(peer_id, asyncio.Lock()):
-                channel = self._by_peer.get(peer_id)
-                return channel if channel is not None else await self._initiate(peer_id)
-        event = self._waiters.setdefault(peer_id, asyncio.Event())
-        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-            await event.wait()
-        return self._by_peer[peer_id]
+        if channel is None:
+            mine, theirs = self.expected_peers.get(self.node_id, -1), self.expected_peers.get(peer_id, -1)
+            if mine < theirs:
+                async with self._locks.setdefault(peer_id, asyncio.Lock()):
+                    channel = self._by_peer.get(peer_id)
+                    if channel is None:
+                        channel = await self._initiate(peer_id)
+            else:
+                event = self._waiters.setdefault(peer_id, asyncio.Event())
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                    await event.wait()
+                channel = self._by_peer[peer_id]
+        try:
+            self._check_not_revoked(channel)
+        except AuthenticationError as exc:
+            self.security.reject(exc, peer=peer_id, what="send")
+            raise
+        return channel
+
+    def _check_not_revoked(self, channel: SecureChannel) -> None:
+        """Drop `channel` and raise when its peer's certificate is on the current revocation list."""
+        if channel.keys.peer.serial not in self.security.require().trust.revoked:
+            return
+        self._by_id.pop(channel.channel_id, None)
+        if self._by_peer.get(channel.peer_id) is channel:
+            del self._by_peer[channel.peer_id]
+            self._waiters.pop(channel.peer_id, None)  # a later send waits for a fresh handshake
+        raise AuthenticationError("revoked", f"{channel.peer_id}'s certificate was revoked")
 
     async def _initiate(self, peer_id: str) -> SecureChannel:
         bundle = self.security.require()
@@ -261,9 +282,5 @@ class ChannelManager:
         channel = self._by_id.get(channel_id)
         if channel is None:
             raise AuthenticationError("unknown_channel", "frame on a channel no handshake made")
-        bundle = self.security.require()
-        if channel.keys.peer.serial in bundle.trust.revoked:
-            self._by_id.pop(channel_id, None)
-            self._by_peer.pop(channel.peer_id, None)
-            raise AuthenticationError("revoked", f"{channel.peer_id}'s certificate was revoked")
+        self._check_not_revoked(channel)
         return channel

@@ -101,3 +101,17 @@ def test_transformers_is_held_at_warning() -> None:
 def test_unknown_level_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="log level must be one of"):
         configure_logging("loud")
+
+
+def test_no_line_carries_a_url_password() -> None:
+    """Whoever logs a NATS (or Redis) URL, structlog or stdlib, the password is not in the line."""
+    stream = io.StringIO()
+    configure_logging("info", stream=stream)
+    url = "nats://mohawk-shard:s3cret@10.0.0.1:4222,nats://10.0.0.2:4222"
+    get_logger("mohawk.test").info("node up", nats=url)
+    logging.getLogger("some.library").warning("connecting to %s", "redis://:hunter2@cache:6379/0")
+    text = stream.getvalue()
+    assert "s3cret" not in text and "hunter2" not in text
+    first, second = lines(stream)
+    assert first["nats"] == "nats://mohawk-shard:***@10.0.0.1:4222,nats://10.0.0.2:4222"
+    assert second["event"] == "connecting to redis://:***@cache:6379/0"

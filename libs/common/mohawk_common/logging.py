@@ -10,7 +10,9 @@ installed before.
 from __future__ import annotations
 
 import logging
+import re
 import sys
+from collections.abc import MutableMapping
 from typing import Any, TextIO
 
 import structlog
@@ -22,12 +24,36 @@ LEVELS = ("debug", "info", "warning", "error", "critical")
 # Libraries that log a lot below WARNING; they are held at WARNING or above whatever the level.
 CHATTY_LOGGERS = ("transformers", "huggingface_hub", "filelock", "urllib3")
 
+# scheme://userinfo@ : a URL's user and password (or token), e.g. nats://mohawk:secret@host:4222
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s,]+)@")
+
+
+def redact_url(text: str) -> str:
+    """`text` with the password (or token) of every URL in it replaced by ***:
+    nats://mohawk:secret@h:4222,nats://tok@h2 -> nats://mohawk:***@h:4222,nats://***@h2."""
+
+    def hide(match: re.Match[str]) -> str:
+        user, colon, _ = match["userinfo"].partition(":")
+        return f"{match['scheme']}{user}:***@" if colon else f"{match['scheme']}***@"
+
+    return _URL_USERINFO.sub(hide, text)
+
+
+def _redact_urls(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """No log line carries a URL's password, whoever logged the URL (NATS, Redis, OTLP)."""
+    for key, value in event.items():
+        if isinstance(value, str) and "@" in value:
+            event[key] = redact_url(value)
+    return event
+
+
 _SHARED: list[Processor] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_logger_name,
     structlog.stdlib.add_log_level,
     structlog.stdlib.ExtraAdder(),
     structlog.processors.TimeStamper(fmt="iso", utc=True),
+    _redact_urls,
 ]
 
 

@@ -14,6 +14,10 @@ BUNDLED_MODEL_NAME = "smollm2-135m-instruct"
 
 class BusSettings(MohawkSettings):
     nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated")
+    nats_creds: Path | None = Field(
+        None,
+        description="this process's NATS credential (mohawk nats-auth init); none = anonymous",
+    )
     nats_replicas: int = Field(1, ge=1, le=5, description="JetStream replicas for streams and buckets")
     max_queued_requests: int = Field(1024, ge=1, description="accepted, unfinished requests; past it: 429")
     lease_ttl_s: float = Field(3.0, gt=0, description="coordinator leader lease")

@@ -1,33 +1,72 @@
-"""Connecting to NATS: keep trying, one clear log line per failed attempt, never a traceback loop."""
+"""Connecting to NATS: keep trying, one clear log line per failed attempt, never a traceback loop.
+
+A process proves who it is with a credential file (`nats_auth.Credential`: its role's user and
+password), passed as `creds` or else named by MOHAWK_NATS_CREDS; URLs are logged with any password
+in them replaced by *** (`redact_url`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import structlog
 from nats.aio.client import Client
 
+from mohawk_common.bus.nats_auth import Credential
+from mohawk_common.logging import redact_url
+
 log = structlog.get_logger("mohawk.bus")
+
+CREDS_ENV = "MOHAWK_NATS_CREDS"
 
 _FIRST_RETRY_S = 0.5
 _MAX_RETRY_S = 5.0
 
 
+def credential_options(creds: str | Path | None = None) -> dict[str, Any]:
+    """nats-py's connect options for credential file `creds`, else MOHAWK_NATS_CREDS's, else none."""
+    path = creds or os.environ.get(CREDS_ENV) or None
+    if path is None:
+        return {}
+    try:
+        credential = Credential.read(Path(path))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConnectionError(f"cannot read the NATS credential {path}: {exc}") from exc
+    return {"user": credential.user, "password": credential.password}
+
+
 async def connect(
-    servers: str | Sequence[str], *, name: str, attempts: int | None = None, connect_timeout: int = 2
+    servers: str | Sequence[str],
+    *,
+    name: str,
+    attempts: int | None = None,
+    connect_timeout: int = 2,
+    creds: str | Path | None = None,
 ) -> Client:
-    """Connect to `servers`, retrying with backoff (forever unless `attempts` is set).
+    """Connect to `servers` as the user of credential file `creds` (default: MOHAWK_NATS_CREDS's,
+    else anonymous), retrying with backoff (forever unless `attempts` is set).
 
     Once connected, nats-py reconnects on its own; disconnects and reconnects are logged.
     """
     urls = [servers] if isinstance(servers, str) else list(servers)
+    auth = credential_options(creds)
     delay = _FIRST_RETRY_S
     attempt = 0
     while True:
         attempt += 1
         try:
             nc = Client()
+            refusals: list[str] = []  # what the server said (an authorization violation)
+
+            async def _on_error(exc: Exception, refusals: list[str] = refusals) -> None:
+                text = str(exc) or type(exc).__name__
+                if "authorization" in text.lower():
+                    refusals.append(text)
+                log.warning("nats error", error=text)
 
             async def _on_disconnected(nc: Client = nc) -> None:
                 if not (nc.is_closed or nc.is_draining):  # our own close is not news
@@ -43,37 +82,38 @@ async def connect(
                 error_cb=_on_error,
                 disconnected_cb=_on_disconnected,
                 reconnected_cb=_on_reconnected,
+                **auth,
             )
             nc.options["max_reconnect_attempts"] = -1  # once connected, reconnect forever
             return nc
         except Exception as exc:  # nats-py raises several unrelated types for "no server"
             if attempts is not None and attempt >= attempts:
-                reason = str(exc) or type(exc).__name__
-                raise ConnectionError(f"cannot reach NATS at {', '.join(urls)}: {reason}") from exc
+                reason = refusals[-1] if refusals else str(exc) or type(exc).__name__
+                raise ConnectionError(f"cannot reach NATS at {_shown(urls)}: {reason}") from exc
             log.warning(
                 "nats unreachable, retrying",
-                servers=",".join(urls),
-                error=str(exc) or type(exc).__name__,
+                servers=_shown(urls),
+                error=refusals[-1] if refusals else str(exc) or type(exc).__name__,
                 retry_in_s=delay,
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_RETRY_S)
 
 
-async def connect_or_give_up(servers: Sequence[str], *, name: str, deadline_s: float) -> Client:
+async def connect_or_give_up(
+    servers: Sequence[str], *, name: str, deadline_s: float, creds: str | Path | None = None
+) -> Client:
     """For one-shot operator commands: three quick tries, and ConnectionError by `deadline_s` at
     the latest (nats-py alone may keep retrying an unreachable server for a long time)."""
     try:
         async with asyncio.timeout(deadline_s):
-            return await connect(servers, name=name, attempts=3, connect_timeout=1)
+            return await connect(servers, name=name, attempts=3, connect_timeout=1, creds=creds)
     except TimeoutError:
-        raise ConnectionError(
-            f"cannot reach NATS at {', '.join(servers)} within {deadline_s:.0f} s"
-        ) from None
+        raise ConnectionError(f"cannot reach NATS at {_shown(servers)} within {deadline_s:.0f} s") from None
 
 
-async def _on_error(exc: Exception) -> None:
-    log.warning("nats error", error=str(exc) or type(exc).__name__)
+def _shown(urls: Sequence[str]) -> str:
+    return redact_url(", ".join(urls))
 
 
 async def _on_reconnected() -> None:

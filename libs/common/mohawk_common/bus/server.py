@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import socket
 import subprocess
@@ -12,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from mohawk_common.bus.nats_auth import NatsAuth
 from mohawk_common.errors import ConfigError
 from mohawk_common.processes import kill_process, stop_process
 
@@ -33,7 +36,8 @@ def free_port() -> int:
 
 
 class NatsServer:
-    """One nats-server process on 127.0.0.1:`port` with JetStream data under `store_dir`."""
+    """One nats-server process on 127.0.0.1:`port` with JetStream data under `store_dir`; with
+    `auth` (`nats_auth.init_auth`), only its users may connect, each as its role permits."""
 
     def __init__(
         self,
@@ -43,12 +47,14 @@ class NatsServer:
         max_payload: int | None = None,
         log_file: Path | None = None,
         monitor_port: int | None = None,
+        auth: NatsAuth | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.max_payload = max_payload
         self.log_file = log_file
         self.monitor_port = monitor_port  # HTTP monitoring (/varz, /connz, /jsz); None: off
+        self.auth = auth
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -65,9 +71,13 @@ class NatsServer:
         args += ["-js", "-sd", str(self.store_dir)]
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]
-        if self.max_payload is not None:
-            config = self.store_dir / "limits.conf"
-            config.write_text(f"max_payload: {self.max_payload}\n")
+        config = self.store_dir / "server.conf"
+        lines = [] if self.max_payload is None else [f"max_payload: {self.max_payload}"]
+        if self.auth is not None:  # nats-server reads an include relative to the including file
+            included = os.path.relpath(self.auth.conf.resolve(), config.parent.resolve())
+            lines.append(f"include {json.dumps(included)}")
+        if lines:
+            config.write_text("\n".join(lines) + "\n")
             args += ["-c", str(config)]
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)

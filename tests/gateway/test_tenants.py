@@ -136,3 +136,24 @@ def test_with_auth_off_a_known_key_still_names_its_tenant(
         assert client.post("/v1/chat/completions", json=CHAT, headers=named).status_code == 429
     assert pipeline.requests[-1].tenant == "known"
     assert pipeline.requests[0].tenant == ""
+
+
+def test_a_request_without_max_tokens_is_capped_by_the_tpm_and_the_context(
+    auth_gateway: httpx.Client, pipeline: ScriptedPipeline, redis_url: str
+) -> None:
+    """The plan's context is 64 tokens; a tenant of 40 tokens a minute gets at most 40 - prompt."""
+    chat = {"messages": [{"role": "user", "content": "hi there"}]}  # no max_tokens
+    small = {"Authorization": f"Bearer {add_tenant(redis_url, 'small', tpm=40)}"}
+    first = auth_gateway.post("/v1/chat/completions", json=chat, headers=small)
+    assert first.status_code == 200, first.text
+    request = pipeline.requests[-1]
+    num_prompt = len(request.prompt_token_ids)
+    assert request.sampling.max_tokens == 40 - num_prompt
+    assert first.headers["x-ratelimit-remaining-tokens"] == "0"  # the cap is under the estimate: all of it
+    # It used 3 completion tokens and the rest came back; the next one (40 again) waits for 3 + prompt.
+    second = auth_gateway.post("/v1/chat/completions", json=chat, headers=small)
+    assert second.status_code == 429
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) in (40 - num_prompt - 3, 40 - num_prompt - 2)
+    large = {"Authorization": f"Bearer {add_tenant(redis_url, 'large', tpm=10_000)}"}
+    assert auth_gateway.post("/v1/chat/completions", json=chat, headers=large).status_code == 200
+    assert pipeline.requests[-1].sampling.max_tokens == 64 - num_prompt

@@ -31,7 +31,7 @@ from nats.aio.subscription import Subscription
 from mohawk_common.bus.requests import new_token_key
 from mohawk_common.bus.token_log import TokenLogReader
 from mohawk_common.telemetry import REQUESTS
-from mohawk_common.tenancy import RateDecision, Tenant
+from mohawk_common.tenancy import RateDecision, Tenant, completion_cap
 from mohawk_gateway.access import Access
 from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
@@ -165,10 +165,19 @@ class Gateway:
         return generation
 
     def _charge(self, submission: Submission) -> int:
-        """Tokens charged to the tenant up front: prompt + max_tokens, or + `token_estimate`."""
-        if submission.sampling.HasField("max_tokens"):
+        """Tokens charged to the tenant up front: prompt + max_tokens, or + `token_estimate` when
+        the request sets no max_tokens. Such a request gets one here, from the context and the
+        tenant's tpm (`completion_cap`); what it uses beyond the estimate is charged when it ends."""
+        sampling = submission.sampling
+        if sampling.HasField("max_tokens"):
             return submission.charged_tokens
-        return len(submission.prompt_token_ids) + self.settings.token_estimate
+        num_prompt = len(submission.prompt_token_ids)
+        tenant = submission.tenant
+        cap = completion_cap(num_prompt, self.max_model_len, tenant.tpm if tenant is not None else None)
+        if cap is None:
+            return num_prompt + self.settings.token_estimate
+        sampling.max_tokens = max(cap, sampling.min_tokens)  # min_tokens must not exceed it
+        return num_prompt + min(sampling.max_tokens, self.settings.token_estimate)
 
     def _check_context(self, submission: Submission) -> None:
         limit = self.max_model_len

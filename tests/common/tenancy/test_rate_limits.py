@@ -19,7 +19,7 @@ import pytest
 
 from mohawk_cli.redis_server import RedisServer
 from mohawk_common.tenancy import RateDecision, RateLimiter, Tenant, connect
-from mohawk_common.tenancy.rate_limits import openai_duration
+from mohawk_common.tenancy.rate_limits import completion_cap, openai_duration
 
 
 def tenant(**limits: Any) -> Tenant:
@@ -98,10 +98,114 @@ def test_tokens_are_charged_up_front_refunded_on_release_and_a_refusal_takes_not
         second = await limits.acquire(acme, 50)
         assert second.allowed
         assert int(second.headers()["x-ratelimit-remaining-tokens"]) in (40, 41)
-        await limits.release(acme, second.lease, used_tokens=1_000)  # used more: nothing back, no error
+        await limits.release(acme, second.lease, used_tokens=50)  # used all it was charged: nothing back
         assert int((await limits.acquire(acme, 0)).headers()["x-ratelimit-remaining-tokens"]) in (40, 41)
 
     run(redis_url, body)
+
+
+def test_tokens_used_beyond_the_charge_are_taken_at_release_and_the_bucket_goes_below_zero(
+    redis_url: str, mode: str
+) -> None:
+    acme = tenant(tpm=100)
+
+    async def body(limits: RateLimiter) -> None:
+        first = await limits.acquire(acme, 60)
+        assert first.allowed
+        where(first, mode)
+        await limits.release(acme, first.lease, used_tokens=160)  # 100 more than charged: level -60
+        overdrawn = await limits.acquire(acme, 0)
+        assert not overdrawn.allowed  # even a request of no tokens waits for the overdraft
+        assert overdrawn.headers()["x-ratelimit-remaining-tokens"] == "0"
+        assert overdrawn.tokens is not None and 95 <= overdrawn.tokens.reset_s <= 96  # 160 to refill
+        refused = await limits.acquire(acme, 10)
+        assert not refused.allowed and refused.reason == "tokens" and refused.admissible
+        # 10 asked with about -60 left: 70 tokens to wait for at 100 a minute
+        assert 41 <= refused.retry_after_s <= 42 and refused.headers()["Retry-After"] == "42"
+
+    run(redis_url, body)
+
+
+def test_the_overdraft_is_taken_even_from_a_bucket_that_had_refilled_and_expired(
+    redis_url: str, mode: str
+) -> None:
+    acme = tenant(tpm=60_000)  # 1,000 tokens a second: full again (and gone from Redis) in 0.1 s
+
+    async def body(limits: RateLimiter) -> None:
+        lease = (await limits.acquire(acme, 100)).lease
+        await asyncio.sleep(1.2)  # the key lapsed: the bucket is full
+        await limits.release(acme, lease, used_tokens=90_100)  # 1.5 minutes' worth beyond the charge
+        refused = await limits.acquire(acme, 1)
+        assert not refused.allowed and refused.reason == "tokens"
+        assert 29.9 <= refused.retry_after_s <= 30.1  # from -30,000
+
+    run(redis_url, body)
+
+
+def test_an_unlimited_tenant_is_never_charged_at_release(redis_url: str) -> None:
+    acme = tenant(rpm=10)  # requests limited, tokens not
+
+    async def body(limits: RateLimiter) -> None:
+        lease = (await limits.acquire(acme, 100)).lease
+        assert lease.charged_tokens == 0
+        await limits.release(acme, lease, used_tokens=10_000)
+        assert (await limits.acquire(acme, 100)).tokens is None
+
+    run(redis_url, body)
+
+
+@pytest.mark.parametrize(
+    ("num_prompt", "max_model_len", "tpm", "cap"),
+    [
+        (20, 2048, 400, 380),  # the tpm bounds it
+        (20, 300, 400, 280),  # the context bounds it
+        (20, None, 400, 380),
+        (20, 2048, None, 2028),
+        (20, None, None, None),  # nothing bounds it: the engine stops at the context
+        (500, 2048, 400, 1),  # a prompt over the tpm: prompt + 1 is refused as never admissible
+    ],
+)
+def test_a_request_without_max_tokens_is_capped_by_the_context_and_the_tpm(
+    num_prompt: int, max_model_len: int | None, tpm: int | None, cap: int | None
+) -> None:
+    assert completion_cap(num_prompt, max_model_len, tpm) == cap
+
+
+def test_a_tenant_omitting_max_tokens_gets_at_most_a_quarter_over_its_tpm_a_minute(
+    redis_url: str, mode: str
+) -> None:
+    """The gateway's rule for a request without max_tokens (ignore_eos: it runs to its cap), with
+    the minute shortened to 1 s: charge the prompt + `token_estimate` up front, cap the completion
+    by the context and the tpm, charge the rest when it ends. Before, the rest was never charged
+    and nothing capped the completion but the context (here 2,028 tokens a request, unpaid).
+
+    Counted per minute, after the first: the first may hold two minutes' worth (the bucket starts
+    full, a minute's allowance, and refills by another during that minute), as any token bucket's.
+    """
+    tpm, num_prompt, estimate, context, minute_s, num_minutes = 400, 20, 256, 2048, 1.0, 4
+    acme = tenant(tpm=tpm)
+    received: list[tuple[float, int]] = []  # (when, tokens) of each request, as a client sees them
+
+    async def body(limits: RateLimiter) -> None:
+        start = time.monotonic()
+        while (now := time.monotonic() - start) < num_minutes * minute_s:
+            cap = completion_cap(num_prompt, context, acme.tpm)
+            assert cap is not None
+            decision = await limits.acquire(acme, num_prompt + min(cap, estimate))
+            if not decision.allowed:
+                assert decision.admissible
+                await asyncio.sleep(min(decision.retry_after_s, num_minutes * minute_s - now) + 0.001)
+                continue
+            received.append((now, cap))  # ignore_eos: every request runs to its cap
+            await limits.release(acme, decision.lease, used_tokens=num_prompt + cap)
+
+    run(redis_url, body, minute_s=minute_s)
+    per_minute = [
+        sum(n for at, n in received if k * minute_s <= at < (k + 1) * minute_s) for k in range(num_minutes)
+    ]
+    assert per_minute[0] <= 2 * tpm, per_minute
+    assert all(0 < n <= 1.25 * tpm for n in per_minute[1:]), per_minute
+    assert sum(per_minute) <= tpm * (num_minutes + 1), per_minute  # the burst, then a minute's refill each
 
 
 def test_a_request_larger_than_the_whole_tpm_is_never_admissible(redis_url: str, mode: str) -> None:

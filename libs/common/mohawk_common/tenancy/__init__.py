@@ -14,7 +14,14 @@ from redis.backoff import NoBackoff
 
 from mohawk_common.tenancy.errors import TenancyError, TenancyUnavailable, TenantExists, TenantNotFound
 from mohawk_common.tenancy.keys import hash_api_key, new_api_key
-from mohawk_common.tenancy.rate_limits import LimitState, RateDecision, RateLease, RateLimiter, Reason
+from mohawk_common.tenancy.rate_limits import (
+    LimitState,
+    RateDecision,
+    RateLease,
+    RateLimiter,
+    Reason,
+    completion_cap,
+)
 from mohawk_common.tenancy.store import TenantStore
 from mohawk_common.tenancy.tenants import PRIORITIES, Priority, Tenant
 
@@ -37,6 +44,7 @@ __all__ = [
     "TenantExists",
     "TenantNotFound",
     "TenantStore",
+    "completion_cap",
     "connect",
     "hash_api_key",
     "new_api_key",

@@ -3,12 +3,16 @@
 Design. A bucket of capacity C (rpm requests, or tpm tokens) is full when untouched and refills at
 C/60 a second, continuously; a request takes 1 from the requests bucket and its charged tokens from
 the tokens bucket, and is admitted only if every bucket holds enough and, with a concurrency limit,
-fewer than max_concurrency requests hold a slot. Slots live in a sorted set scored by when they
-lapse, so a crashed gateway's slots come back on their own. The check and the taking are one Lua
-script run by Redis, atomic against every other gateway, on Redis's own clock; a refusal takes
-nothing. `LocalBuckets` is the same rule on this process's clock, for when Redis cannot be reached;
-`Outcome` is what either answers. The wait before a refused request could pass, the headers and
-the reasons are computed from an Outcome once, in `rate_limits.py`.
+fewer than max_concurrency requests hold a slot. When a request ends, its tokens are settled: the
+part of the up-front charge it did not use comes back (never past full), and what it used beyond
+that charge is taken too, so the bucket may go below zero and the next request waits until it has
+refilled. The minute is a parameter (`minute_s`) so that tests can run the rule in seconds.
+Slots live in a sorted set scored by when they lapse, so a crashed gateway's slots come back on
+their own. The check and the taking are one Lua script run by Redis, atomic against every other
+gateway, on Redis's own clock; a refusal takes nothing. `LocalBuckets` is the same rule on this
+process's clock, for when Redis cannot be reached; `Outcome` is what either answers. The wait
+before a refused request could pass, the headers and the reasons are computed from an Outcome once,
+in `rate_limits.py`.
 """
 
 from __future__ import annotations
@@ -22,27 +26,29 @@ MINUTE_S = 60.0
 # Why a request was refused, as the scripts number it.
 ADMITTED, NO_REQUESTS, NO_TOKENS, NO_SLOT = 0, 1, 2, 3
 
+# Each script sets `minute` (ms, the time an empty bucket takes to fill) before this.
 _PRELUDE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
--- What a bucket of `capacity` (full after one minute) holds now.
+-- What a bucket of `capacity` (full after one minute) holds now; below zero after an overrun.
 local function level(key, capacity)
   local saved = redis.call('HMGET', key, 'level', 'ts')
   if not saved[1] then return capacity end
-  return math.min(capacity, tonumber(saved[1]) + (now - tonumber(saved[2])) * capacity / 60000)
+  return math.min(capacity, tonumber(saved[1]) + (now - tonumber(saved[2])) * capacity / minute)
 end
 -- Keep `left` in the bucket, until it would be full again (a missing bucket is a full one).
 local function save(key, capacity, left)
   redis.call('HSET', key, 'level', left, 'ts', now)
-  redis.call('PEXPIRE', key, math.ceil((capacity - left) * 60000 / capacity) + 1000)
+  redis.call('PEXPIRE', key, math.ceil((capacity - left) * minute / capacity) + 1000)
 end
 """
 
 # KEYS: requests bucket, tokens bucket, slots set.
-# ARGV: rpm, tpm, max concurrency (0: no such limit), tokens asked, request id, slot lifetime (ms).
-# Returns {why refused (0: admitted), requests left, tokens left}, the levels as strings.
+# ARGV: rpm, tpm, max concurrency (0: no such limit), tokens asked, request id, slot lifetime (ms),
+# minute (ms). Returns {why refused (0: admitted), requests left, tokens left}, levels as strings.
 ACQUIRE_SCRIPT = (
-    _PRELUDE
+    "local minute = tonumber(ARGV[7])\n"
+    + _PRELUDE
     + """
 local rpm, tpm, slots = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local want, lifetime = tonumber(ARGV[4]), tonumber(ARGV[6])
@@ -70,13 +76,15 @@ return {refused, tostring(requests), tostring(tokens)}
 """
 )
 
-# KEYS: tokens bucket, slots set.  ARGV: tpm (0: no such limit), tokens to give back, request id.
+# KEYS: tokens bucket, slots set.  ARGV: tpm (0: no such limit), tokens to give back (negative: to
+# take, for a request that used more than it was charged), request id, minute (ms).
 RELEASE_SCRIPT = (
-    _PRELUDE
+    "local minute = tonumber(ARGV[4])\n"
+    + _PRELUDE
     + """
 redis.call('ZREM', KEYS[2], ARGV[3])
 local tpm, back = tonumber(ARGV[1]), tonumber(ARGV[2])
-if tpm > 0 and back > 0 and redis.call('EXISTS', KEYS[1]) == 1 then
+if tpm > 0 and back ~= 0 and (back < 0 or redis.call('EXISTS', KEYS[1]) == 1) then
   save(KEYS[1], tpm, math.min(tpm, level(KEYS[1], tpm) + back))
 end
 return 1
@@ -104,9 +112,9 @@ class _Bucket:
     level: float
     at: float
 
-    def refill(self, capacity: float, now: float) -> float:
+    def refill(self, capacity: float, now: float, minute_s: float) -> float:
         self.capacity = capacity  # the tenant's limit may have changed since
-        self.level = min(capacity, self.level + (now - self.at) * capacity / MINUTE_S)
+        self.level = min(capacity, self.level + (now - self.at) * capacity / minute_s)
         self.at = now
         return self.level
 
@@ -117,6 +125,7 @@ class LocalBuckets:
 
     clock: Callable[[], float]
     slot_lifetime_s: float
+    minute_s: float = MINUTE_S
     _buckets: dict[tuple[str, str], _Bucket] = field(default_factory=dict)
     _slots: dict[str, dict[str, float]] = field(default_factory=dict)  # tenant -> request -> lapses at
 
@@ -142,8 +151,9 @@ class LocalBuckets:
         return Outcome(refused, requests, tokens)
 
     def release(self, tenant: Tenant, request_id: str, back: int) -> None:
+        """Free the request's slot and settle its tokens: give `back` back, or take -`back` more."""
         self._slots.get(tenant.name, {}).pop(request_id, None)
-        if tenant.tpm is not None and back > 0:
+        if tenant.tpm is not None and back != 0:
             self._level(tenant.name, "tokens", tenant.tpm, self.clock())
             self._take(tenant.name, "tokens", -back)
 
@@ -152,7 +162,7 @@ class LocalBuckets:
             self._buckets.pop((name, kind), None)
             return 0.0
         bucket = self._buckets.setdefault((name, kind), _Bucket(capacity, capacity, now))
-        return bucket.refill(capacity, now)
+        return bucket.refill(capacity, now, self.minute_s)
 
     def _take(self, name: str, kind: str, amount: int) -> float:
         bucket = self._buckets.get((name, kind))

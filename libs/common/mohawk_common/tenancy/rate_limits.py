@@ -8,10 +8,14 @@ Design. Each limited tenant has up to three records in Redis (braces keep them i
 
 `acquire` runs one Lua script (buckets.py) that refills the buckets to now, checks all three
 limits and, only when every one admits the request, takes one request, the tokens asked for (the
-prompt plus the most the completion may use) and a slot, atomically against every other gateway;
-a refusal takes nothing. `release` frees the slot and gives back what was charged and not used. A
-request asking for more tokens than the tenant's whole tpm is refused for "tokens" with an
-infinite `retry_after_s` and no Retry-After header: no wait would ever admit it. A slot lapses by
+prompt plus the most the completion may use, or an estimate when the request sets no limit) and a
+slot, atomically against every other gateway; a refusal takes nothing. `release` frees the slot
+and settles the tokens: it gives back what was charged and not used, and takes what was used
+beyond the charge, so the bucket may go below zero and the tenant's next request waits until it
+has refilled. A request that sets no completion limit gets one (`completion_cap`): what is left of
+the context, and never more than the tenant's whole tpm, so one request cannot run on unpaid for
+minutes. A request asking for more tokens than the tenant's whole tpm is refused for "tokens" with
+an infinite `retry_after_s` and no Retry-After header: no wait would ever admit it. A slot lapses by
 itself after `slot_lifetime_s`, which is how a crashed gateway's slots come back.
 
 Redis unreachable: `acquire` and `release` never raise. They fall back to buckets in this process
@@ -94,11 +98,11 @@ class LimitState:
     reset_s: float
 
     @staticmethod
-    def of(capacity: int | None, level: float) -> LimitState | None:
+    def of(capacity: int | None, level: float, minute_s: float = MINUTE_S) -> LimitState | None:
+        """`level` may be below zero (an overrun being paid back): 0 remaining, a longer reset."""
         if capacity is None:
             return None
-        level = max(0.0, level)
-        return LimitState(capacity, math.floor(level), (capacity - level) * MINUTE_S / capacity)
+        return LimitState(capacity, math.floor(max(0.0, level)), (capacity - level) * minute_s / capacity)
 
 
 @dataclass(frozen=True)
@@ -140,13 +144,15 @@ class RateLimiter:
         slot_lifetime_s: float = DEFAULT_SLOT_LIFETIME_S,
         retry_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        minute_s: float = MINUTE_S,
     ) -> None:
         self.redis = redis
         self.slot_lifetime_s = slot_lifetime_s
+        self.minute_s = minute_s  # how long an empty bucket takes to fill (shorter only in tests)
         self._acquire = redis.register_script(ACQUIRE_SCRIPT)
         self._release = redis.register_script(RELEASE_SCRIPT)
         self._outage = Outage("rate limits enforced by this process alone", retry_s, clock)
-        self._local = LocalBuckets(clock, slot_lifetime_s)
+        self._local = LocalBuckets(clock, slot_lifetime_s, minute_s)
 
     @property
     def redis_down(self) -> bool:
@@ -163,11 +169,12 @@ class RateLimiter:
         local = outcome is None
         if outcome is None:
             outcome = self._local.acquire(tenant, tokens, request_id)
-        return _decide(tenant, tokens, outcome, request_id, local)
+        return _decide(tenant, tokens, outcome, request_id, local, self.minute_s)
 
     async def release(self, tenant: Tenant, lease: RateLease, used_tokens: int) -> None:
-        """End a lease: free its slot, and give back the tokens charged and not used."""
-        back = max(0, lease.charged_tokens - max(0, used_tokens))
+        """End a lease: free its slot, give back the tokens charged and not used, and take those
+        used beyond the charge (the bucket may then hold less than nothing)."""
+        back = lease.charged_tokens - max(0, used_tokens) if tenant.tpm is not None else 0
         if not lease.holds_slot and back == 0:
             return
         if lease.local:
@@ -177,7 +184,7 @@ class RateLimiter:
             return  # the slot lapses by itself
         keys = [limit_key(tenant.name, "tokens"), limit_key(tenant.name, "concurrency")]
         try:
-            await self._release(keys=keys, args=[tenant.tpm or 0, back, lease.request_id])
+            await self._release(keys=keys, args=[tenant.tpm or 0, back, lease.request_id, self._minute_ms])
         except RedisError as exc:
             self._outage.failed(exc)
         else:
@@ -191,17 +198,33 @@ class RateLimiter:
         limits = (tenant.rpm or 0, tenant.tpm or 0, tenant.max_concurrency or 0)
         lifetime_ms = math.ceil(self.slot_lifetime_s * 1000)
         try:
-            reply = await self._acquire(keys=keys, args=[*limits, tokens, request_id, lifetime_ms])
+            reply = await self._acquire(
+                keys=keys, args=[*limits, tokens, request_id, lifetime_ms, self._minute_ms]
+            )
         except RedisError as exc:
             self._outage.failed(exc)
             return None
         self._outage.succeeded()
         return Outcome.from_script(reply)
 
+    @property
+    def _minute_ms(self) -> int:
+        return max(1, round(self.minute_s * 1000))
 
-def _decide(tenant: Tenant, tokens: int, outcome: Outcome, request_id: str, local: bool) -> RateDecision:
-    requests_state = LimitState.of(tenant.rpm, outcome.requests)
-    tokens_state = LimitState.of(tenant.tpm, outcome.tokens)
+
+def completion_cap(num_prompt: int, max_model_len: int | None, tpm: int | None) -> int | None:
+    """The completion limit of a request that sets none: what the context leaves after the prompt,
+    and no more than the tenant's tokens a minute leave after it (at least 1, so that a prompt
+    alone over the tpm is refused as never admissible); None when neither bounds it."""
+    bounds = [limit - num_prompt for limit in (max_model_len, tpm) if limit is not None]
+    return max(1, min(bounds)) if bounds else None
+
+
+def _decide(
+    tenant: Tenant, tokens: int, outcome: Outcome, request_id: str, local: bool, minute_s: float
+) -> RateDecision:
+    requests_state = LimitState.of(tenant.rpm, outcome.requests, minute_s)
+    tokens_state = LimitState.of(tenant.tpm, outcome.tokens, minute_s)
     if outcome.refused == ADMITTED:
         lease = RateLease(
             request_id,
@@ -213,7 +236,7 @@ def _decide(tenant: Tenant, tokens: int, outcome: Outcome, request_id: str, loca
     reason = _REASONS[outcome.refused]
     retry_after_s, detail = SLOT_RETRY_S, f"{tenant.max_concurrency} requests already running"
     if reason == "requests" and tenant.rpm is not None:
-        retry_after_s = (1 - outcome.requests) * MINUTE_S / tenant.rpm
+        retry_after_s = (1 - outcome.requests) * minute_s / tenant.rpm
         detail = f"the limit of {tenant.rpm} requests per minute is used up"
     elif reason == "tokens" and tenant.tpm is not None:
         if tokens > tenant.tpm:
@@ -223,7 +246,7 @@ def _decide(tenant: Tenant, tokens: int, outcome: Outcome, request_id: str, loca
                 "minute: it can never be admitted; ask for fewer tokens (prompt + max_tokens)"
             )
         else:
-            retry_after_s = (tokens - outcome.tokens) * MINUTE_S / tenant.tpm
+            retry_after_s = (tokens - outcome.tokens) * minute_s / tenant.tpm
             detail = f"{tokens} tokens asked, {math.floor(outcome.tokens)} of {tenant.tpm} per minute left"
     return RateDecision(
         False,

@@ -8,6 +8,7 @@ import torch
 
 from mohawk_common.bus.channels import SecureChannel
 from mohawk_common.bus.frames import (
+    KIND_ACTIVATIONS,
     FrameAssembler,
     FrameError,
     FrameOpener,
@@ -35,7 +36,9 @@ from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 
 
 def _header(step_id: int) -> security_pb2.FrameHeader:
-    return security_pb2.FrameHeader(plan_version=3, stage=1, step_id=step_id, dtype="float32", shape=[4, 8])
+    return security_pb2.FrameHeader(
+        plan_version=3, stage=1, step_id=step_id, dtype="float32", shape=[4, 8], kind=KIND_ACTIVATIONS
+    )
 
 
 def _join(frames: list[bytes], opener: FrameOpener) -> list[tuple[security_pb2.FrameHeader, bytes] | None]:
@@ -44,10 +47,16 @@ def _join(frames: list[bytes], opener: FrameOpener) -> list[tuple[security_pb2.F
 
 
 class _Channels:
-    """The one channel a receiving ChannelManager would hold (no NATS needed to test framing)."""
+    """The one channel a receiving ChannelManager would hold (no NATS needed to test framing): stage
+    1 of 2, its channel from stage 0."""
+
+    stage, num_stages = 1, 2
 
     def __init__(self, channel: SecureChannel) -> None:
         self.channel = channel
+
+    def stage_of(self, node_id: str) -> int:
+        return 0
 
     def receiving(self, channel_id: bytes) -> SecureChannel:
         if channel_id != self.channel.channel_id:

@@ -20,6 +20,7 @@ RejectReason = Literal[
     "malformed",  # bytes that do not parse as the expected message
     "unsigned",  # a control record (plan, heartbeat) without the signature this node requires
     "overloaded",  # a bounded table (handshakes awaiting their finish) is full
+    "out_of_position",  # a channel or frame kind between stages the pipeline does not link that way
 ]
 
 REJECT_REASONS: tuple[str, ...] = RejectReason.__args__  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ from nats.aio.msg import Msg
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
+from mohawk_common.bus.frames import KIND_ACTIVATIONS, KIND_RESULT, activation_payload, encode_frames
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.server import NatsServer
 from mohawk_common.bus.setup import ensure_buckets
@@ -22,7 +23,7 @@ from mohawk_pqc.certificates import read_body
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.kem import CryptographyKem
 from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle, revoke
-from mohawk_proto.v1 import bus_pb2, engine_pb2
+from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
 from mohawk_shard.node.link import StageLink
 
 NODES = ("shard-a", "shard-b", "shard-c")
@@ -126,5 +127,53 @@ def test_a_revoked_downstream_stage_receives_nothing_from_the_next_send_on(
                 assert a.security.rejections["revoked"] >= 3
             finally:
                 await cancel_and_wait(follow)
+
+    asyncio.run(scenario())
+
+
+async def send_as(sender: Stage, receiver: int, kind: int, payload: bytes) -> None:
+    """A frame of `kind` from `sender` to stage `receiver`, sealed on their channel: what a stage
+    running modified code could put on the bus."""
+    channel = await sender.link.channels.channel_to(NODES[receiver])
+    header = security_pb2.FrameHeader(plan_version=PLAN.version, stage=receiver, step_id=9, kind=kind)
+    for message in encode_frames(header, payload, sender.nc.max_payload, channel):
+        await sender.nc.publish(names.activation_subject(PLAN.version, 0, receiver), message)
+
+
+def test_channels_and_frame_kinds_follow_the_pipelines_positions(nats_server: NatsServer, pki: Path) -> None:
+    """Stage i opens to i+1 and stage 0 to the last; a middle stage cannot open a channel to stage
+    0; over the channels that exist, each kind is accepted only from the stage that sends it."""
+
+    async def scenario() -> None:
+        async with pipeline(nats_server.url, pki) as (a, b, c):
+            await a.link.connect_neighbours()  # 0 -> 1 and 0 -> 2
+            await b.link.connect_neighbours()  # 1 -> 2
+
+            # the middle stage offers stage 0 a channel of its own: refused and counted at stage 0
+            with pytest.raises(AuthenticationError):
+                await b.link.channels._initiate("shard-a")
+            assert a.security.rejections["out_of_position"] == 1
+
+            # what each stage sends in its place arrives and opens
+            await a.link.send_activations(step(1), "", [], b"h")
+            await b.link.send_activations(step(1), "", [], b"h")
+            await c.link.send_result(bus_pb2.StepResult(plan_version=PLAN.version, step_id=1))
+            await settle(a, b, c)
+            assert [len(s.inbox) for s in (a, b, c)] == [1, 1, 1]
+            assert all(s.link.receive(s.inbox[0]) is not None for s in (a, b, c))
+
+            # a step result from the middle stage straight to stage 0 (over the 0-1 channel)...
+            await b.link.send_result(bus_pb2.StepResult(plan_version=PLAN.version, step_id=2))
+            # ...activations from the last stage to stage 0, a result from the last stage to stage 1,
+            await send_as(c, 0, KIND_ACTIVATIONS, activation_payload(step(2), b"h"))
+            await send_as(c, 1, KIND_RESULT, bus_pb2.StepResult(step_id=2).SerializeToString())
+            # ...and activations backwards, stage 1 to stage 0: each refused where it lands, counted
+            await send_as(b, 0, KIND_ACTIVATIONS, activation_payload(step(2), b"h"))
+            await settle(a, b, c)
+            assert [len(s.inbox) for s in (a, b, c)] == [4, 2, 1]
+            assert all(a.link.receive(m) is None for m in a.inbox[1:])
+            assert b.link.receive(b.inbox[1]) is None
+            assert a.security.rejections["out_of_position"] == 1 + 3
+            assert b.security.rejections["out_of_position"] == 1
 
     asyncio.run(scenario())

@@ -1,7 +1,8 @@
 """Secure channels between pipeline stages: handshakes over NATS request/reply, one channel per peer and plan.
 
 Design. For every pair of stages that exchange frames in a plan — stage i and i+1 (activations),
-and the last stage and stage 0 (step results) — the lower stage initiates the handshake of
+and the last stage and stage 0 (step results), and no other (`positions.may_open`; an offer from
+any other position is refused and counted) — the lower stage initiates the handshake of
 `mohawk_pqc.handshake` with the higher one on `mohawk.v1.hs.<peer>` (three messages: offer,
 response, finish; the finish is a second request). Each side checks that the peer's certificate
 names the node the plan puts at the other end, with role shard. The result is one `SecureChannel`
@@ -35,6 +36,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from mohawk_common.bus import names
+from mohawk_common.bus.positions import may_open
 from mohawk_common.bus.security import Security
 from mohawk_pqc.channel import FrameReceiver, FrameSender
 from mohawk_pqc.errors import AuthenticationError
@@ -120,6 +122,18 @@ class ChannelManager:
     def _local_key(self) -> tuple[int, str]:
         return id(self.nc), self.node_id
 
+    @property
+    def stage(self) -> int:
+        """This node's stage in the plan (-1 when the plan does not name it)."""
+        return self.stage_of(self.node_id)
+
+    @property
+    def num_stages(self) -> int:
+        return max(self.expected_peers.values(), default=-1) + 1
+
+    def stage_of(self, node_id: str) -> int:
+        return self.expected_peers.get(node_id, -1)
+
     def _for_a_sibling(self, kind: str, data: bytes) -> bool:
         """Whether another manager of this node (another plan version) answers this message."""
         siblings = [m for m in _MANAGERS.get(self._local_key, []) if m is not self]
@@ -149,6 +163,9 @@ class ChannelManager:
             )
         if offer.plan_version != self.plan_version:
             raise AuthenticationError("unknown_channel", f"offer for plan {offer.plan_version}")
+        theirs, mine = self.stage_of(peer.node_id), self.stage
+        if not may_open(theirs, mine, self.num_stages):
+            raise AuthenticationError("out_of_position", f"stage {theirs} may not open a channel to {mine}")
 
     def _install(self, keys: ChannelKeys) -> SecureChannel:
         channel = SecureChannel(keys, self._new_sender(keys.send_key), FrameReceiver(keys.receive_key))
@@ -167,7 +184,11 @@ class ChannelManager:
         the peer's certificate has been revoked since: the channel is dropped and nothing is sent)."""
         channel = self._by_peer.get(peer_id)
         if channel is None:
-            mine, theirs = self.expected_peers.get(self.node_id, -1), self.expected_peers.get(peer_id, -1)
+            mine, theirs = self.stage, self.stage_of(peer_id)
+            if not (may_open(mine, theirs, self.num_stages) or may_open(theirs, mine, self.num_stages)):
+                exc = AuthenticationError("out_of_position", f"no channel between stages {mine} and {theirs}")
+                self.security.reject(exc, peer=peer_id, what="send")
+                raise exc
             if mine < theirs:
                 async with self._locks.setdefault(peer_id, asyncio.Lock()):
                     channel = self._by_peer.get(peer_id)

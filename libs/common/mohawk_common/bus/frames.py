@@ -13,6 +13,8 @@ interleave.
 Payloads: kind 1 (activations) is a 4-byte length, a `StepBatch`, then the hidden states' raw
 little-endian bytes; kind 2 (step result) is a `StepResult`; kind 3 (failed step) is kind 1's
 layout with no tensor, passed on to the last stage, which answers stage 0 with an error result.
+A secure receiver accepts each kind only from the stage that sends it (`positions.may_send`: the
+channel names the sender), after the tag verifies; any other is refused and counted.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from __future__ import annotations
 import struct
 
 from mohawk_common.bus.channels import ChannelManager, SecureChannel
+from mohawk_common.bus.positions import KIND_ACTIVATIONS as KIND_ACTIVATIONS
+from mohawk_common.bus.positions import KIND_FAILED as KIND_FAILED
+from mohawk_common.bus.positions import KIND_RESULT as KIND_RESULT
+from mohawk_common.bus.positions import may_send
 from mohawk_common.bus.security import Security
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
 
-KIND_ACTIVATIONS = 1
-KIND_RESULT = 2
-KIND_FAILED = 3  # a stage could not run this step: the StepBatch goes on (no tensor) to the last stage
 _LENGTH = struct.Struct("<I")
 _TAG_BYTES = 16
 # Room kept for the NATS protocol line and headers beside our payload.
@@ -104,7 +107,13 @@ class FrameOpener:
         if self.channels is None:
             raise AuthenticationError("unknown_channel", "encrypted frame on an insecure node")
         channel = self.channels.receiving(header.channel_id)
-        return header, channel.receiver.decrypt(header.seq, header.key_epoch, raw, body)
+        chunk = channel.receiver.decrypt(header.seq, header.key_epoch, raw, body)
+        sender, receiver = self.channels.stage_of(channel.peer_id), self.channels.stage
+        if not may_send(header.kind, sender, receiver, self.channels.num_stages):
+            raise AuthenticationError(
+                "out_of_position", f"frame kind {header.kind} from stage {sender} to stage {receiver}"
+            )
+        return header, chunk
 
 
 class FrameAssembler:

@@ -3,8 +3,10 @@
 Stage 0 sends activations to stage 1 and receives step results from the last stage; stage i sends
 activations to stage i+1; the last stage sends step results to stage 0. On a secure node every
 frame goes over the channel with that neighbour (handshaken on first use, see
-`mohawk_common.bus.channels`) and every incoming frame must open on one of this plan's channels;
-on an insecure node frames travel in plaintext. Rejected frames are counted by reason and dropped.
+`mohawk_common.bus.channels`) and every incoming frame must open on one of this plan's channels,
+from the stage that sends its kind (`mohawk_common.bus.positions`: activations only from the stage
+before, step results only from the last stage into stage 0); on an insecure node frames travel in
+plaintext. Rejected frames are counted by reason and dropped.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from nats.aio.client import Client
 
 from mohawk_common.bus import names
 from mohawk_common.bus.control import encode_json
+from mohawk_common.bus.control_records import sign_record
+from mohawk_pqc.identity import Identity
 from mohawk_proto.v1 import bus_pb2
 
 MIB = 2**20
@@ -47,8 +49,10 @@ class FakeNode:
         seconds_per_layer: float = 1e-3,
         kv_block_bytes_per_layer: int = 16 * 1536,
         interval_s: float = 0.2,
+        identity: Identity | None = None,
     ) -> None:
         self.nc = nc
+        self.identity = identity  # signs each heartbeat, as a certified node does
         self.interval_s = interval_s
         self.started_at_ms = int(time.time() * 1000)
         heartbeat = bus_pb2.Heartbeat(
@@ -82,6 +86,8 @@ class FakeNode:
 
     async def beat(self) -> None:
         self.heartbeat.sent_at = time.time()
+        if self.identity is not None:
+            sign_record(self.heartbeat, self.identity, "heartbeat")
         await self.nc.publish(names.heartbeat_subject(self.node_id), encode_json(self.heartbeat))
 
     async def start(self) -> FakeNode:

@@ -30,6 +30,9 @@ from nats.errors import Error as NatsError
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from mohawk_common.bus import names
+from mohawk_common.bus.control_records import RecordVerifier, sign_record
+from mohawk_common.bus.pipelines import placed_on
+from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import Buckets
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_coordinator.config import CoordinatorSettings
@@ -39,6 +42,7 @@ from mohawk_coordinator.planning import ModelShape, activate_ready, build_plan, 
 from mohawk_coordinator.publisher import PlanConflictError, PlanStore
 from mohawk_coordinator.quarantine import Quarantine
 from mohawk_coordinator.registry import NodeMirror, NodeRecord, NodeRegistry
+from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
 
 log = structlog.get_logger("mohawk.coordinator")
@@ -58,7 +62,8 @@ class _Term:
     plan: bus_pb2.Plan | None = None
     revision: int = 0
     version: int = 0
-    planned_ids: frozenset[str] | None = None  # live node ids the current plan was decided for
+    # the live (node id, incarnation) pairs the current plan was decided for
+    planned_ids: frozenset[tuple[str, int]] | None = None
     complaints: set[str] = field(default_factory=set)  # problems already logged this term
     quarantined: frozenset[str] = frozenset()  # live nodes left out of plans now
 
@@ -73,25 +78,31 @@ class Coordinator:
         buckets: Buckets,
         *,
         clock: Callable[[], float] = time.monotonic,
+        security: Security | None = None,
     ) -> None:
         self.settings = settings
         self.nc = nc
         self.buckets = buckets
-        self.registry = NodeRegistry(settings.node_timeout_s, clock=clock)
+        self.security = security
+        bundle = security.bundle if security is not None else None
+        self._identity = bundle.identity if bundle is not None else None
+        self.verifier = RecordVerifier(bundle.trust if bundle is not None else None)
+        self.registry = NodeRegistry(settings.node_timeout_s, clock=clock, admit=self._admit_heartbeat)
         self.quarantine = Quarantine(
             clock,
             threshold=settings.quarantine_failures,
             window_s=settings.quarantine_window_s,
             cool_down_s=settings.quarantine_s,
         )
-        self.store = PlanStore(buckets.plan)
+        self.store = PlanStore(buckets.plan, self.verifier, self._reject)
         self._clock = clock
         self.election = self._new_election(settings.lease_ttl_s)
         self._wake = asyncio.Event()
         self._stopping = False
         self._term: _Term | None = None
         self._listening_since = 0.0
-        self._seen_ids: frozenset[str] = frozenset()  # the live set, and since when it is unchanged
+        # the live (node id, incarnation) set, and since when it is unchanged
+        self._seen_ids: frozenset[tuple[str, int]] = frozenset()
         self._seen_since = 0.0
         self._log = log.bind(coordinator_id=settings.coordinator_id)
 
@@ -130,6 +141,7 @@ class Coordinator:
         """Serve until `stop()`. Cancelling instead is a crash: the lease is left to expire."""
         await self._adopt_bucket_ttl()
         subscription = await self.nc.subscribe(names.HEARTBEAT_WILDCARD, cb=self._on_heartbeat)
+        revocations = asyncio.create_task(self._follow_revocations(), name="revocations")
         self._listening_since = self._clock()
         self._seen_since = self._clock()
         election = asyncio.create_task(self.election.run(), name="election")
@@ -139,13 +151,13 @@ class Coordinator:
         try:
             await self._loop()
         except asyncio.CancelledError:
-            await _halt(election, subscription)
+            await _halt(election, subscription, revocations)
             raise
         except BaseException:
-            await _halt(election, subscription)
+            await _halt(election, subscription, revocations)
             await self.election.release()
             raise
-        await _halt(election, subscription)
+        await _halt(election, subscription, revocations)
         await self.election.release()
         self._log.info("coordinator stopped")
 
@@ -193,7 +205,7 @@ class Coordinator:
             if term.plan is not None:
                 term.plan = with_pipelines(term.plan)
             term.has_read = True
-        live_ids = frozenset(live)
+        live_ids = frozenset((node_id, hb.started_at_ms) for node_id, hb in live.items())
         if term.planned_ids is None and self._can_adopt(term.plan, shape, live):
             term.planned_ids = live_ids
             self._log.info(
@@ -211,13 +223,16 @@ class Coordinator:
     def _can_adopt(
         self, stored: bus_pb2.Plan | None, shape: ModelShape, live: dict[str, bus_pb2.Heartbeat]
     ) -> bool:
-        """Whether a new leader may keep the stored plan: same model, stages live, nothing to gain."""
+        """Whether a new leader may keep the stored plan: same model, every stage's node live as the
+        run it was placed on (a plan from an earlier run of the cluster never is), nothing to gain."""
         if stored is None or stored.model != self.settings.served_model:
             return False
         if stored.model_id != shape.footprint.model_id or stored.num_layers != shape.footprint.num_layers:
             return False
         stage_ids = {s.node_id for s in stored.stages}
         if not stage_ids or not stage_ids <= live.keys():
+            return False
+        if not all(placed_on(s, live[s.node_id].started_at_ms) for s in stored.stages):
             return False
         if stage_ids == live.keys():
             return True
@@ -227,7 +242,7 @@ class Coordinator:
             return True
 
     async def _replan(self, term: _Term, shape: ModelShape, live: dict[str, bus_pb2.Heartbeat]) -> None:
-        term.planned_ids = frozenset(live)
+        term.planned_ids = frozenset((node_id, hb.started_at_ms) for node_id, hb in live.items())
         if not live:
             keeping = "keeping the last plan" if term.plan is not None else "nothing to plan yet"
             self._log.warning(
@@ -256,6 +271,8 @@ class Coordinator:
         del plan.quarantined[:]
         plan.quarantined.extend(sorted(term.quarantined))
         plan.created = plan.created or time.time()
+        if self._identity is not None:
+            sign_record(plan, self._identity, "plan")
         try:
             revision = await self.store.write(plan, term.revision)
         except PlanConflictError as exc:
@@ -277,6 +294,10 @@ class Coordinator:
 
     async def _hand_back(self, ack_subjects: list[str]) -> None:
         """Nak the requests a dead or restarted stage 0 held: the stream redelivers them now."""
+        foreign = [s for s in ack_subjects if not names.is_request_ack_subject(s)]
+        if foreign:  # only a request's ack subject may be nak'ed, never one a heartbeat names
+            self._reject(AuthenticationError("malformed", f"{len(foreign)} held request(s) not ack subjects"))
+        ack_subjects = [s for s in ack_subjects if names.is_request_ack_subject(s)]
         if not ack_subjects:
             return
         for subject in ack_subjects:
@@ -289,6 +310,25 @@ class Coordinator:
         if record is not None:
             self.quarantine.observe(record.heartbeat)
             self._wake.set()
+
+    def _admit_heartbeat(self, heartbeat: bus_pb2.Heartbeat) -> bool:
+        try:
+            self.verifier.verify(heartbeat, "heartbeat")
+        except AuthenticationError as exc:
+            self._reject(exc)
+            return False
+        return True
+
+    def _reject(self, exc: AuthenticationError) -> None:
+        if self.security is not None:
+            self.security.reject(exc, what="control record")
+        else:
+            self._log.warning("control record rejected", reason=exc.reason, detail=exc.detail)
+
+    async def _follow_revocations(self) -> None:
+        """A revoked node's heartbeats stop verifying, so it leaves the registry and the plans."""
+        if self.security is not None:
+            await self.security.follow_revocations(self.buckets.pki)
 
     def _wake_up(self, _leading: bool) -> None:
         self._wake.set()
@@ -319,8 +359,8 @@ class Coordinator:
             self.election = self._new_election(ttl)
 
 
-async def _halt(election: asyncio.Task[None], subscription: Subscription) -> None:
+async def _halt(election: asyncio.Task[None], subscription: Subscription, *tasks: asyncio.Task[None]) -> None:
     with contextlib.suppress(NatsError, TimeoutError):
-        await cancel_and_wait(election)
+        await cancel_and_wait(election, *tasks)
     with contextlib.suppress(NatsError, TimeoutError):
         await subscription.unsubscribe()

@@ -68,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
         configure_logging(args.log_level)
         # The coordinator carries no prompt or activation, but it decides who serves: it starts
         # only as a certified coordinator, like every other service.
-        Security.for_service(settings, role="coordinator", process_id=settings.coordinator_id)
+        security = Security.for_service(settings, role="coordinator", process_id=settings.coordinator_id)
     except ConfigError as exc:
         print(f"mohawk coordinator: error: {exc}", file=sys.stderr)
         return 2
     code = 0
     try:
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings, security))
     except asyncio.CancelledError:  # stopped before the replica ran: nothing to release
         pass
     except MohawkError as exc:
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-async def serve(settings: CoordinatorSettings) -> None:
+async def serve(settings: CoordinatorSettings, security: Security | None = None) -> None:
     """Connect, make sure the buckets exist, and run the replica until SIGTERM/SIGINT."""
     loop = asyncio.get_running_loop()
     serving = asyncio.current_task()
@@ -103,7 +103,7 @@ async def serve(settings: CoordinatorSettings) -> None:
         nc = await connect(settings.nats_servers, name=f"coordinator-{settings.coordinator_id}")
         try:
             buckets = await ensure_buckets(nc.jetstream(), settings.bus_limits())
-            coordinator = Coordinator(settings, nc, buckets)
+            coordinator = Coordinator(settings, nc, buckets, security=security)
             serve_metrics(settings.metrics_port, settings.metrics_host, coordinator.metrics)
             await coordinator.run()
         finally:

@@ -26,7 +26,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from mohawk_common.bus.pipelines import ACTIVE, LOADING, list_pipeline, pipelines
+from mohawk_common.bus.pipelines import ACTIVE, LOADING, list_pipeline, pipelines, placed_on
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.planner import ModelFootprint, NodeCapacity, PlanningError
 from mohawk_coordinator.replicas import form_pipelines, kept_pipelines, replicas_reason
@@ -148,7 +148,13 @@ def build_plan(
     for placement in formed:
         pipeline_id = next(free_ids)
         stages = [
-            bus_pb2.PlanStage(node_id=s.node_id, start=s.start, end=s.end, pipeline=pipeline_id)
+            bus_pb2.PlanStage(
+                node_id=s.node_id,
+                start=s.start,
+                end=s.end,
+                pipeline=pipeline_id,
+                node_started_at_ms=nodes[s.node_id].started_at_ms,
+            )
             for s in placement.stages
         ]
         num_kv_blocks, kv_reason = kv_blocks(shape, stages, nodes, settings.block_size)
@@ -198,11 +204,17 @@ def context_length(shape: ModelShape, settings: CoordinatorSettings, num_kv_bloc
 
 
 def same_placement(a: bus_pb2.Plan, b: bus_pb2.Plan) -> bool:
-    """Whether two plans ask the same of every node (version, epochs, states, leader and time aside)."""
+    """Whether two plans ask the same of every node incarnation (version, epochs, states, leader,
+    time and signature aside)."""
 
     def key(plan: bus_pb2.Plan) -> tuple[object, ...]:
         lines = tuple(
-            (p.id, tuple((s.node_id, s.start, s.end) for s in p.stages), p.num_kv_blocks, p.max_model_len)
+            (
+                p.id,
+                tuple((s.node_id, s.node_started_at_ms, s.start, s.end) for s in p.stages),
+                p.num_kv_blocks,
+                p.max_model_len,
+            )
             for p in pipelines(plan)
         )
         return (plan.model, plan.model_id, plan.num_layers, lines, plan.block_size, tuple(plan.spares))
@@ -225,13 +237,16 @@ def activate_ready(plan: bus_pb2.Plan, live: Mapping[str, bus_pb2.Heartbeat]) ->
     """`plan` with every pipeline whose nodes all report this version loaded marked active; None
     when no pipeline changes."""
 
-    def loaded(node_id: str) -> bool:
-        hb = live.get(node_id)
-        return hb is not None and hb.plan_version == plan.version and hb.loaded
+    def loaded(stage: bus_pb2.PlanStage) -> bool:
+        hb = live.get(stage.node_id)
+        return (
+            hb is not None
+            and placed_on(stage, hb.started_at_ms)
+            and hb.plan_version == plan.version
+            and hb.loaded
+        )
 
-    ready = {
-        p.id for p in pipelines(plan) if not p.active and p.stages and all(loaded(n) for n in p.node_ids)
-    }
+    ready = {p.id for p in pipelines(plan) if not p.active and p.stages and all(map(loaded, p.stages))}
     if not ready:
         return None
     active = bus_pb2.Plan()

@@ -8,6 +8,7 @@ the stored version + 1, and when the key was deleted, the highest version left i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
@@ -15,7 +16,9 @@ from nats.js.kv import KeyValue
 
 from mohawk_common.bus import names
 from mohawk_common.bus.control import decode_json, encode_json
+from mohawk_common.bus.control_records import RecordVerifier
 from mohawk_common.errors import MohawkError
+from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
 
 
@@ -31,10 +34,19 @@ class StoredPlan:
 
 
 class PlanStore:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        verifier: RecordVerifier | None = None,
+        reject: Callable[[AuthenticationError], None] | None = None,
+    ) -> None:
         self.kv = kv
+        self.verifier = verifier or RecordVerifier(None)
+        self.reject = reject
 
     async def read(self) -> StoredPlan:
+        """The stored plan when it is a coordinator's (signature verified), else none; either way
+        the version counts, so the next plan is newer than anything readers may have seen."""
         try:
             entry = await self.kv.get(names.PLAN_KEY)
         except KeyNotFoundError:
@@ -42,6 +54,12 @@ class PlanStore:
         if not entry.value:
             return StoredPlan(None, entry.revision or 0, await self._highest_version())
         plan = decode_json(bus_pb2.Plan, entry.value)
+        try:
+            self.verifier.verify(plan, "plan")
+        except AuthenticationError as exc:
+            if self.reject is not None:
+                self.reject(exc)
+            return StoredPlan(None, entry.revision or 0, max(plan.version, await self._highest_version()))
         return StoredPlan(plan, entry.revision or 0, plan.version)
 
     async def write(self, plan: bus_pb2.Plan, last_revision: int) -> int:

@@ -47,9 +47,16 @@ class NodeRecord:
 class NodeRegistry:
     """Live shard nodes by id; pure bookkeeping (the coordinator feeds it and asks it)."""
 
-    def __init__(self, node_timeout_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        node_timeout_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        admit: Callable[[bus_pb2.Heartbeat], bool] = lambda _heartbeat: True,
+    ) -> None:
         self.node_timeout_s = node_timeout_s
         self._clock = clock
+        self._admit = admit  # the signature check (control_records.py); False drops the heartbeat
         self._nodes: dict[str, NodeRecord] = {}
         self._handed_back: list[str] = []  # ack subjects of requests held by nodes now dead or restarted
 
@@ -64,7 +71,7 @@ class NodeRegistry:
         if subject is not None and subject != names.heartbeat_subject(heartbeat.node_id):
             log.warning("heartbeat dropped: node id does not match subject", subject=subject)
             return None
-        if heartbeat.role not in SHARD_ROLES:
+        if heartbeat.role not in SHARD_ROLES or not self._admit(heartbeat):
             return None
         record = NodeRecord(heartbeat, raw, self._clock())
         previous = self._nodes.get(heartbeat.node_id)

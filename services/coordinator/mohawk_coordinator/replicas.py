@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from mohawk_common.bus.pipelines import Pipeline, pipelines
+from mohawk_common.bus.pipelines import Pipeline, pipelines, placed_on
 from mohawk_coordinator.planner import (
     ModelFootprint,
     NodeCapacity,
@@ -63,10 +63,17 @@ def _deal(ordered: Sequence[NodeCapacity], k: int) -> list[list[NodeCapacity]]:
 def kept_pipelines(
     current: bus_pb2.Plan | None, model: ModelFootprint, live: Mapping[str, bus_pb2.Heartbeat]
 ) -> list[Pipeline]:
-    """The pipelines of `current` that can go on serving as they are: same model, every node live."""
+    """The pipelines of `current` that can go on serving as they are: same model, every node live
+    as the incarnation the stage was placed on."""
     if current is None or current.model_id != model.model_id or current.num_layers != model.num_layers:
         return []
-    return [p for p in pipelines(current) if p.stages and all(n in live for n in p.node_ids)]
+    return [p for p in pipelines(current) if p.stages and all(_runs_on(s, live) for s in p.stages)]
+
+
+def _runs_on(stage: bus_pb2.PlanStage, live: Mapping[str, bus_pb2.Heartbeat]) -> bool:
+    """The node of `stage` lives, as the same run (a restarted node lost the stage's KV)."""
+    hb = live.get(stage.node_id)
+    return hb is not None and placed_on(stage, hb.started_at_ms)
 
 
 def replicas_reason(replicas: Replicas, kept: int, formed: int, spares: int) -> str:

@@ -56,6 +56,11 @@ def subject_token(name: str) -> str:
     return token
 
 
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names are one model on the bus (they map to the same subject token)."""
+    return subject_token(a) == subject_token(b)
+
+
 def check_id(kind: str, value: str) -> str:
     """Ids that go into subjects verbatim (request ids, node ids) must be one safe token."""
     if not _ID_RE.match(value):
@@ -67,6 +72,16 @@ def request_subject(model: str, route: int | None = None) -> str:
     """Requests of `model` for any pipeline (None) or routed to pipeline `route`."""
     base = f"{PREFIX}.req.{subject_token(model)}"
     return base if route is None else f"{base}.p{int(route)}"
+
+
+def is_request_ack_subject(subject: str) -> bool:
+    """Whether `subject` is a JetStream ack subject of a message of the requests stream (what a
+    stage 0 lists as held, and the only kind of subject the leader may nak for it)."""
+    tokens = subject.split(".")
+    # $JS.ACK.<stream>.<consumer>... or, from newer servers, $JS.ACK.<domain>.<account>.<stream>...
+    return (
+        tokens[:2] == ["$JS", "ACK"] and REQUESTS_STREAM in (tokens[2:3] + tokens[4:5]) and " " not in subject
+    )
 
 
 def token_subject(request_id: str) -> str:

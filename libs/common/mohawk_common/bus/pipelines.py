@@ -94,6 +94,13 @@ def list_pipeline(plan: bus_pb2.Plan, pipeline: Pipeline) -> None:
     )
 
 
+def placed_on(stage: bus_pb2.PlanStage, started_at_ms: int) -> bool:
+    """Whether `stage` was placed on the run of its node that started at `started_at_ms` (its
+    heartbeat's incarnation). A restarted node lost the stage's KV and requests, so a plan made
+    for its earlier run is not for it; a stage from before incarnations were recorded names none."""
+    return stage.node_started_at_ms in (0, started_at_ms)
+
+
 def pipeline_id(view: bus_pb2.Plan) -> int:
     """The pipeline a node's view is of (0 for a plan without pipelines)."""
     return view.pipelines[0].id if view.pipelines else 0

@@ -1,4 +1,5 @@
 from mohawk_proto.v1 import engine_pb2 as _engine_pb2
+from mohawk_proto.v1 import security_pb2 as _security_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -72,7 +73,7 @@ class StepResult(_message.Message):
     def __init__(self, plan_version: _Optional[int] = ..., step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SampledResult, _Mapping]]] = ..., sent_at: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role", "hop_ms_p50", "hop_ms_p99", "num_hops", "security_rejections", "insecure", "held_layer_start", "held_layer_end", "model_id", "num_layers", "hidden_size", "vocab_size", "num_kv_heads", "head_dim", "max_position_embeddings", "layer_weight_bytes", "embedding_weight_bytes", "head_weight_bytes", "weights_format", "failed_steps", "expired_steps", "held_requests")
+    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role", "hop_ms_p50", "hop_ms_p99", "num_hops", "security_rejections", "insecure", "held_layer_start", "held_layer_end", "model_id", "num_layers", "hidden_size", "vocab_size", "num_kv_heads", "head_dim", "max_position_embeddings", "layer_weight_bytes", "embedding_weight_bytes", "head_weight_bytes", "weights_format", "failed_steps", "expired_steps", "held_requests", "signed")
     class SecurityRejectionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +118,7 @@ class Heartbeat(_message.Message):
     FAILED_STEPS_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_STEPS_FIELD_NUMBER: _ClassVar[int]
     HELD_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     model: str
     backend: str
@@ -154,19 +156,22 @@ class Heartbeat(_message.Message):
     failed_steps: int
     expired_steps: int
     held_requests: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ..., hop_ms_p50: _Optional[float] = ..., hop_ms_p99: _Optional[float] = ..., num_hops: _Optional[int] = ..., security_rejections: _Optional[_Mapping[str, int]] = ..., insecure: _Optional[bool] = ..., held_layer_start: _Optional[int] = ..., held_layer_end: _Optional[int] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., layer_weight_bytes: _Optional[int] = ..., embedding_weight_bytes: _Optional[int] = ..., head_weight_bytes: _Optional[int] = ..., weights_format: _Optional[str] = ..., failed_steps: _Optional[int] = ..., expired_steps: _Optional[int] = ..., held_requests: _Optional[_Iterable[str]] = ...) -> None: ...
+    signed: ControlSignature
+    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ..., hop_ms_p50: _Optional[float] = ..., hop_ms_p99: _Optional[float] = ..., num_hops: _Optional[int] = ..., security_rejections: _Optional[_Mapping[str, int]] = ..., insecure: _Optional[bool] = ..., held_layer_start: _Optional[int] = ..., held_layer_end: _Optional[int] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., layer_weight_bytes: _Optional[int] = ..., embedding_weight_bytes: _Optional[int] = ..., head_weight_bytes: _Optional[int] = ..., weights_format: _Optional[str] = ..., failed_steps: _Optional[int] = ..., expired_steps: _Optional[int] = ..., held_requests: _Optional[_Iterable[str]] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ...) -> None: ...
 
 class PlanStage(_message.Message):
-    __slots__ = ("node_id", "start", "end", "pipeline")
+    __slots__ = ("node_id", "start", "end", "pipeline", "node_started_at_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    NODE_STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     start: int
     end: int
     pipeline: int
-    def __init__(self, node_id: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., pipeline: _Optional[int] = ...) -> None: ...
+    node_started_at_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., pipeline: _Optional[int] = ..., node_started_at_ms: _Optional[int] = ...) -> None: ...
 
 class PlanPipeline(_message.Message):
     __slots__ = ("id", "epoch", "active", "num_kv_blocks", "max_model_len")
@@ -183,7 +188,7 @@ class PlanPipeline(_message.Message):
     def __init__(self, id: _Optional[int] = ..., epoch: _Optional[int] = ..., active: _Optional[bool] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("version", "model", "model_id", "num_layers", "stages", "num_kv_blocks", "block_size", "max_model_len", "state", "leader", "created", "reasons", "quarantined", "pipelines", "spares")
+    __slots__ = ("version", "model", "model_id", "num_layers", "stages", "num_kv_blocks", "block_size", "max_model_len", "state", "leader", "created", "reasons", "quarantined", "pipelines", "spares", "signed")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +204,7 @@ class Plan(_message.Message):
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     PIPELINES_FIELD_NUMBER: _ClassVar[int]
     SPARES_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_FIELD_NUMBER: _ClassVar[int]
     version: int
     model: str
     model_id: str
@@ -214,4 +220,13 @@ class Plan(_message.Message):
     quarantined: _containers.RepeatedScalarFieldContainer[str]
     pipelines: _containers.RepeatedCompositeFieldContainer[PlanPipeline]
     spares: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, version: _Optional[int] = ..., model: _Optional[str] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[PlanStage, _Mapping]]] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., created: _Optional[float] = ..., reasons: _Optional[_Iterable[str]] = ..., quarantined: _Optional[_Iterable[str]] = ..., pipelines: _Optional[_Iterable[_Union[PlanPipeline, _Mapping]]] = ..., spares: _Optional[_Iterable[str]] = ...) -> None: ...
+    signed: ControlSignature
+    def __init__(self, version: _Optional[int] = ..., model: _Optional[str] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[PlanStage, _Mapping]]] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., created: _Optional[float] = ..., reasons: _Optional[_Iterable[str]] = ..., quarantined: _Optional[_Iterable[str]] = ..., pipelines: _Optional[_Iterable[_Union[PlanPipeline, _Mapping]]] = ..., spares: _Optional[_Iterable[str]] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ...) -> None: ...
+
+class ControlSignature(_message.Message):
+    __slots__ = ("signer", "signature")
+    SIGNER_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    signer: _security_pb2.Certificate
+    signature: _security_pb2.HybridSignature
+    def __init__(self, signer: _Optional[_Union[_security_pb2.Certificate, _Mapping]] = ..., signature: _Optional[_Union[_security_pb2.HybridSignature, _Mapping]] = ...) -> None: ...

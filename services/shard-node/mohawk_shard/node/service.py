@@ -31,8 +31,10 @@ from nats.aio.client import Client
 from mohawk_common.bus import names
 from mohawk_common.bus.config import served_model_name
 from mohawk_common.bus.connect import connect
-from mohawk_common.bus.control import decode_json, encode_json
+from mohawk_common.bus.control import encode_json
+from mohawk_common.bus.control_records import RecordVerifier, sign_record
 from mohawk_common.bus.pipelines import ACTIVE, node_view, pipeline_id, pipelines, same_assignment
+from mohawk_common.bus.plan_follower import PlanFollower, placed_on_earlier_run
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
 from mohawk_common.errors import ModelLoadError
@@ -92,6 +94,10 @@ class ShardNode:
         self._held: tuple[int, int] | None = None
         self._failed_steps = 0  # of roles already stopped
         self._expired_steps = 0
+        bundle = security.bundle
+        self._plans = PlanFollower(
+            self.model, RecordVerifier(bundle.trust if bundle is not None else None), self._reject_record
+        )
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -204,6 +210,13 @@ class ShardNode:
             heartbeat.num_hops = hops.num_hops
         return heartbeat
 
+    def _signed(self, heartbeat: bus_pb2.Heartbeat) -> bus_pb2.Heartbeat:
+        bundle = self.security.bundle
+        return sign_record(heartbeat, bundle.identity, "heartbeat") if bundle is not None else heartbeat
+
+    def _reject_record(self, exc: AuthenticationError) -> None:
+        self.security.reject(exc, what="plan")
+
     def step_counts(self) -> tuple[int, int]:
         """Steps this node failed, and (stage 0) steps it gave up waiting for, since it started."""
         role = self._role
@@ -218,7 +231,7 @@ class ShardNode:
         trim, idle, window = load_malloc_trim(), IdleTrim(), StepWindow(time.monotonic())
         while True:
             with contextlib.suppress(Exception):
-                await self.nc.publish(subject, encode_json(self.heartbeat()))
+                await self.nc.publish(subject, encode_json(self._signed(self.heartbeat())))
             if self.settings.telemetry:
                 with contextlib.suppress(Exception):  # for the telemetry service
                     await self.nc.publish(stats_subject, step_report(self, window).model_dump_json().encode())
@@ -250,12 +263,11 @@ class ShardNode:
         async for entry in watcher:
             if entry is None or not entry.value:
                 continue
-            try:
-                plan = decode_json(bus_pb2.Plan, entry.value)
-            except Exception as exc:
-                self._log.warning("unreadable plan ignored", error=str(exc))
+            plan = self._plans.admit(entry.value)  # signed by a coordinator, and not a replay
+            if plan is None:
                 continue
-            if plan.model != self.model:
+            if placed_on_earlier_run(plan, self.node_id, self._started_at_ms):
+                self._log.info("plan is for an earlier run of this node: waiting", plan=plan.version)
                 continue
             try:
                 await self._follow(plan)

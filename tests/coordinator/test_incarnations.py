@@ -1,0 +1,93 @@
+"""Plans belong to the runs of the nodes they place: a coordinator never adopts a stored plan from
+an earlier run of the cluster, a restarted node gets a new plan, and a certified coordinator signs
+every plan it writes and ignores heartbeats that do not verify (real nats-server)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.control_records import RecordVerifier
+from mohawk_common.bus.security import Security
+from mohawk_common.bus.server import NatsServer
+from mohawk_common.bus.setup import ensure_buckets
+from mohawk_coordinator.coordinator import Coordinator
+from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
+from tests.coordinator.fake_node import FakeNode
+from tests.coordinator.harness import TTL_S, Replica, settings, start_replica, wait_for, wait_for_plan
+
+
+def test_a_plan_of_an_earlier_run_is_never_adopted_and_a_restarted_node_is_replanned(
+    nats_server: NatsServer,
+) -> None:
+    async def scenario() -> None:
+        first = await start_replica(nats_server.url, "coord-a")
+        buckets = first.coordinator.buckets
+        nodes_nc = await connect(nats_server.url, name="nodes")
+        n0, n1 = [await FakeNode(nodes_nc, f"node-{i}").start() for i in range(2)]
+        v1 = await wait_for_plan(buckets, lambda p: p.version == 1, 5, "version 1")
+        assert [s.node_started_at_ms for s in v1.stages] == [n0.started_at_ms, n1.started_at_ms]
+        n0.report_loaded(1, 0)
+        n1.report_loaded(1, 1)
+        await wait_for_plan(buckets, lambda p: p.state == "active", 3, "v1 active")
+
+        # the whole cluster stops and comes back with the same ids (`mohawk up` again)
+        await first.crash()
+        await n0.stop()
+        await n1.stop()
+        await asyncio.sleep(0.05)
+        n0, n1 = [await FakeNode(nodes_nc, f"node-{i}").start() for i in range(2)]
+        second = await start_replica(nats_server.url, "coord-b")
+        buckets = second.coordinator.buckets
+        v2 = await wait_for_plan(buckets, lambda p: p.version == 2, 3 * TTL_S + 3, "a plan for the new run")
+        assert v2.state == "loading"
+        assert [s.node_started_at_ms for s in v2.stages] == [n0.started_at_ms, n1.started_at_ms]
+
+        # one node restarts under the same id: its pipeline is re-formed, not kept
+        n0.report_loaded(2, 0)
+        n1.report_loaded(2, 1)
+        await wait_for_plan(buckets, lambda p: p.version == 2 and p.state == "active", 3, "v2 active")
+        await n1.stop()
+        n1 = await FakeNode(nodes_nc, "node-1").start()
+        v3 = await wait_for_plan(buckets, lambda p: p.version == 3, 5, "a plan for the restarted node")
+        assert v3.stages[1].node_started_at_ms == n1.started_at_ms
+        assert v3.state == "loading" and v3.pipelines[0].epoch == 3
+        await second.stop()
+        await n0.stop()
+        await n1.stop()
+        await nodes_nc.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_certified_coordinator_signs_its_plans_and_plans_only_signed_nodes(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    init_pki(tmp_path)
+    issue_node(tmp_path, "coord-a", "coordinator")
+    issue_node(tmp_path, "node-0", "shard")
+    node_bundle = load_bundle(tmp_path / "nodes" / "node-0", role="shard")
+
+    async def scenario() -> None:
+        nc = await connect(nats_server.url, name="coord-a")
+        config = settings(nats_server.url, "coord-a")
+        buckets = await ensure_buckets(nc.jetstream(), config.bus_limits())
+        security = Security.load(
+            role="coordinator", bundle_dir=tmp_path / "nodes" / "coord-a", insecure=False
+        )
+        coordinator = Coordinator(config, nc, buckets, security=security)
+        replica = Replica(coordinator, asyncio.create_task(coordinator.run()), nc)
+        nodes_nc = await connect(nats_server.url, name="nodes")
+        signed = await FakeNode(nodes_nc, "node-0", identity=node_bundle.identity).start()
+        unsigned = await FakeNode(nodes_nc, "node-1").start()  # no certificate: an impostor
+        plan = await wait_for_plan(buckets, lambda p: p.version == 1, 5, "version 1")
+        assert [s.node_id for s in plan.stages] == ["node-0"]
+        RecordVerifier(node_bundle.trust).verify(plan, "plan")  # what every reader checks
+        await wait_for(lambda: security.rejections["unsigned"] > 0, 2, "the impostor's heartbeats counted")
+        await replica.stop()
+        await signed.stop()
+        await unsigned.stop()
+        await nodes_nc.close()
+
+    asyncio.run(scenario())

@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
+from mohawk_common.bus.control import encode_json
 from mohawk_common.bus.control_records import RecordVerifier
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.server import NatsServer
 from mohawk_common.bus.setup import ensure_buckets
 from mohawk_coordinator.coordinator import Coordinator
 from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
+from mohawk_proto.v1 import bus_pb2
 from tests.coordinator.fake_node import FakeNode
 from tests.coordinator.harness import TTL_S, Replica, settings, start_replica, wait_for, wait_for_plan
 
@@ -67,6 +70,7 @@ def test_a_certified_coordinator_signs_its_plans_and_plans_only_signed_nodes(
     init_pki(tmp_path)
     issue_node(tmp_path, "coord-a", "coordinator")
     issue_node(tmp_path, "node-0", "shard")
+    issue_node(tmp_path, "node-2", "shard")
     node_bundle = load_bundle(tmp_path / "nodes" / "node-0", role="shard")
 
     async def scenario() -> None:
@@ -85,6 +89,22 @@ def test_a_certified_coordinator_signs_its_plans_and_plans_only_signed_nodes(
         assert [s.node_id for s in plan.stages] == ["node-0"]
         RecordVerifier(node_bundle.trust).verify(plan, "plan")  # what every reader checks
         await wait_for(lambda: security.rejections["unsigned"] > 0, 2, "the impostor's heartbeats counted")
+
+        # a forger overwrites the plan key; the leader's next write finds it, and writes its own
+        # plan back above the forged version before it re-plans for a joining node
+        forged = bus_pb2.Plan()
+        forged.CopyFrom(plan)
+        forged.version += 1000
+        forged.ClearField("signed")
+        await buckets.plan.put(names.PLAN_KEY, encode_json(forged))
+        joining = load_bundle(tmp_path / "nodes" / "node-2", role="shard").identity
+        third = await FakeNode(nodes_nc, "node-2", identity=joining).start()
+        after = await wait_for_plan(
+            buckets, lambda p: p.version > forged.version and len(p.stages) == 2, 5, "v>1001"
+        )
+        RecordVerifier(node_bundle.trust).verify(after, "plan")
+        assert security.rejections["unsigned"] > 0
+        await third.stop()
         await replica.stop()
         await signed.stop()
         await unsigned.stop()

@@ -200,11 +200,7 @@ class Coordinator:
             self._complain_once(term, "waiting for a node to report the model's shape before planning")
             return
         if not term.has_read:
-            stored = await self.store.read()
-            term.plan, term.revision, term.version = stored.plan, stored.revision, stored.version
-            if term.plan is not None:
-                term.plan = with_pipelines(term.plan)
-            term.has_read = True
+            await self._read_stored(term)
         live_ids = frozenset((node_id, hb.started_at_ms) for node_id, hb in live.items())
         if term.planned_ids is None and self._can_adopt(term.plan, shape, live):
             term.planned_ids = live_ids
@@ -219,6 +215,22 @@ class Coordinator:
         active = activate_ready(term.plan, live) if term.plan is not None else None
         if active is not None:
             await self._publish(term, active)
+
+    async def _read_stored(self, term: _Term) -> None:
+        """Read the plan key. A record this leader cannot verify (written by someone without a
+        coordinator's key) is not adopted; if this term already had a plan, it is written back,
+        pipelines and epochs unchanged and the version above the forger's, so no node reloads."""
+        stored = await self.store.read()
+        ours = term.plan
+        term.revision, term.version, term.has_read = stored.revision, stored.version, True
+        if stored.rejected and ours is not None:
+            restored = bus_pb2.Plan()
+            restored.CopyFrom(ours)
+            restored.version = stored.version + 1
+            self._log.warning("the plan key held a record no coordinator signed: writing ours back")
+            await self._publish(term, restored)
+            return
+        term.plan = with_pipelines(stored.plan) if stored.plan is not None else None
 
     def _can_adopt(
         self, stored: bus_pb2.Plan | None, shape: ModelShape, live: dict[str, bus_pb2.Heartbeat]

@@ -31,6 +31,7 @@ class StoredPlan:
     plan: bus_pb2.Plan | None
     revision: int  # 0 when the key holds no plan: write with create
     version: int  # the highest version published so far (0 = none)
+    rejected: bool = False  # the key held a record that did not verify as a coordinator's
 
 
 class PlanStore:
@@ -59,7 +60,8 @@ class PlanStore:
         except AuthenticationError as exc:
             if self.reject is not None:
                 self.reject(exc)
-            return StoredPlan(None, entry.revision or 0, max(plan.version, await self._highest_version()))
+            version = max(plan.version, await self._highest_version())
+            return StoredPlan(None, entry.revision or 0, version, rejected=True)
         return StoredPlan(plan, entry.revision or 0, plan.version)
 
     async def write(self, plan: bus_pb2.Plan, last_revision: int) -> int:

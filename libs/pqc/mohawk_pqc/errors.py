@@ -21,6 +21,7 @@ RejectReason = Literal[
     "unsigned",  # a control record (plan, heartbeat) without the signature this node requires
     "overloaded",  # a bounded table (handshakes awaiting their finish) is full
     "out_of_position",  # a channel or frame kind between stages the pipeline does not link that way
+    "stale",  # a request past its deadline, or re-published after the stream's duplicate window
 ]
 
 REJECT_REASONS: tuple[str, ...] = RejectReason.__args__  # type: ignore[attr-defined]

@@ -8,6 +8,13 @@ and its signature before it opens anything. The token key then travels inside th
 frames to the last stage, which encrypts every token event with it; the gateway decrypts them, and
 a stage 0 that takes over the request after a recovery reads the emitted events back with the
 same key. A cancel carries an HMAC under the token key, so only the requester can cancel.
+
+The stream stores a request id once within its duplicate window (`DUPLICATE_WINDOW_S`); a
+recorded request published again later would be stored anew, so stage 0 refuses at admission
+(`check_fresh`, reason stale) a request that entered the stream more than the window after it was
+made (its `created` lies inside the sealed, signed request), and one whose deadline has passed.
+The time it entered the stream is the server's stamp on the stream message, which a redelivery
+keeps, so a request taken over after a failure is not refused for having run long.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from mohawk_common.bus.security import Security
+from mohawk_common.bus.setup import DUPLICATE_WINDOW_S
 from mohawk_pqc.certificates import read_body
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.seal import open_sealed, seal
@@ -103,6 +111,20 @@ def open_request(
     if len(request.token_key) != TOKEN_KEY_BYTES:
         raise AuthenticationError("malformed", "sealed request without a token key")
     return request
+
+
+def check_fresh(
+    request: bus_pb2.GenerateRequest, *, stored_at: float, now: float, window_s: float = DUPLICATE_WINDOW_S
+) -> None:
+    """AuthenticationError (stale) when `request` entered the stream (`stored_at`, the server's
+    stamp, unix seconds) more than the duplicate window after it was created, or its deadline has
+    passed `now`: a re-publication the stream's dedupe no longer catches, or nobody waits for it."""
+    if request.created and stored_at - request.created > window_s:
+        raise AuthenticationError(
+            "stale", f"request made {stored_at - request.created:.0f} s before it entered the stream"
+        )
+    if request.deadline and now > request.deadline:
+        raise AuthenticationError("stale", f"request deadline passed {now - request.deadline:.0f} s ago")
 
 
 def _parse(cls: type[M], data: bytes) -> M:

@@ -29,12 +29,14 @@ from mohawk_common.bus import names
 
 log = structlog.get_logger("mohawk.bus")
 
+DUPLICATE_WINDOW_S = 120.0  # the request stream stores a request id once within this window
+
 
 @dataclass(frozen=True, slots=True)
 class BusLimits:
     replicas: int = 1  # 3 on a 3-server NATS cluster
     max_queued_requests: int = 1024  # accepted and unfinished; past it the gateway answers 429
-    duplicate_window_s: float = 120.0
+    duplicate_window_s: float = DUPLICATE_WINDOW_S
     tokens_max_age_s: float = 600.0
     lease_ttl_s: float = 3.0
     node_ttl_s: float = 5.0

@@ -26,7 +26,9 @@ is ignored. A request whose steps expire `MAX_RESUMES` times in a row without a 
 ends with an error event (503), so no request waits for its client's timeout: the bound is about
 `MAX_RESUMES × (floor + the expected round trip × factor)`, 15–20 s with the defaults. A request
 names the gateway process that waits for it and its deadline: one whose gateway's presence key has
-lapsed (`GatewayPresence`), or whose deadline has passed, is cancelled and leaves the stream.
+lapsed (`GatewayPresence`), or whose deadline has passed, is cancelled and leaves the stream; one
+that is past its deadline when pulled, or entered the stream more than the duplicate window after
+it was made (a recorded request published again), is refused at admission (`check_fresh`, stale).
 A request also names its tenant, priority, weight and latency budget: what this stage 0 has pulled
 waits in the scheduler's fair queue, which admits it in fair-share order, and every step's time
 from its start to its result feeds the core's latency-budget cap. With tracing on, each request
@@ -55,7 +57,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from mohawk_common.bus import names
 from mohawk_common.bus.frames import KIND_RESULT, read_result_payload
 from mohawk_common.bus.pipelines import pipeline_id
-from mohawk_common.bus.requests import cancel_tag, open_request
+from mohawk_common.bus.requests import cancel_tag, check_fresh, open_request
 from mohawk_common.bus.security import Security
 from mohawk_common.errors import InvalidRequestError
 from mohawk_common.tasks import cancel_and_wait
@@ -289,6 +291,12 @@ class HeadDriver:
         request_id = request.request_id
         if self.core.request(request_id) is not None:
             return  # redelivered while we still run it
+        try:  # a re-publication the stream's dedupe no longer catches, or nobody waits for it
+            check_fresh(request, stored_at=msg.metadata.timestamp.timestamp(), now=time.time())
+        except AuthenticationError as exc:
+            self.security.reject(exc, request_id=request_id, what="request")
+            await msg.term()
+            return
         box = event_box(request_id, request.token_key)
         try:
             params = sampling_from_proto(request.sampling)

@@ -20,7 +20,7 @@ import structlog
 from mohawk_common.errors import ConfigError
 from mohawk_common.tenancy import RateDecision, RateLimiter, TenancyUnavailable, Tenant, TenantStore, connect
 from mohawk_gateway.config import GatewaySettings
-from mohawk_gateway.errors import GatewayError, unavailable
+from mohawk_gateway.errors import GatewayError, unavailable_after
 
 log = structlog.get_logger("mohawk.gateway")
 
@@ -68,8 +68,8 @@ class Access:
         except TenancyUnavailable as exc:
             if not self.settings.auth:
                 return None
-            raise unavailable(
-                f"the API key cannot be checked now: {exc}", self.settings.retry_after_s
+            raise unavailable_after(
+                "the API key cannot be checked now", exc, self.settings.retry_after_s
             ) from exc
         if tenant is None and self.settings.auth:
             raise invalid_api_key(f"Incorrect API key provided: {_redacted(key)}.")

@@ -112,7 +112,7 @@ async def _load_codec(gateway: Gateway) -> None:
         tokenizer = await asyncio.to_thread(load_tokenizer, model)
         gateway.codec = PromptCodec(tokenizer)
     except Exception as exc:  # the gateway stays up and /ready says why
-        gateway.tokenizer_error = f"the model's tokenizer could not be loaded: {exc}"
+        gateway.tokenizer_error = "the model's tokenizer could not be loaded (the gateway's log says why)"
         log.error("tokenizer not loaded", model=model or "bundled", error=str(exc))
         return
     log.info("tokenizer loaded", model=model or "bundled", vocab_size=gateway.codec.vocab_size)

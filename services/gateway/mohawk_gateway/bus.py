@@ -17,24 +17,24 @@ from contextlib import suppress
 
 import nats.errors
 import structlog
-from google.protobuf.json_format import ParseError
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.errors import APIError
+from nats.js.errors import APIError, KeyNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
-from mohawk_common.bus.control import decode_json, read_plan
+from mohawk_common.bus.control_records import RecordVerifier
+from mohawk_common.bus.plan_follower import LiveNodes, PlanFollower
 from mohawk_common.bus.requests import cancel_tag, seal_request
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
 from mohawk_common.bus.token_log import TokenLogReader
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_gateway.config import GatewaySettings
-from mohawk_gateway.errors import GatewayError, overloaded, unavailable
+from mohawk_gateway.errors import GatewayError, overloaded, unavailable, unavailable_after
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.seal import EventBox
 from mohawk_proto.v1 import bus_pb2
@@ -55,6 +55,10 @@ class BusClient:
         self._js: JetStreamContext | None = None
         self._task: asyncio.Task[None] | None = None
         self.plan: bus_pb2.Plan | None = None
+        bundle = security.bundle
+        verifier = RecordVerifier(bundle.trust if bundle is not None else None)
+        self._plans = PlanFollower(None, verifier, self._reject_record)  # signed, never a replay
+        self.live_nodes = LiveNodes(verifier, self._reject_record)  # whose heartbeats arrive now
         # this process, as requests name it: stage 0 drops the requests of a gateway whose key lapsed
         self.instance = names.subject_token(f"{settings.gateway_id}-{secrets.token_hex(4)}")
 
@@ -86,7 +90,9 @@ class BusClient:
             return f"the active plan serves model {plan.model!r}, not {model!r}"
         if plan.state != ACTIVE:
             return f"plan version {plan.version} is {plan.state or 'not active'}, not active"
-        return None
+        # a plan read back from an earlier run says active before its nodes are back: ready only
+        # once every node of an active pipeline heartbeats as the run the plan placed
+        return self.live_nodes.serving_reason(plan, self._settings.node_ttl_s)
 
     def can_queue(self, model: str) -> bool:
         """Requests for `model` may wait on the durable stream: connected, and a plan for it exists
@@ -113,19 +119,20 @@ class BusClient:
             # burst of admissions leaves the loop free to answer everyone else meanwhile
             data, headers = await asyncio.to_thread(seal_request, request, self.security)
         except AuthenticationError as exc:
-            raise unavailable(f"cannot seal the request: {exc.detail}", self._retry) from exc
+            raise unavailable_after(
+                "the request could not be sealed", exc, self._retry, request_id=request.request_id
+            ) from exc
         try:
             await js.publish(names.request_subject(request.model, route), data, headers=headers)
         except APIError as exc:
-            reason = exc.description or "the request queue is full"
-            raise overloaded(
-                f"request queue refused the request ({reason}); retry later", self._retry
-            ) from exc
+            log.warning("request queue refused a request", request_id=request.request_id, error=str(exc))
+            raise overloaded("the request queue is full; retry later", self._retry) from exc
         except nats.errors.MaxPayloadError as exc:
             raise GatewayError(413, "the prompt is too large to send to the model") from exc
         except (nats.errors.Error, TimeoutError) as exc:
-            reason = str(exc) or type(exc).__name__
-            raise unavailable(f"NATS did not accept the request: {reason}", self._retry) from exc
+            raise unavailable_after(
+                "the request could not be queued", exc, self._retry, request_id=request.request_id
+            ) from exc
 
     async def publish_telemetry(self, kind: str, data: bytes) -> None:
         """A report for the telemetry service (`mohawk_common.telemetry`); raises when not connected."""
@@ -178,10 +185,13 @@ class BusClient:
                 failures = 0
                 revocations = asyncio.create_task(self.security.follow_revocations(buckets.pki))
                 presence = asyncio.create_task(self._keep_present(buckets.gateways))
+                heartbeats = await nc.subscribe(names.HEARTBEAT_WILDCARD, cb=self._on_heartbeat)
                 try:
                     await self._watch_plan(buckets.plan)
                 finally:
                     await cancel_and_wait(revocations, presence)
+                    with suppress(nats.errors.Error):
+                        await heartbeats.unsubscribe()
             except (nats.errors.Error, TimeoutError) as exc:
                 failures += 1
                 level = log.warning if failures == 1 else log.debug
@@ -205,15 +215,33 @@ class BusClient:
                 try:
                     entry = await watcher.updates(timeout=self._settings.plan_refresh_s)
                 except nats.errors.TimeoutError:
-                    self._set_plan(await read_plan(kv))
+                    entry = await _read_plan_entry(kv)
+                    if entry is None:
+                        self._set_plan(None)
+                    else:
+                        self._admit_plan(entry)
                     continue
                 if entry is None:  # "initial values delivered" marker
                     continue
                 deleted = entry.operation in (KV_DEL, KV_PURGE) or not entry.value
-                self._set_plan(None if deleted else _decode_plan(entry.value or b""))
+                if deleted:
+                    self._set_plan(None)
+                else:
+                    self._admit_plan(entry.value or b"")
         finally:
             with suppress(Exception):
                 await watcher.stop()
+
+    def _admit_plan(self, data: bytes) -> None:
+        plan = self._plans.admit(data)
+        if plan is not None:  # else the plan last admitted stays in force
+            self._set_plan(plan)
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        self.live_nodes.observe(msg.data, msg.subject)
+
+    def _reject_record(self, exc: AuthenticationError) -> None:
+        self.security.reject(exc, what="control record")
 
     def _set_plan(self, plan: bus_pb2.Plan | None) -> None:
         old = self.plan
@@ -233,9 +261,10 @@ class BusClient:
             )
 
 
-def _decode_plan(value: bytes) -> bus_pb2.Plan | None:
+async def _read_plan_entry(kv: KeyValue) -> bytes | None:
+    """The plan key's bytes, or None when it holds no plan."""
     try:
-        return decode_json(bus_pb2.Plan, value)
-    except ParseError as exc:
-        log.error("unreadable plan ignored", error=str(exc))
+        entry = await kv.get(names.PLAN_KEY)
+    except KeyNotFoundError:
         return None
+    return entry.value or None

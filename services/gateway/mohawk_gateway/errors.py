@@ -1,10 +1,20 @@
-"""`GatewayError`: every failure the gateway answers on purpose, with its HTTP status and OpenAI body."""
+"""`GatewayError`: every failure the gateway answers on purpose, with its HTTP status and OpenAI body.
+
+A message is shown to the client as written, so it never carries an exception's own text: a NATS or
+Redis error names hosts, ports and sometimes credentials. `unavailable_after` answers such a failure
+with what failed, in words fit for a client, and logs the exception's text (the detail the
+operator needs) once, at warning.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import structlog
+
 from mohawk_common.errors import MohawkError
+
+log = structlog.get_logger("mohawk.gateway")
 
 _TYPES = {
     400: "invalid_request_error",
@@ -60,6 +70,12 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 
 def unavailable(reason: str, retry_after_s: int) -> GatewayError:
     return GatewayError(503, reason, code="service_unavailable", headers=_retry_after(retry_after_s))
+
+
+def unavailable_after(what: str, exc: BaseException, retry_after_s: int, **context: Any) -> GatewayError:
+    """503 saying `what` failed, with no detail of `exc`; the detail goes to the log only."""
+    log.warning(what, error=str(exc) or type(exc).__name__, error_type=type(exc).__name__, **context)
+    return unavailable(f"{what}; retry later", retry_after_s)
 
 
 def overloaded(reason: str, retry_after_s: int) -> GatewayError:

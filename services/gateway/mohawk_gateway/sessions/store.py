@@ -15,7 +15,7 @@ from typing import TypeVar
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
-from mohawk_gateway.errors import GatewayError, unavailable
+from mohawk_gateway.errors import GatewayError, unavailable_after
 from mohawk_gateway.sessions.state import RequestRecord, SessionState
 
 T = TypeVar("T")
@@ -93,4 +93,4 @@ class SessionStore:
         try:
             return await operation()
         except RedisError as exc:
-            raise unavailable(f"the session store is unreachable: {exc}", self.retry_after_s) from exc
+            raise unavailable_after("the session store is unreachable", exc, self.retry_after_s) from exc

@@ -31,6 +31,7 @@ from mohawk_proto.v1 import bus_pb2, engine_pb2
 T = TypeVar("T")
 MODEL = BUNDLED_MODEL_NAME
 REPLY = ("Hello", " world", "!")
+HEARTBEAT_INTERVAL_S = 0.5
 
 
 class FakeTokenizer:
@@ -119,10 +120,19 @@ class ScriptedPipeline:
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._puller = asyncio.create_task(self._pull_loop())
+        self._heartbeats = asyncio.create_task(self._heartbeat_loop())
+
+    async def _heartbeat_loop(self) -> None:
+        """Heartbeat as a loaded node does: the gateway is ready only while the plan's nodes do."""
+        heartbeat = bus_pb2.Heartbeat(node_id="scripted", role="shard", model=self.model, loaded=True)
+        while True:
+            with contextlib.suppress(Exception):
+                await self._nc.publish(names.heartbeat_subject("scripted"), encode_json(heartbeat))
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     async def _teardown(self) -> None:
         self._puller.cancel()
-        for task in [self._puller, *self._tasks]:
+        for task in [self._puller, self._heartbeats, *self._tasks]:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task

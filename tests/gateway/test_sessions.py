@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from mohawk_common.bus.server import NatsServer
-from mohawk_common.tenancy import connect
+from mohawk_common.tenancy import TenantStore, connect
 from mohawk_gateway.sessions.state import SessionState
 from mohawk_proto.v1 import bus_pb2
 from tests.gateway.conftest import ServerThread, is_ready, wait_until
@@ -181,3 +181,79 @@ def test_bad_session_input_is_a_clear_400(session_gateway: httpx.Client) -> None
 def test_without_redis_sessions_are_503(client: httpx.Client) -> None:
     answer = client.post("/v1/sessions", json={})
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "sessions_unavailable"
+
+
+def session_ttl_ms(redis_url: str, session_id: str) -> int:
+    async def read() -> int:
+        client = connect(redis_url)
+        try:
+            return int(await client.pttl(f"mohawk:session:{session_id}"))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(read())
+
+
+@pytest.mark.parametrize(
+    "session_id", ["sess_a:b", "sess_*", "sess_{x}", "x" * 10, "sess_" + "a" * 65, "sess_%20", "sess_a.b"]
+)
+def test_a_session_id_that_is_not_safe_is_400_before_redis(
+    session_gateway: httpx.Client, session_id: str
+) -> None:
+    for method, path in (
+        ("GET", f"/v1/sessions/{session_id}"),
+        ("DELETE", f"/v1/sessions/{session_id}"),
+        ("POST", f"/v1/sessions/{session_id}/infer"),
+        ("GET", f"/v1/sessions/{session_id}/requests/chatcmpl-1"),
+    ):
+        answer = session_gateway.request(method, path, json={"input": "x"} if method == "POST" else None)
+        assert answer.status_code == 400, (method, path, answer.text)
+        error = answer.json()["error"]
+        assert error["code"] == "invalid_session_id" and error["param"] == "session_id"
+        assert error["type"] == "invalid_request_error"
+    session_id = create(session_gateway)
+    bad_request = session_gateway.get(f"/v1/sessions/{session_id}/requests/a:b")
+    assert bad_request.status_code == 400 and bad_request.json()["error"]["code"] == "invalid_request_id"
+
+
+def test_another_tenant_never_renews_a_session_and_a_recreated_tenant_owns_none_of_the_old(
+    nats_server: NatsServer,
+    pipeline: ScriptedPipeline,
+    start_gateway: Callable[..., ServerThread],
+    redis_url: str,
+) -> None:
+    keys = {name: add_tenant(redis_url, name) for name in ("alice", "bob")}
+    server = start_gateway(nats_server.url, redis_url=redis_url, auth=True, session_ttl_s=60)
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        wait_until(lambda: is_ready(client))
+        as_alice = {"Authorization": f"Bearer {keys['alice']}"}
+        as_bob = {"Authorization": f"Bearer {keys['bob']}"}
+        answer = client.post("/v1/sessions", json={}, headers=as_alice)
+        session_id = answer.json()["id"]
+        time.sleep(1.1)
+        before = session_ttl_ms(redis_url, session_id)
+        assert 0 < before <= 59_000
+        assert client.get(f"/v1/sessions/{session_id}", headers=as_bob).status_code == 404
+        assert session_ttl_ms(redis_url, session_id) <= before  # bob's guess did not renew it
+        assert client.get(f"/v1/sessions/{session_id}", headers=as_alice).status_code == 200
+        assert session_ttl_ms(redis_url, session_id) > 59_000  # alice's use did
+
+        async def recreate_alice() -> str:
+            store = TenantStore(connect(redis_url))
+            try:
+                await store.remove("alice")
+                _, key = await store.add("alice")
+            finally:
+                await store.redis.aclose()
+            return key
+
+        as_new_alice = {"Authorization": f"Bearer {asyncio.run(recreate_alice())}"}
+        gone = client.get(f"/v1/sessions/{session_id}", headers=as_new_alice)
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "session_not_found"
+        assert (
+            client.post(
+                f"/v1/sessions/{session_id}/infer", json={"input": "x"}, headers=as_new_alice
+            ).status_code
+            == 404
+        )
+        assert stored_state(redis_url, session_id).owner_id != ""

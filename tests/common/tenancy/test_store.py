@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -57,7 +58,9 @@ def test_api_keys_are_random_and_only_their_hash_is_stored(redis_url: str) -> No
             weight=2.0,
             key_prefix=key[:8],
             created=tenant.created,
+            id=tenant.id,
         )
+        assert re.fullmatch(r"ten_[0-9a-f]{32}", tenant.id) and tenant.owner_id == tenant.id
         assert await client.smembers("mohawk:tenants") == {b"acme"}
         assert await client.get(f"mohawk:apikey:{hash_api_key(key)}") == b"acme"
         record = await client.hgetall("mohawk:tenant:acme")
@@ -173,3 +176,24 @@ def test_two_operators_adding_one_name_at_once_make_one_tenant(redis_url: str) -
         assert len(await client.keys("mohawk:apikey:*")) == 1
 
     with_store(redis_url, body)
+
+
+def test_a_tenant_keeps_its_id_and_one_added_again_under_its_name_gets_another(redis_url: str) -> None:
+    async def body(store: TenantStore, client: redis.Redis) -> None:
+        first, _ = await store.add("acme")
+        assert (await store.update("acme", rpm=5)).id == first.id
+        await store.rotate_key("acme")
+        current = await store.get("acme")
+        assert current is not None and current.id == first.id
+        await store.remove("acme")
+        again, _ = await store.add("acme")
+        assert again.id != first.id and again.owner_id != first.owner_id
+
+    with_store(redis_url, body)
+
+
+def test_a_tenant_stored_before_ids_is_owned_by_name_and_creation_time() -> None:
+    legacy = Tenant.model_validate_json('{"name": "acme", "created": 1700000000.25}')
+    assert legacy.id == "" and legacy.owner_id == "acme@1700000000.25"
+    recreated = Tenant.model_validate_json('{"name": "acme", "created": 1700000100.5}')
+    assert recreated.owner_id != legacy.owner_id

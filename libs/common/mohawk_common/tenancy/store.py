@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 from mohawk_common.tenancy.errors import TenancyError, TenancyUnavailable, TenantExists, TenantNotFound
 from mohawk_common.tenancy.keys import display_prefix, hash_api_key, new_api_key
 from mohawk_common.tenancy.outage import Outage
-from mohawk_common.tenancy.tenants import LIMIT_FIELDS, Priority, Tenant, make_tenant
+from mohawk_common.tenancy.tenants import LIMIT_FIELDS, Priority, Tenant, make_tenant, new_tenant_id
 
 T = TypeVar("T")
 
@@ -73,9 +73,10 @@ class TenantStore:
         weight: float = 1.0,
     ) -> tuple[Tenant, str]:
         """A new tenant and its API key, the only time the key is ever returned; TenantExists if
-        the name is taken."""
+        the name is taken. The tenant gets a new id, whatever tenant held its name before."""
         api_key = new_api_key()
         tenant = make_tenant(
+            id=new_tenant_id(),
             name=name,
             rpm=rpm,
             tpm=tpm,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,11 +30,23 @@ class Tenant(BaseModel):
     weight: float = Field(1.0, gt=0, description="share of the pipeline against other tenants")
     key_prefix: str = Field("", description="the first characters of the current key, for display")
     created: float = Field(default_factory=time.time, description="UNIX time it was added")
+    id: str = Field("", description="given once when it is added, never changed ('': stored before ids)")
+
+    @property
+    def owner_id(self) -> str:
+        """What owns this tenant's sessions: its id, never its name, so a tenant removed and added
+        again under the same name owns nothing of the old one's. A tenant stored before ids existed
+        is told apart by when it was added (stored with it, so it is as stable as an id)."""
+        return self.id or f"{self.name}@{self.created!r}"
 
     @property
     def is_limited(self) -> bool:
         """Whether any rate limit applies to it."""
         return self.rpm is not None or self.tpm is not None or self.max_concurrency is not None
+
+
+def new_tenant_id() -> str:
+    return f"ten_{uuid.uuid4().hex}"
 
 
 def make_tenant(**fields: Any) -> Tenant:

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 
 from mohawk_gateway.schemas.common import INT32_MAX, RequestModel
 
@@ -45,7 +45,9 @@ class TurnSamples(BaseModel):
 
 class SessionState(BaseModel):
     id: str
-    tenant: str  # "" = anonymous
+    # The owning tenant's `owner_id` (its immutable id, never its name), "" = anonymous. A session
+    # stored before ids holds the tenant's name under "tenant": it matches no id, so nobody owns it.
+    owner_id: str = Field(validation_alias=AliasChoices("owner_id", "tenant"))
     model: str
     created: int
     qos: SessionQoS = Field(default_factory=SessionQoS)
@@ -63,9 +65,9 @@ class SessionState(BaseModel):
     budget_missed: int = 0
 
     @staticmethod
-    def new(tenant: str, model: str) -> SessionState:
+    def new(owner_id: str, model: str) -> SessionState:
         return SessionState(
-            id=f"sess_{uuid.uuid4().hex}", tenant=tenant, model=model, created=int(time.time())
+            id=f"sess_{uuid.uuid4().hex}", owner_id=owner_id, model=model, created=int(time.time())
         )
 
     def conversation(self, user_input: str) -> list[dict[str, str]]:

@@ -4,7 +4,9 @@
 new input → a chat completion, an SSE stream (`stream`), or 202 with a request to poll
 (`async`); `GET /v1/sessions/{id}/requests/{rid}` → that request's record; `GET
 /v1/sessions/{id}` → the statistics; `DELETE /v1/sessions/{id}`. A session belongs to the tenant
-that created it: any other caller gets 404, as for a session that never existed.
+that created it (by the tenant's immutable id: a tenant re-created under the same name owns none of
+the old one's): any other caller gets 404, as for a session that never existed. An id that is not
+`sess_` and letters, digits, `_` or `-` is 400 `invalid_session_id` before it reaches Redis.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ router = APIRouter(tags=["sessions"])
 
 
 def _owner(tenant: TenantDep) -> str:
-    return tenant.name if tenant is not None else ""
+    return tenant.owner_id if tenant is not None else ""
 
 
 @router.post("/v1/sessions", status_code=201)

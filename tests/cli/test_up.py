@@ -1,9 +1,12 @@
 """`mohawk up`: the whole local cluster comes up, answers, brings back children killed with -9, and
-Ctrl-C stops every process it started."""
+Ctrl-C stops every process it started; its NATS refuses anonymous clients, and every service does
+its work with its own role's credential (the server logs no permission violation)."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -11,8 +14,11 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from mohawk_cli.redis_server import find_redis_server
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.nats_auth import ROLES, NatsAuth
 from mohawk_common.bus.server import free_port
 
 # nats-server, redis-server (where installed), coordinator, shard node, gateway, telemetry
@@ -45,6 +51,9 @@ def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(
         }
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+        assert_nats_needs_credentials(
+            f"nats://127.0.0.1:{nats_port}", NatsAuth(tmp_path / "data" / "nats-auth")
+        )
         telemetry = f"http://127.0.0.1:{telemetry_port}"
         assert f"{telemetry}/" in banner.read_text()  # the dashboard's address, printed
         assert httpx.get(f"{telemetry}/metrics", timeout=10).status_code == 200
@@ -80,3 +89,20 @@ def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(
     assert "gateway restarted" in err.decode() and "shard-1 restarted" in err.decode()
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert (tmp_path / "data" / "nats").is_dir() and (tmp_path / "data" / "logs" / "gateway.log").is_file()
+    assert "ops.creds" in out  # the banner's `mohawk bus` line carries the ops credential
+    nats_log = (tmp_path / "data" / "logs" / "nats.log").read_text()
+    assert "Violation" not in nats_log, [line for line in nats_log.splitlines() if "Violation" in line]
+
+
+def assert_nats_needs_credentials(url: str, auth: NatsAuth) -> None:
+    """Anonymous clients are refused; the ops credential connects; the credentials are 0600."""
+    for path in (auth.conf, *(auth.creds(role) for role in ROLES)):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    with pytest.raises(ConnectionError, match=r"(?i)authorization violation"):
+        asyncio.run(connect(url, name="anonymous", attempts=1))
+
+    async def as_ops() -> None:
+        nc = await connect(url, name="ops", attempts=1, creds=auth.creds("ops"))
+        await nc.close()
+
+    asyncio.run(as_ops())

@@ -2,7 +2,8 @@
 
 The files are written for containers (store_dir /data, ports 4222/6222/8222 on 0.0.0.0, routes to
 the hosts nats-1..3); the run tests rewrite exactly those values to loopback, free ports and
-temporary directories, and assert that nothing else needed rewriting.
+temporary directories, and assert that nothing else needed rewriting. The cluster files include
+`auth/nats-auth.conf`, which `mohawk pki nats-auth` makes: the tests make one beside the file.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
+from mohawk_common.bus.nats_auth import NatsAuth, init_auth
 from mohawk_common.bus.server import free_port
 from mohawk_common.bus.setup import Buckets, BusLimits, ensure_buckets, ensure_streams
 
@@ -46,6 +48,15 @@ needs_nats_server = pytest.mark.skipif(
 )
 
 
+def test_the_cluster_servers_admit_only_mohawk_users() -> None:
+    for i in CLUSTER:
+        text = (NATS_DIR / f"cluster-{i}.conf").read_text()
+        assert 'include "auth/nats-auth.conf"' in text
+        assert "no_auth_user" not in text
+    compose = (NATS_DIR / "docker-compose.nats-cluster.yml").read_text()
+    assert compose.count("./auth/nats-auth.conf:/etc/nats/auth/nats-auth.conf:ro") == len(CLUSTER)
+
+
 def test_the_expected_config_files_exist() -> None:
     assert {p.name for p in CONF_FILES} == {
         "single.conf",
@@ -55,10 +66,18 @@ def test_the_expected_config_files_exist() -> None:
     }
 
 
+def with_auth(directory: Path) -> NatsAuth:
+    """What `mohawk pki nats-auth <directory>/auth` makes, beside a config copied to `directory`."""
+    return init_auth(directory / "auth")
+
+
 @needs_nats_server
 @pytest.mark.parametrize("conf", CONF_FILES, ids=lambda p: p.name)
-def test_config_parses(conf: Path) -> None:
+def test_config_parses(conf: Path, tmp_path: Path) -> None:
     assert NATS_SERVER is not None
+    if "auth/nats-auth.conf" in conf.read_text():
+        with_auth(tmp_path)
+        conf = Path(shutil.copy(conf, tmp_path / conf.name))
     result = subprocess.run([NATS_SERVER, "-c", str(conf), "-t"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "is valid" in result.stdout + result.stderr
@@ -148,7 +167,12 @@ def test_single_server_runs_jetstream_with_a_1mb_payload_limit(tmp_path: Path) -
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[dict[int, Server]]:
+def auth(tmp_path: Path) -> NatsAuth:
+    return with_auth(tmp_path)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, auth: NatsAuth) -> Iterator[dict[int, Server]]:
     ports = {i: Ports(free_port(), free_port(), free_port()) for i in CLUSTER}
     servers: dict[int, Server] = {}
     try:
@@ -187,7 +211,9 @@ async def with_retries(call: Callable[[], Awaitable[T]], within_s: float = 60.0)
 
 
 @needs_nats_server
-def test_cluster_forms_and_replicated_streams_survive_losing_a_server(cluster: dict[int, Server]) -> None:
+def test_cluster_forms_and_replicated_streams_survive_losing_a_server(
+    cluster: dict[int, Server], auth: NatsAuth
+) -> None:
     for i, server in cluster.items():
         _, varz = server.get("/varz")
         assert varz["server_name"] == f"nats-{i}"
@@ -196,7 +222,11 @@ def test_cluster_forms_and_replicated_streams_survive_losing_a_server(cluster: d
         assert routez["num_routes"] >= 2  # routes to both others (pooled routes may add more)
 
     async def scenario() -> None:
-        nc = await connect([s.url for s in cluster.values()], name="deploy-test", attempts=5)
+        urls = [s.url for s in cluster.values()]
+        with pytest.raises(ConnectionError, match=r"(?i)authorization violation"):
+            await connect(urls, name="anonymous", attempts=1)
+        nc = await connect(urls, name="deploy-test", attempts=5, creds=auth.creds("coordinator"))
+        gateway = await connect(urls, name="deploy-gateway", attempts=5, creds=auth.creds("gateway"))
         try:
             js = nc.jetstream(timeout=10)
             limits = BusLimits(replicas=3)  # what MOHAWK_NATS_REPLICAS=3 gives every service
@@ -218,11 +248,15 @@ def test_cluster_forms_and_replicated_streams_survive_losing_a_server(cluster: d
             # Until the survivors elect new stream leaders (and the client fails over), calls time
             # out; on a loaded 2-core machine that can take longer than one 10 s request timeout.
             subject = names.request_subject("smollm2-135m-instruct")
-            ack = await with_retries(lambda: js.publish(subject, b"r", headers={"Nats-Msg-Id": "after-loss"}))
+            gateway_js = gateway.jetstream(timeout=10)
+            ack = await with_retries(
+                lambda: gateway_js.publish(subject, b"r", headers={"Nats-Msg-Id": "after-loss"})
+            )
             assert ack.stream == names.REQUESTS_STREAM
             entry = await with_retries(lambda: buckets.plan.get(names.PLAN_KEY))
             assert entry.value == b"v1"
         finally:
+            await gateway.close()
             await nc.close()
 
     asyncio.run(scenario())

@@ -7,6 +7,10 @@ process logging JSON to `<data_dir>/logs/<name>.log`; with `redis`, also a redis
 under `<data_dir>/redis`) whose URL the gateways get as MOHAWK_REDIS_URL. Settings every service
 must agree on (the NATS URL, the lease TTL) go through the environment, exactly as docker-compose
 passes them.
+
+With `nats_auth` (what `mohawk up` does), nats-server admits only the users of
+`<data_dir>/nats-auth` (made on first start, `mohawk_common.bus.nats_auth`), and each child gets
+its own role's credential as MOHAWK_NATS_CREDS; `nats_creds(role)` names them (ops: `mohawk bus`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from pathlib import Path
 from mohawk_cli.ports import choose_port
 from mohawk_cli.redis_server import REDIS_PORT, RedisServer
 from mohawk_common.bus.config import served_model_name
+from mohawk_common.bus.connect import CREDS_ENV
+from mohawk_common.bus.nats_auth import NatsAuth, init_auth
 from mohawk_common.bus.server import NatsServer, free_port
 from mohawk_common.errors import MohawkError
 from mohawk_pqc.pki_files import init_pki, issue_node
@@ -58,6 +64,7 @@ class ClusterSpec:
     gateway_env: Mapping[str, str] = field(default_factory=dict)  # on top of `env`, gateways only
     telemetry: bool = False  # start the telemetry service (the cluster's /metrics and dashboard)
     telemetry_port: int | None = None  # None: 9300 when free, else any free port
+    nats_auth: bool = False  # NATS users per role under <data_dir>/nats-auth; anonymous refused
 
 
 class LocalCluster:
@@ -66,12 +73,14 @@ class LocalCluster:
         self.data_dir = Path(spec.data_dir)
         self.log_dir = self.data_dir / "logs"
         nats_port = choose_port(spec.nats_port, NATS_PORT)
+        self.nats_auth = NatsAuth(self.data_dir / "nats-auth") if spec.nats_auth else None
         self.nats = NatsServer(
             self.data_dir / "nats",
             nats_port,
             max_payload=spec.max_payload,
             log_file=self.log_dir / "nats.log",
             monitor_port=free_port(),  # `mohawk bus server` reads it
+            auth=self.nats_auth,
         )
         self.redis: RedisServer | None = None
         if spec.redis:
@@ -93,6 +102,8 @@ class LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.spec.secure and not (self.pki_dir / "root.key").exists():
             init_pki(self.pki_dir)
+        if self.nats_auth is not None:
+            init_auth(self.nats_auth.dir)  # kept across restarts; the server's file rewritten
         self.nats.start()
         if self.redis is not None:
             self.redis.start()
@@ -113,7 +124,8 @@ class LocalCluster:
         """The telemetry service: it reads only the bus's plaintext control records, so it needs
         no certificate."""
         args = ["--log-level", self.spec.log_level, "--host", "127.0.0.1", "--port", str(port)]
-        self._commands["telemetry"] = ([sys.executable, "-m", "mohawk_telemetry", *args], self._env())
+        env = {**self._env(), **self._creds_env("telemetry")}
+        self._commands["telemetry"] = ([sys.executable, "-m", "mohawk_telemetry", *args], env)
         self._launch("telemetry")
 
     def _env(self) -> dict[str, str]:
@@ -129,6 +141,14 @@ class LocalCluster:
             env["MOHAWK_MODEL"] = self.spec.model
         env.update(self.spec.env)
         return env
+
+    def nats_creds(self, role: str) -> Path | None:
+        """The credential file of NATS role `role`; None when the cluster runs NATS without auth."""
+        return None if self.nats_auth is None else self.nats_auth.creds(role)
+
+    def _creds_env(self, role: str) -> dict[str, str]:
+        creds = self.nats_creds(role)
+        return {} if creds is None else {CREDS_ENV: str(creds)}
 
     def gateway_env(self) -> dict[str, str]:
         """What a gateway gets on top of every service's environment: the Redis URL, and the
@@ -151,7 +171,7 @@ class LocalCluster:
         role = {"mohawk_shard": "shard", "mohawk_gateway": "gateway"}.get(module, "coordinator")
         credentials = self.credentials(name, role)
         command = [sys.executable, "-m", module, "--log-level", self.spec.log_level, *credentials, *args]
-        self._commands[name] = (command, {**self._env(), **(env or {})})
+        self._commands[name] = (command, {**self._env(), **self._creds_env(role), **(env or {})})
         self._launch(name)
 
     def _launch(self, name: str) -> None:

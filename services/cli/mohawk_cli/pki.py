@@ -1,9 +1,12 @@
-"""`mohawk pki init|issue|revoke|show`: the operator's PKI on disk, and its revocation list on the bus.
+"""`mohawk pki init|issue|revoke|show|nats-auth`: the operator's PKI on disk, its revocation list on
+the bus, and the bus's own users.
 
 Everything lives under one directory (default `.mohawk/pki`, laid out as `mohawk_pqc.pki_files`
 describes): the root, the newest signed revocation list, and one bundle per node under `nodes/`,
 which is what that node's service loads. `revoke --nats-url` also puts the new list into the PKI
-bucket, where running services pick it up. Operator mistakes (no root yet, a missing or foreign
+bucket, where running services pick it up (as NATS's admin user, `--creds`, where NATS has users).
+`nats-auth DIR` makes one NATS user per role (`mohawk_common.bus.nats_auth`): the server's include
+file and each role's credential, kept on later runs. Operator mistakes (no root yet, a missing or foreign
 file, a bad flag) end as one line on stderr and exit status 2.
 """
 
@@ -22,9 +25,10 @@ from nats.errors import Error as NatsError
 from mohawk_common.bus import names
 from mohawk_common.bus.config import BusSettings
 from mohawk_common.bus.connect import connect_or_give_up
+from mohawk_common.bus.nats_auth import ROLES, init_auth
 from mohawk_common.bus.setup import BusLimits, ensure_buckets
 from mohawk_common.errors import MohawkError
-from mohawk_common.logging import configure_logging
+from mohawk_common.logging import configure_logging, redact_url
 from mohawk_common.settings import load_settings
 from mohawk_pqc.certificates import Root, TrustStore
 from mohawk_pqc.errors import AuthenticationError, PkiError
@@ -40,7 +44,9 @@ CONNECT_DEADLINE_S = 4.0  # nats-py retries an unreachable server for a long tim
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    commands = parser.add_subparsers(dest="pki_command", required=True, metavar="{init,issue,revoke,show}")
+    commands = parser.add_subparsers(
+        dest="pki_command", required=True, metavar="{init,issue,revoke,show,nats-auth}"
+    )
     init_cmd = commands.add_parser("init", help="create the operator root and an empty revocation list")
     init_cmd.add_argument(
         "--force", action="store_true", help="replace an existing root (every certificate dies)"
@@ -62,7 +68,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     revoke_cmd = commands.add_parser("revoke", help="sign a newer revocation list that adds serials")
     revoke_cmd.add_argument("--serial", type=_serial, action="append", required=True, help="repeatable")
     revoke_cmd.add_argument("--nats-url", help="also publish the list on this NATS (URLs comma-separated)")
+    revoke_cmd.add_argument(
+        "--creds", type=Path, help="NATS credential of the admin role (default: MOHAWK_NATS_CREDS)"
+    )
     show_cmd = commands.add_parser("show", help="the root, every issued bundle and the revocation list")
+    nats_auth_cmd = commands.add_parser(
+        "nats-auth",
+        help="one NATS user per role: DIR/nats-auth.conf for nats-server, DIR/creds/<role>.creds "
+        "for each service (kept if there)",
+    )
+    nats_auth_cmd.add_argument("dir", type=Path, help="where to write them, e.g. config/nats/auth")
     for command in (init_cmd, issue_cmd, revoke_cmd, show_cmd):
         command.add_argument(
             "--pki-dir", type=Path, default=Path(DEFAULT_PKI_DIR), help="default: %(default)s"
@@ -76,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         "issue": _issue,
         "revoke": _revoke,
         "show": _show,
+        "nats-auth": _nats_auth,
     }
     try:
         return handlers[args.pki_command](args)
@@ -85,6 +101,19 @@ def run(args: argparse.Namespace) -> int:
     except (MohawkError, OSError) as exc:
         print(f"mohawk pki: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _nats_auth(args: argparse.Namespace) -> int:
+    auth = init_auth(args.dir)
+    print(auth.conf)
+    for role in ROLES:
+        print(auth.creds(role))
+    print(
+        f"mohawk pki: NATS users of {', '.join(ROLES)} in {args.dir}; include {auth.conf.name} in the "
+        "server config, give each service its creds file (MOHAWK_NATS_CREDS); never commit them",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -109,10 +138,17 @@ def _revoke(args: argparse.Namespace) -> int:
     if args.nats_url is None:
         crl = revoke(args.pki_dir, args.serial)
     else:
-        settings = load_settings(BusSettings, {"nats_url": args.nats_url})
+        overrides = {"nats_url": args.nats_url, "nats_creds": args.creds}
+        settings = load_settings(BusSettings, {k: v for k, v in overrides.items() if v is not None})
         configure_logging("error")  # connect's per-attempt warnings; the outcome is reported below
         crl = asyncio.run(
-            revoke_and_publish(args.pki_dir, args.serial, settings.nats_servers, settings.bus_limits())
+            revoke_and_publish(
+                args.pki_dir,
+                args.serial,
+                settings.nats_servers,
+                settings.bus_limits(),
+                creds=settings.nats_creds,
+            )
         )
         print(f"mohawk pki: published to {names.PKI_BUCKET}/{names.CRL_KEY}", file=sys.stderr)
     print(security_pb2.RevocationListBody.FromString(crl.body).number)
@@ -120,19 +156,20 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 async def revoke_and_publish(
-    pki: Path, serials: list[int], servers: list[str], limits: BusLimits
+    pki: Path, serials: list[int], servers: list[str], limits: BusLimits, *, creds: Path | None = None
 ) -> security_pb2.RevocationList:
     """Sign the next revocation list and put it into the PKI bucket (created if absent).
 
     NATS and its bucket are reached first, so when they cannot be (ConnectionError) nothing
     changes on disk either.
     """
-    nc = await connect_or_give_up(servers, name="mohawk-pki", deadline_s=CONNECT_DEADLINE_S)
+    nc = await connect_or_give_up(servers, name="mohawk-pki", deadline_s=CONNECT_DEADLINE_S, creds=creds)
     try:
         try:
             bucket = (await ensure_buckets(nc.jetstream(), limits)).pki
         except NatsError as exc:
-            raise ConnectionError(f"NATS at {', '.join(servers)} has no usable JetStream: {exc!r}") from exc
+            shown = redact_url(", ".join(servers))
+            raise ConnectionError(f"NATS at {shown} has no usable JetStream: {exc!r}") from exc
         crl = revoke(pki, serials)
         try:
             await bucket.put(names.CRL_KEY, crl.SerializeToString(deterministic=True))

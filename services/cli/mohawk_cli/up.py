@@ -4,6 +4,10 @@
 The cluster includes a redis-server from PATH (tenants, API keys, rate limits and sessions, kept
 under `<data-dir>/redis`) unless `--no-redis`; where none is installed, `mohawk up` says how to
 install one and runs without those. `--auth` makes every /v1 call need a tenant's key.
+
+NATS admits only Mohawk's users, one per role, made on first start under `<data-dir>/nats-auth`
+(`mohawk_common.bus.nats_auth`); each child gets its own role's credential, and `mohawk bus`
+takes the ops one (`--creds <data-dir>/nats-auth/creds/ops.creds`). `--no-nats-auth` turns this off.
 """
 
 from __future__ import annotations
@@ -51,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--auth", action="store_true", help="every /v1 call needs a tenant's API key (mohawk tenant add)"
+    )
+    parser.add_argument(
+        "--no-nats-auth",
+        action="store_true",
+        help="run NATS with no users: any local client may read and write the bus (development)",
     )
     parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
     add_format_flags(parser)  # passed on to every shard node
@@ -123,6 +132,7 @@ def run_up(args: argparse.Namespace) -> int:
         gateway_env={"MOHAWK_AUTH": "true"} if args.auth else {},
         telemetry=not args.no_telemetry,
         telemetry_port=args.telemetry_port,
+        nats_auth=not args.no_nats_auth,
     )
     cluster = LocalCluster(spec)
     stopping = False
@@ -189,6 +199,9 @@ def _banner(cluster: LocalCluster, model: str | None) -> None:
         if cluster.telemetry_url
         else ""
     )
+    ops = cluster.nats_creds("ops")
+    creds = f" --creds {ops}" if ops is not None else ""
+    plan_env = f"MOHAWK_NATS_CREDS={ops} " if ops is not None else ""
     print(
         f"""
 Mohawk is ready: {cluster.url}/v1  (OpenAI-compatible; model "{name}")
@@ -196,8 +209,8 @@ Mohawk is ready: {cluster.url}/v1  (OpenAI-compatible; model "{name}")
   curl {cluster.url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\
     -d '{{"model": "{name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
-  mohawk plan --explain --nats-url {cluster.nats.url}     # who holds which layers, and why{telemetry}
-  mohawk bus streams --nats-url {cluster.nats.url}       # the bus (= nats -s URL stream ls)
+  {plan_env}mohawk plan --explain --nats-url {cluster.nats.url}     # who holds which layers{telemetry}
+  mohawk bus{creds} streams --nats-url {cluster.nats.url}       # the bus (= nats -s URL stream ls)
   mohawk bus server --monitor-url {cluster.nats.monitor_url}   # connections, JetStream use
 
 Ctrl-C stops everything.""",

@@ -14,8 +14,8 @@ Roles and what they may do (every subject and bucket from `names`):
                  lost stage 0 held
     shard        publish heartbeats, frames, tokens, handshakes, telemetry; pull and ack requests;
                  read the plan, CRL, gateway presence and slices; never write the plan
-    gateway      publish requests and cancels; read tokens; keep its presence; read the plan and
-                 CRL; never write the plan, purge or delete a stream
+    gateway      publish requests and cancels; read tokens and heartbeats; keep its presence; read
+                 the plan and CRL; never write the plan, purge or delete a stream
     telemetry    read heartbeats, telemetry reports, plan and leader
     ops          `mohawk bus`: read every stream, consumer, bucket and subject; publish nothing
     admin        `mohawk pki revoke` and `mohawk slice push`: ops, plus writing the CRL and slices
@@ -191,7 +191,7 @@ def _gateway() -> Permissions:
             *_kv_read(names.LEADER_BUCKET),
             *_kv_write(names.GATEWAYS_BUCKET),
         ),
-        subscribe=(names.TOKENS_WILDCARD, _INBOX),
+        subscribe=(names.TOKENS_WILDCARD, names.HEARTBEAT_WILDCARD, _INBOX),  # readiness: live nodes
     )
 
 

@@ -1,7 +1,8 @@
 """`mohawk bus`: the ops inspector for machines without the `nats` CLI.
 
 It mirrors the `nats` commands operators know, read-only, over the same NATS connection every
-service uses (`--nats-url`, else MOHAWK_NATS_URL, else nats://127.0.0.1:4222):
+service uses (`--nats-url`, else MOHAWK_NATS_URL, else nats://127.0.0.1:4222), as the ops user
+where NATS needs one (`--creds FILE`, before or after the subcommand, else MOHAWK_NATS_CREDS):
 
     mohawk bus streams [NAME]          nats stream ls / nats stream info NAME
     mohawk bus consumers STREAM        nats consumer ls STREAM (with pending and ack counts)
@@ -23,6 +24,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -30,9 +32,7 @@ DEFAULT_MONITOR_URL = "http://127.0.0.1:8222"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--nats-url", help=f"NATS server URL(s) (default: MOHAWK_NATS_URL or {DEFAULT_NATS_URL})"
-    )
+    _add_connection_flags(parser, default=None)
     commands = parser.add_subparsers(
         dest="bus_command", required=True, metavar="{streams,consumers,kv,sub,server}"
     )
@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--timeout", type=float, default=0.0, help="stop after this many seconds (default: never)"
     )
+    for command in (streams, consumers, kv_ls, kv_get, sub):
+        _add_connection_flags(command, default=argparse.SUPPRESS)  # also after the subcommand
     server = commands.add_parser(
         "server", help="the server's monitoring endpoints: connections, JetStream use"
     )
@@ -66,8 +68,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_connection_flags(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument(
+        "--nats-url",
+        default=default,
+        help=f"NATS server URL(s) (default: MOHAWK_NATS_URL or {DEFAULT_NATS_URL})",
+    )
+    parser.add_argument(
+        "--creds",
+        type=Path,
+        default=default,
+        help="NATS credential of the ops role, e.g. .mohawk/nats-auth/creds/ops.creds "
+        "(default: MOHAWK_NATS_CREDS; none: connect anonymously)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     nats_url = args.nats_url or os.environ.get("MOHAWK_NATS_URL") or DEFAULT_NATS_URL
+    creds: Path | None = getattr(args, "creds", None)
     try:
         if args.bus_command == "server":
             from mohawk_cli.bus.monitor import show_server
@@ -77,16 +95,16 @@ def run(args: argparse.Namespace) -> int:
         if args.bus_command == "sub":
             from mohawk_cli.bus.live import watch
 
-            return _run(watch(nats_url, args.subject, count=args.count, timeout_s=args.timeout))
+            return _run(watch(nats_url, args.subject, count=args.count, timeout_s=args.timeout, creds=creds))
         from mohawk_cli.bus import jetstream
 
         if args.bus_command == "streams":
-            return _run(jetstream.streams(nats_url, args.name))
+            return _run(jetstream.streams(nats_url, args.name, creds=creds))
         if args.bus_command == "consumers":
-            return _run(jetstream.consumers(nats_url, args.stream))
+            return _run(jetstream.consumers(nats_url, args.stream, creds=creds))
         if args.kv_command == "ls":
-            return _run(jetstream.kv_ls(nats_url, args.bucket))
-        return _run(jetstream.kv_get(nats_url, args.bucket, args.key))
+            return _run(jetstream.kv_ls(nats_url, args.bucket, creds=creds))
+        return _run(jetstream.kv_get(nats_url, args.bucket, args.key, creds=creds))
     except BusInspectError as exc:
         print(f"mohawk bus: {exc}", file=sys.stderr)
         return exc.status

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client
@@ -24,11 +25,11 @@ KV_PREFIX = "KV_"
 
 
 @asynccontextmanager
-async def connected(nats_url: str) -> AsyncIterator[Client]:
+async def connected(nats_url: str, creds: Path | None = None) -> AsyncIterator[Client]:
     """A short-lived connection for one inspector command; BusInspectError when NATS is unreachable."""
     servers = [u.strip() for u in nats_url.split(",") if u.strip()]
     try:
-        nc = await connect_or_give_up(servers, name="mohawk-bus", deadline_s=5)
+        nc = await connect_or_give_up(servers, name="mohawk-bus", deadline_s=5, creds=creds)
     except (ConnectionError, OSError) as exc:
         raise BusInspectError(str(exc) or f"cannot reach NATS at {nats_url}") from None
     try:
@@ -37,8 +38,8 @@ async def connected(nats_url: str) -> AsyncIterator[Client]:
         await nc.close()
 
 
-async def streams(nats_url: str, name: str | None) -> int:
-    async with connected(nats_url) as nc:
+async def streams(nats_url: str, name: str | None, *, creds: Path | None = None) -> int:
+    async with connected(nats_url, creds) as nc:
         jsm = nc.jsm()
         if name is not None:
             try:
@@ -91,8 +92,8 @@ def describe_stream(info: StreamInfo) -> str:
     return "\n".join(lines)
 
 
-async def consumers(nats_url: str, stream: str) -> int:
-    async with connected(nats_url) as nc:
+async def consumers(nats_url: str, stream: str, *, creds: Path | None = None) -> int:
+    async with connected(nats_url, creds) as nc:
         try:
             infos = await nc.jsm().consumers_info(stream)
         except NotFoundError:
@@ -116,8 +117,8 @@ async def consumers(nats_url: str, stream: str) -> int:
     return 0
 
 
-async def kv_ls(nats_url: str, bucket: str | None) -> int:
-    async with connected(nats_url) as nc:
+async def kv_ls(nats_url: str, bucket: str | None, *, creds: Path | None = None) -> int:
+    async with connected(nats_url, creds) as nc:
         js = nc.jetstream()
         if bucket is None:
             infos = [i for i in await nc.jsm().streams_info() if (i.config.name or "").startswith(KV_PREFIX)]
@@ -146,8 +147,8 @@ async def kv_ls(nats_url: str, bucket: str | None) -> int:
     return 0
 
 
-async def kv_get(nats_url: str, bucket: str, key: str) -> int:
-    async with connected(nats_url) as nc:
+async def kv_get(nats_url: str, bucket: str, key: str, *, creds: Path | None = None) -> int:
+    async with connected(nats_url, creds) as nc:
         try:
             kv = await nc.jetstream().key_value(bucket)
             entry = await kv.get(key)

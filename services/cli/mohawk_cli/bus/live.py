@@ -18,6 +18,7 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nats.aio.msg import Msg
 
@@ -119,7 +120,9 @@ class Describer:
         return f"heartbeat from {node} ({beat.get('role', '?')}): stage {stage}, plan {plan}, {loaded}"
 
 
-async def watch(nats_url: str, subject: str, *, count: int = 0, timeout_s: float = 0.0) -> int:
+async def watch(
+    nats_url: str, subject: str, *, count: int = 0, timeout_s: float = 0.0, creds: Path | None = None
+) -> int:
     """Print every message on `subject` until `count` messages or `timeout_s` (0: no limit)."""
     describer = Describer()
     seen = 0
@@ -135,7 +138,7 @@ async def watch(nats_url: str, subject: str, *, count: int = 0, timeout_s: float
     async def learn(msg: Msg) -> None:
         describer.describe(msg.subject, msg.data, msg.headers)
 
-    async with connected(nats_url) as nc:
+    async with connected(nats_url, creds) as nc:
         await nc.subscribe(subject, cb=on_message)
         # handshakes name the channels the frames travel on: watch them too (shown only if asked for)
         if not subject.startswith(f"{names.PREFIX}.hs."):

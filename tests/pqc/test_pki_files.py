@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import stat
@@ -78,6 +79,35 @@ def test_private_keys_are_mode_0600(pki: Path) -> None:
     ]:
         assert mode(key) == 0o600, key
     assert mode(path / "node.cert") & 0o077 != 0o000  # public files stay readable
+
+
+def test_a_leftover_tmp_or_a_loose_umask_never_makes_a_private_key_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupted write leaves `root.key.tmp` behind with whatever mode it had; one planted as
+    a link points elsewhere. Neither may decide the key's mode, nor receive the key."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    leftover = pki / "root.key.tmp"
+    leftover.write_bytes(b"old")
+    leftover.chmod(0o666)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"untouched")
+    (pki / "nodes" / "shard-1").mkdir(parents=True)
+    (pki / "nodes" / "shard-1" / "node.key.tmp").symlink_to(elsewhere)
+    (pki / "nodes" / "shard-1" / "node.key").write_bytes(b"old key")
+    (pki / "nodes" / "shard-1" / "node.key").chmod(0o644)
+    old_umask = os.umask(0)  # nothing masked: a mode of 0644 given at open would stay 0644
+    try:
+        init_pki(pki)
+        path = issue_node(pki, "shard-1", "shard", models=(MODEL,))
+    finally:
+        os.umask(old_umask)
+    assert mode(pki / "root.key") == 0o600
+    assert mode(path / "node.key") == 0o600 and not (path / "node.key").is_symlink()
+    assert elsewhere.read_bytes() == b"untouched"
+    assert not leftover.exists() and not (path / "node.key.tmp").exists()
+    load_bundle(path, role="shard")  # what was written is the key, whole
 
 
 def test_an_expired_certificate_is_refused(pki: Path) -> None:

@@ -46,11 +46,17 @@ _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 def _write(path: Path, message: Message, *, private: bool = False) -> None:
+    """Write `message` to `path` through a fresh `.tmp` beside it, renamed into place; a private
+    key is mode 0600 whatever the umask and whatever was there. A leftover `.tmp` (an interrupted
+    write, or a link someone planted) is removed, never reused: opening it would keep its mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    tmp.unlink(missing_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(tmp, flags, 0o600 if private else 0o644)
     with os.fdopen(fd, "wb") as f:
+        if private:
+            os.fchmod(f.fileno(), 0o600)  # before a byte of the key is written
         f.write(message.SerializeToString(deterministic=True))
     tmp.replace(path)
 

@@ -100,7 +100,9 @@ async def serve(settings: CoordinatorSettings, security: Security | None = None)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal)
     try:
-        nc = await connect(settings.nats_servers, name=f"coordinator-{settings.coordinator_id}")
+        nc = await connect(
+            settings.nats_servers, name=f"coordinator-{settings.coordinator_id}", creds=settings.nats_creds
+        )
         try:
             buckets = await ensure_buckets(nc.jetstream(), settings.bus_limits())
             coordinator = Coordinator(settings, nc, buckets, security=security)

@@ -193,6 +193,28 @@ def test_every_role_does_its_job(on_bus: Callable[[Callable[[Bus], Awaitable[Non
     on_bus(scenario)
 
 
+def test_admin_publishes_the_crl_and_slices_that_shards_read(
+    on_bus: Callable[[Callable[[Bus], Awaitable[None]]], None],
+) -> None:
+    async def scenario(bus: Bus) -> None:
+        admin_js, shard_js = bus["admin"].jetstream(), bus["shard"].jetstream()
+        await (await ensure_buckets(admin_js)).pki.put(names.CRL_KEY, b"crl 2")
+        assert (await (await ensure_buckets(shard_js)).pki.get(names.CRL_KEY)).value == b"crl 2"
+        store = await admin_js.create_object_store(names.SLICES_BUCKET)
+        name = names.slice_object_name(MODEL, "shard-1")
+        await store.put(name, b"package v1")
+        await store.put(name, b"package v2")  # replacing purges the old chunks
+        fetched = await (await shard_js.object_store(names.SLICES_BUCKET)).get(name)
+        assert fetched.data == b"package v2"
+        shard_store = await bus["shard"].jetstream(timeout=DENIED_WITHIN_S).object_store(names.SLICES_BUCKET)
+        await refused(shard_store.put(name, b"forged"))
+        gateway_pki = await bus["gateway"].jetstream(timeout=DENIED_WITHIN_S).key_value(names.PKI_BUCKET)
+        await refused(gateway_pki.put(names.CRL_KEY, b"forged"))
+        assert (await gateway_pki.get(names.CRL_KEY)).value == b"crl 2"
+
+    on_bus(scenario)
+
+
 def test_no_one_but_the_coordinator_writes_the_plan(
     on_bus: Callable[[Callable[[Bus], Awaitable[None]]], None],
 ) -> None:

@@ -291,7 +291,8 @@ def _kv_write(*buckets: str) -> tuple[str, ...]:
 
 
 def _object_read(bucket: str) -> tuple[str, ...]:
-    return _stream_read(_object_stream(bucket))
+    # nats-py finds an object's chunk stream by subject (STREAM.NAMES) before reading it
+    return (*_stream_read(_object_stream(bucket)), f"{_API}.STREAM.NAMES")
 
 
 def _quote(text: str) -> str:

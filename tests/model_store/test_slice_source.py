@@ -160,6 +160,36 @@ def test_other_node_and_other_revision_are_refused(middle: SlicePackage, operato
     with pytest.raises(AuthenticationError) as info:
         open_slice_source(middle, operator.node_a, operator.trust, expect_model_revision="v999")
     assert info.value.reason == "bad_version"
+    with pytest.raises(AuthenticationError) as info:
+        open_slice_source(middle, operator.node_a, operator.trust, expect_model="another-model")
+    assert info.value.reason == "bad_version"
+
+
+def test_slice_checks_a_stage_before_anything_loads(middle_source: SliceSource, bundled: ModelSource) -> None:
+    middle_source.check_holds(*MIDDLE)
+    middle_source.check_holds(MIDDLE[0], MIDDLE[0] + 1)
+    for start, end in ((MIDDLE[0] - 1, MIDDLE[1]), (MIDDLE[0], MIDDLE[1] + 1), (0, 30)):
+        with pytest.raises(AuthenticationError) as info:
+            middle_source.check_holds(start, end)
+        assert info.value.reason == "bad_version" and "the slice holds [3, 5)" in info.value.detail
+
+
+def test_slice_without_embedding_or_head_refuses_stage_0_and_the_last(
+    bundled: ModelSource, operator: Operator
+) -> None:
+    fields, weights = _fields(bundled, (0, 2))
+    no_embedding = open_slice_source(
+        operator.pack(fields | {"embedding": False}, weights), operator.node_a, operator.trust
+    )
+    with pytest.raises(AuthenticationError, match="lacks the embedding") as info:
+        no_embedding.check_holds(0, 2)
+    assert info.value.reason == "bad_version"
+    fields, weights = _fields(bundled, TAIL)
+    no_head = open_slice_source(
+        operator.pack(fields | {"head": False}, weights), operator.node_a, operator.trust
+    )
+    with pytest.raises(AuthenticationError, match="lacks the LM head"):
+        no_head.check_holds(*TAIL)
 
 
 def test_verified_but_inconsistent_slices_fail_to_load(middle: SlicePackage, operator: Operator) -> None:
@@ -205,3 +235,46 @@ def test_object_store_round_trip(nats_server: NatsServer, middle: SlicePackage, 
     assert source.load_weights(*MIDDLE, embedding=False, head=False).keys() == {
         t["name"] for t in json.loads(middle.manifest_bytes)["tensors"]
     }
+
+
+def test_fetched_package_must_be_of_the_model_and_revision_asked(
+    nats_server: NatsServer, bundled: ModelSource, operator: Operator
+) -> None:
+    """The object's name is no proof: a validly signed package of another model (or another
+    revision) stored under this model's name is refused, and nothing loads."""
+    fields, weights = _fields(bundled, MIDDLE)
+    other_model = operator.pack(fields | {"served_model": "another-model"}, weights)
+
+    async def scenario() -> list[str]:
+        import nats
+
+        nc = await nats.connect(nats_server.url)
+        try:
+            js = nc.jetstream()
+            await push_slice(js, other_model)
+            store = await js.object_store(SLICES_BUCKET)
+            await store.put(slice_object_name(MODEL, "node-a"), other_model.to_bytes())
+            reasons = []
+            for model, revision in ((MODEL, None), ("another-model", "v999")):
+                with pytest.raises(AuthenticationError) as info:
+                    await fetch_slice_source(
+                        js, model, "node-a", operator.node_a, operator.trust, expect_model_revision=revision
+                    )
+                reasons.append(info.value.detail)
+            source = await fetch_slice_source(
+                js,
+                "another-model",
+                "node-a",
+                operator.node_a,
+                operator.trust,
+                expect_model_revision=fields["model_revision"],
+            )
+            assert source.manifest["served_model"] == "another-model"
+            return reasons
+        finally:
+            await nc.close()
+
+    assert asyncio.run(scenario()) == [
+        f"slice of model 'another-model', not {MODEL!r}",
+        f"model revision {fields['model_revision']!r}, not 'v999'",
+    ]

@@ -168,6 +168,16 @@ def test_other_format_or_revision_is_bad_version(pki: ScratchPki, clock: Clock, 
     assert rejected(package, node_a, pki, expect_format=2) == "bad_version"
 
 
+def test_other_model_or_layer_range_is_bad_version(pki: ScratchPki, clock: Clock, node_a: Identity) -> None:
+    package = pack(pki, clock, node_a)  # tiny-chat, layers [2, 4)
+    assert rejected(package, node_a, pki, expect_model="other-chat") == "bad_version"
+    for layers in ((0, 4), (2, 5), (1, 3), (4, 6)):
+        assert rejected(package, node_a, pki, expect_layers=layers) == "bad_version", layers
+    for layers in ((2, 4), (2, 3), (3, 4)):
+        open_slice(package, node_a, pki.trust(), expect_model="tiny-chat", expect_layers=layers)
+    open_slice(package, node_a, pki.trust(), expect_model="", expect_model_revision="")  # empty: any
+
+
 def test_checks_run_in_order(pki: ScratchPki, clock: Clock, node_a: Identity, node_b: Identity) -> None:
     package = pack(pki, clock, node_a)
     bad_everything = SlicePackage(flip(package.manifest_bytes, 5), package.signature_bytes, b"junk")

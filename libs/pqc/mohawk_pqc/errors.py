@@ -16,7 +16,7 @@ RejectReason = Literal[
     "downgrade",  # the peer did not offer the hybrid suite (no ML-KEM)
     "plaintext",  # a plaintext message where this node requires encryption
     "bad_digest",  # slice weights do not hash to what the signed manifest says
-    "bad_version",  # slice format or model revision other than the one asked for
+    "bad_version",  # slice format, model, revision or layer range other than the one asked for
     "malformed",  # bytes that do not parse as the expected message
     "unsigned",  # a control record (plan, heartbeat) without the signature this node requires
     "overloaded",  # a bounded table (handshakes awaiting their finish) is full

@@ -12,8 +12,9 @@ A package is three files:
                           manifest.json, so an envelope only opens together with its own manifest
 
 `open_slice` checks, in this order, and returns nothing before every check has passed: the root's
-signature over the manifest, the format version and model revision, that the recipient is this
-node's certified identity, the envelope (decryption under the manifest-bound associated data), and
+signature over the manifest, the format version, and the model, model revision and layer range
+the node asks for (each where it asks: an empty ask takes any), that the recipient is this node's
+certified identity, the envelope (decryption under the manifest-bound associated data), and
 the plaintext's size and SHA-256 against the manifest. This module handles opaque bytes and a
 manifest dict only; what the weights mean is the model store's business.
 """
@@ -196,19 +197,31 @@ def open_slice(
     trust: TrustStore,
     *,
     expect_format: int = SLICE_FORMAT,
+    expect_model: str | None = None,
     expect_model_revision: str | None = None,
+    expect_layers: tuple[int, int] | None = None,
 ) -> tuple[dict[str, Any], bytes]:
-    """Verify `package` for this node and return (manifest, plaintext weights); else AuthenticationError."""
+    """Verify `package` for this node and return (manifest, plaintext weights); else AuthenticationError.
+
+    `expect_model` is the served model name the node serves, `expect_model_revision` the revision it
+    insists on, `expect_layers` a layer range the slice must hold; None (or "") accepts any.
+    """
     # 1. The operator root signed exactly these manifest bytes.
     trust.root.verify_key.verify(MANIFEST_LABEL, package.manifest_bytes, _parse_signature(package))
     manifest = _parse_manifest(package.manifest_bytes)
-    # 2. The format and model revision are the ones this node asks for.
+    # 2. The format, model, revision and layers are the ones this node asks for.
     if manifest.get("format_version") != expect_format:
         raise AuthenticationError("bad_version", f"slice format {manifest.get('format_version')!r}")
-    if expect_model_revision is not None and manifest.get("model_revision") != expect_model_revision:
+    if expect_model and manifest.get("served_model") != expect_model:
+        raise AuthenticationError(
+            "bad_version", f"slice of model {manifest.get('served_model')!r}, not {expect_model!r}"
+        )
+    if expect_model_revision and manifest.get("model_revision") != expect_model_revision:
         raise AuthenticationError(
             "bad_version", f"model revision {manifest.get('model_revision')!r}, not {expect_model_revision!r}"
         )
+    if expect_layers is not None:
+        check_layers(manifest, *expect_layers)
     # 3. The package is for this node's certified identity, and so are the sealed weights.
     _check_recipient(manifest, identity, trust)
     envelope = _parse_envelope(package)
@@ -219,6 +232,16 @@ def open_slice(
     if len(weights) != manifest.get("size") or hashlib.sha256(weights).hexdigest() != manifest.get("sha256"):
         raise AuthenticationError("bad_digest", "slice weights do not match the signed manifest")
     return manifest, weights
+
+
+def check_layers(manifest: Mapping[str, Any], start: int, end: int) -> None:
+    """AuthenticationError (bad_version) unless the manifest's layer range holds layers [start, end)."""
+    held_start, held_end = manifest.get("layer_start"), manifest.get("layer_end")
+    held = isinstance(held_start, int) and isinstance(held_end, int) and held_start <= start < end <= held_end
+    if not held:
+        raise AuthenticationError(
+            "bad_version", f"layers [{start}, {end}) asked, the slice holds [{held_start}, {held_end})"
+        )
 
 
 def _check_fields(fields: Mapping[str, Any]) -> None:

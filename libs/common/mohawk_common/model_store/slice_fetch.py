@@ -74,12 +74,19 @@ async def fetch_slice_source(
 ) -> SliceSource:
     """Fetch this node's package of `model`, verify and decrypt it, and build its `ModelSource`.
 
-    The verification and decryption run in a worker thread. Raises ModelLoadError (no package, or
-    one that is not a usable slice) or AuthenticationError (any check of `open_slice` failed).
+    The package must be a slice of `model` (its manifest's `served_model`: the object's name is no
+    proof) and, when `expect_model_revision` is given, of that revision. The verification and
+    decryption run in a worker thread. Raises ModelLoadError (no package, or one that is not a
+    usable slice) or AuthenticationError (any check of `open_slice` failed).
     """
     package = await fetch_slice(js, model, node_id)
     return await asyncio.to_thread(
-        open_slice_source, package, identity, trust, expect_model_revision=expect_model_revision
+        open_slice_source,
+        package,
+        identity,
+        trust,
+        expect_model=model,
+        expect_model_revision=expect_model_revision,
     )
 
 

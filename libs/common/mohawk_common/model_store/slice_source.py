@@ -126,6 +126,25 @@ class SliceSource(ModelSource):
             f"embedding={self.has_embedding}, head={self.has_head})"
         )
 
+    def check_holds(self, start: int, end: int) -> None:
+        """AuthenticationError (bad_version) unless this slice holds stage [start, end) whole: its
+        layers, and the embedding (start 0) and LM head (end at the last layer) with them. A node
+        checks what a plan asks before it loads anything."""
+        from mohawk_pqc.errors import AuthenticationError
+        from mohawk_pqc.slices import check_layers
+
+        check_layers(self.manifest, start, end)
+        missing = [
+            part
+            for part, needed, held in (
+                ("the embedding", start == 0, self.has_embedding),
+                ("the LM head", end == self.config.num_layers, self.has_head),
+            )
+            if needed and not held
+        ]
+        if missing:
+            raise AuthenticationError("bad_version", f"the slice lacks {' and '.join(missing)}")
+
     def load_weights(self, start: int, end: int, *, embedding: bool, head: bool) -> dict[str, np.ndarray]:
         """As `ModelSource.load_weights`, for ranges inside the slice only; the arrays are shared."""
         missing = []
@@ -172,16 +191,24 @@ def open_slice_source(
     identity: Identity,
     trust: TrustStore,
     *,
+    expect_model: str | None = None,
     expect_model_revision: str | None = None,
 ) -> SliceSource:
     """Verify and decrypt `package` for `identity` (mohawk_pqc.slices.open_slice), then build its source.
 
-    Raises `AuthenticationError` when any check fails (nothing is loaded then) and
+    `expect_model` (served model name) and `expect_model_revision` are what the node asks for (None:
+    any). Raises `AuthenticationError` when any check fails (nothing is loaded then) and
     `ModelLoadError` when a verified package does not describe a usable slice.
     """
     from mohawk_pqc.slices import open_slice
 
-    manifest, weights = open_slice(package, identity, trust, expect_model_revision=expect_model_revision)
+    manifest, weights = open_slice(
+        package,
+        identity,
+        trust,
+        expect_model=expect_model,
+        expect_model_revision=expect_model_revision,
+    )
     return SliceSource.from_slice(manifest, weights)
 
 

@@ -40,6 +40,11 @@ class NodeSettings(BusSettings, EngineSettings):
         description="disk: the model file; bus: this node's signed, encrypted slice package from the "
         "mohawk_slices object store (no model on this node's disk)",
     )
+    model_revision: str | None = Field(
+        None,
+        description="with weights_from bus: the model revision the slice package must carry "
+        "(`mohawk slice pack --revision`); none = any",
+    )
     make_before_break: bool = Field(
         True,
         description="on a plan change, load the new stage beside the running one and switch when the new "

@@ -31,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--weights-from", choices=("disk", "bus"), help="model file, or slice package on the bus"
     )
+    parser.add_argument("--model-revision", help="with --weights-from bus: the revision the slice must carry")
     parser.add_argument("--pki-dir", help="certificate bundle (default: .mohawk/pki/nodes/<node id>)")
     parser.add_argument(
         "--insecure",
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
             "pki_dir",
             "insecure",
             "weights_from",
+            "model_revision",
         )
         if (value := getattr(args, key, None)) is not None
     }

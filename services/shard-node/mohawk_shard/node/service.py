@@ -42,6 +42,7 @@ from mohawk_common.memory_trim import IdleTrim, load_malloc_trim
 from mohawk_common.metrics_port import serve_metrics
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.slice_fetch import fetch_slice_source
+from mohawk_common.model_store.slice_source import SliceSource
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_common.telemetry import STEP
 from mohawk_pqc.errors import AuthenticationError
@@ -149,11 +150,18 @@ class ShardNode:
         bundle = self.security.require()
         try:
             source = await fetch_slice_source(
-                self.js, self.model, self.node_id, bundle.identity, bundle.trust
+                self.js,
+                self.model,
+                self.node_id,
+                bundle.identity,
+                bundle.trust,
+                expect_model_revision=self.settings.model_revision,
             )
         except AuthenticationError as exc:
             self.security.reject(exc, what="slice package")
-            raise ModelLoadError(f"the slice package for {self.node_id} was refused ({exc.reason})") from exc
+            raise ModelLoadError(
+                f"the slice package for {self.node_id} was refused ({exc.reason}: {exc.detail})"
+            ) from exc
         self._held = (source.layer_start, source.layer_end)
         self._log.info("slice package verified", layers=f"[{source.layer_start}, {source.layer_end})")
         return source
@@ -271,6 +279,8 @@ class ShardNode:
                 continue
             try:
                 await self._follow(plan)
+            except ModelLoadError as exc:  # one line: what the node refused or could not load
+                self._log.error("could not follow plan", plan=plan.version, error=str(exc))
             except Exception:
                 self._log.exception("could not follow plan", plan=plan.version)
 
@@ -283,6 +293,7 @@ class ShardNode:
             await self._leave(plan)
             return
         view, index = found
+        self._check_slice_holds(view.stages[index])
         self._plan = plan
         if self._serves(view, index):
             await self._drop_next()  # the pipeline is unchanged: keep serving it
@@ -307,6 +318,21 @@ class ShardNode:
         if view.state == ACTIVE and isinstance(self._role, HeadDriver) and not self._head_started:
             self._head_started = True
             await self._role.start()
+
+    def _check_slice_holds(self, placement: bus_pb2.PlanStage) -> None:
+        """A node serving from a slice package refuses (counted) a stage its verified manifest does
+        not hold, before it stops or loads anything."""
+        source = self.source
+        if not isinstance(source, SliceSource):
+            return
+        try:
+            source.check_holds(placement.start, placement.end)
+        except AuthenticationError as exc:
+            self.security.reject(exc, what="plan stage")
+            raise ModelLoadError(
+                f"the plan asks {self.node_id} for layers [{placement.start}, {placement.end}), "
+                f"which its slice package does not hold ({exc.detail}): stage refused"
+            ) from exc
 
     def _serves(self, view: bus_pb2.Plan, index: int) -> bool:
         """Whether the running role already is stage `index` of `view` (its state aside)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mohawk_pqc.certificates import TrustStore, fingerprint, issue_certificate, read_body
+from mohawk_pqc.certificates import TrustStore, check_model, fingerprint, issue_certificate, read_body
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import security_pb2
 from tests.pqc.helpers import DAY_S, NOW, Clock, ScratchPki, flip
@@ -157,3 +157,15 @@ def test_fingerprints_tell_certificates_apart(pki: ScratchPki) -> None:
     a, b = pki.identity("shard-a").certificate, pki.identity("shard-a").certificate
     assert fingerprint(a) == fingerprint(a) and fingerprint(a) != fingerprint(b)
     assert len(fingerprint(a)) == 32
+
+
+def test_a_certificate_bound_to_a_model_serves_only_it(pki: ScratchPki) -> None:
+    bound = pki.identity("shard-1", model="model-a").body
+    unbound = pki.identity("shard-2").body  # issued before certificates were bound: any model
+    check_model(bound, "model-a")
+    check_model(bound, "")  # nothing asked
+    check_model(unbound, "model-b")
+    with pytest.raises(AuthenticationError) as info:
+        check_model(bound, "model-b")
+    assert info.value.reason == "untrusted"
+    assert info.value.detail == "shard-1's certificate is for model 'model-a', not 'model-b'"

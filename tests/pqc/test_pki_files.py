@@ -69,6 +69,17 @@ def test_a_shard_bundle_holds_the_models_seal_key_and_a_gateway_only_the_cert(pk
     assert other_key is not None and other_key.mlkem_public == seal_key.mlkem_public
 
 
+def test_shard_and_gateway_certificates_of_one_model_are_bound_to_it(pki: Path) -> None:
+    def model_of(node_id: str, role: str, models: tuple[str, ...]) -> str:
+        return load_bundle(issue_node(pki, node_id, role, models=models), role=role).identity.body.model
+
+    assert model_of("shard-1", "shard", (MODEL,)) == MODEL
+    assert model_of("gw-1", "gateway", (MODEL,)) == MODEL
+    assert model_of("coord-1", "coordinator", (MODEL,)) == ""  # plans every model
+    assert model_of("shard-2", "shard", (MODEL, "other")) == ""  # several models: any
+    assert model_of("shard-3", "shard", ()) == ""
+
+
 def test_private_keys_are_mode_0600(pki: Path) -> None:
     path = issue_node(pki, "shard-1", "shard", models=(MODEL,))
     for key in [

@@ -4,7 +4,9 @@ A certificate binds a node id and role to the node's signing keys (hybrid ECDSA 
 and its static KEM keys (X25519 + ML-KEM-768), with a serial and a validity window; the root signs
 the serialized body. `TrustStore.verify` accepts a certificate only when the root's hybrid
 signature verifies, the issuer is that root, the time lies in the window and the serial is not
-revoked. Revocation lists are signed by the root and numbered; a store keeps the highest-numbered
+revoked. A node certificate may name the one served model its node serves (`check_model`; one that
+names none, as every certificate issued before models were bound, serves any). Revocation lists
+are signed by the root and numbered; a store keeps the highest-numbered
 valid list it has seen, so withholding or replaying an older list cannot un-revoke anyone.
 """
 
@@ -125,3 +127,13 @@ class TrustStore:
         if node_id is not None and body.node_id != node_id:
             raise AuthenticationError("untrusted", f"certificate names {body.node_id!r}, not {node_id!r}")
         return body
+
+
+def check_model(body: security_pb2.CertificateBody, model: str) -> None:
+    """AuthenticationError (untrusted) when the certificate is bound to a served model other than
+    `model`. A certificate naming no model (issued before certificates were bound to models, or for
+    a node of several models) serves any, and an empty `model` asks for none."""
+    if body.model and model and body.model != model:
+        raise AuthenticationError(
+            "untrusted", f"{body.node_id}'s certificate is for model {body.model!r}, not {model!r}"
+        )

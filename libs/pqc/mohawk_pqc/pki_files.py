@@ -71,6 +71,9 @@ def read_message(path: Path, cls: type[M]) -> M:
         raise PkiError(f"{path} cannot be read as a {cls.__name__}: {exc}") from exc
 
 
+MODEL_BOUND_ROLES = ("shard", "gateway")  # certificates that name the one model their node serves
+
+
 def _seal_name(model: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in model.lower())
 
@@ -138,12 +141,17 @@ def issue_node(
     days: float = 365.0,
     not_before: float | None = None,
 ) -> Path:
-    """Issue a certificate for `node_id` and write its bundle to <pki>/nodes/<node_id>/."""
+    """Issue a certificate for `node_id` and write its bundle to <pki>/nodes/<node_id>/.
+
+    A shard or gateway certificate issued for exactly one of `models` is bound to it (`model`):
+    that node serves that model only. Several models, or none, bind none (any model).
+    """
     if role not in ROLES or role == "seal":
         raise PkiError(f"role must be one of shard, gateway, coordinator (got {role!r})")
     if not _NODE_ID.fullmatch(node_id):
         raise PkiError(f"node id {node_id!r} must be 1-128 characters of [A-Za-z0-9_-]")
-    identity = _issue(pki, node_id, role, days, not_before=not_before)
+    bound = models[0] if len(models) == 1 and role in MODEL_BOUND_ROLES else ""
+    identity = _issue(pki, node_id, role, days, model=bound, not_before=not_before)
     out = pki / "nodes" / node_id
     out.mkdir(parents=True, exist_ok=True)
     _write(out / "node.cert", identity.certificate)

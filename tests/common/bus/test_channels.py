@@ -139,3 +139,54 @@ def test_a_bogus_finish_ends_no_handshake_and_offers_past_the_cap_are_refused(
             await nc.close()
 
     asyncio.run(scenario())
+
+
+def test_a_certificate_bound_to_another_model_opens_no_channel(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Both ends check the peer's certificate against the plan's model: the responder the
+    initiator's, the initiator the responder's; a certificate naming no model serves any."""
+    pki = tmp_path / "pki"
+    init_pki(pki)
+    issue_node(pki, "shard-a", "shard", models=("model-a",))  # bound to model-a
+    issue_node(pki, "shard-b", "shard")  # bound to none, as before certificates named a model
+
+    async def scenario() -> None:
+        nc = await connect([nats_server.url], name="ab", attempts=3)
+        a_sec, b_sec = security(pki, "shard-a"), security(pki, "shard-b")
+        versions = iter(range(1, 100))
+
+        async def open_channel(first: str, second: str, model: str) -> None:
+            """`first` (stage 0) opens a channel to `second` (stage 1) for a plan of `model`."""
+            version, peers = next(versions), {first: 0, second: 1}
+            by_node = {"shard-a": a_sec, "shard-b": b_sec}
+            managers = [
+                ChannelManager(
+                    nc, by_node[node], node_id=node, plan_version=version, expected_peers=peers, model=model
+                )
+                for node in (first, second)
+            ]
+            for m in managers:
+                await m.start()
+            await nc.flush()
+            try:
+                await managers[0].channel_to(second)
+            finally:
+                for m in managers:
+                    await m.stop()
+
+        try:
+            await open_channel("shard-a", "shard-b", "model-a")
+            await open_channel("shard-b", "shard-a", "model-a")
+            assert not a_sec.rejections and not b_sec.rejections
+            with pytest.raises(AuthenticationError):  # the responder refuses shard-a's offer
+                await open_channel("shard-a", "shard-b", "model-b")
+            assert b_sec.rejections == {"untrusted": 1} and not a_sec.rejections
+            with pytest.raises(AuthenticationError) as info:  # the initiator refuses shard-a's answer
+                await open_channel("shard-b", "shard-a", "model-b")
+            assert info.value.detail == "shard-a's certificate is for model 'model-a', not 'model-b'"
+            assert b_sec.rejections == {"untrusted": 2} and not a_sec.rejections
+        finally:
+            await nc.close()
+
+    asyncio.run(scenario())

@@ -4,6 +4,7 @@ duplicate window) are refused, and a redelivered request keeps the time it enter
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from pathlib import Path
 
@@ -133,3 +134,31 @@ def test_on_the_stream_a_replayed_sealed_request_is_refused_and_a_redelivery_kee
             await nc.close()
 
     asyncio.run(scenario())
+
+
+def test_stage_0_refuses_a_request_from_a_gateway_certificate_bound_to_another_model(tmp_path: Path) -> None:
+    """A sealing certificate is public, so a gateway of another model can seal to this model's key;
+    its certificate names that other model, and stage 0 refuses it before opening anything. A
+    gateway certificate naming no model (issued before models were bound) still serves any."""
+    pki = tmp_path / "pki"
+    init_pki(pki)
+    shard = Security(
+        load_bundle(issue_node(pki, "shard-a", "shard", models=(MODEL,)), role="shard"),
+        CryptographyKem(),
+        role="shard",
+    )
+    bound_here = issue_node(pki, "gw-m", "gateway", models=(MODEL,))
+    unbound = issue_node(pki, "gw-any", "gateway", models=(MODEL, "other"))
+    bound_elsewhere = issue_node(pki, "gw-other", "gateway", models=("other",))
+    shutil.copyfile(bound_here / "seal" / f"{MODEL}.cert", bound_elsewhere / "seal" / f"{MODEL}.cert")
+
+    def open_from(bundle: Path) -> bus_pb2.GenerateRequest:
+        gateway = Security(load_bundle(bundle, role="gateway"), CryptographyKem(), role="gateway")
+        data, headers = seal_request(request(created=time.time()), gateway)
+        return open_request(data, headers, shard, MODEL)
+
+    assert open_from(bound_here).request_id == open_from(unbound).request_id == "r1"
+    with pytest.raises(AuthenticationError) as info:
+        open_from(bound_elsewhere)
+    assert info.value.reason == "untrusted"
+    assert info.value.detail == "gw-other's certificate is for model 'other', not 'm'"

@@ -5,21 +5,22 @@ and the last stage and stage 0 (step results), and no other (`positions.may_open
 any other position is refused and counted) — the lower stage initiates the handshake of
 `mohawk_pqc.handshake` with the higher one on `mohawk.v1.hs.<peer>` (three messages: offer,
 response, finish; the finish is a second request). Each side checks that the peer's certificate
-names the node the plan puts at the other end, with role shard. The result is one `SecureChannel`
-per peer and plan version, with a sending and a receiving key; the higher stage waits for the
-lower one's handshake instead of starting its own, so each pair has exactly one channel. A new
-plan version means new channels (the old ones are dropped with the plan). While a node loads its
-next stage beside the running one (make before break), it holds two managers, one per plan
-version, on the one handshake subject: a manager stays silent on an offer for a plan version
-another manager of the node serves (and on that offer's finish), so only the right one answers,
-while an offer no manager of the node serves is refused at once. At most `MAX_PENDING_HANDSHAKES`
-answered offers wait for their finish (each `_PENDING_TTL_S` at most; past the cap a new offer is
-refused and counted, reason overloaded), and an entry is consumed only by a finish whose signature
-verifies, so a bogus finish on a sniffed channel id ends nothing. Frames name their channel by its
-random 16-byte id; a frame on an unknown channel, from a peer whose certificate has since been
-revoked, or that fails its tag or the replay window is rejected and counted. The revocation list
-is checked on every send too (`channel_to`): once the peer's serial is on it, its channel is
-dropped and nothing more is sent to it (counted, reason revoked).
+names the node the plan puts at the other end, with role shard, and, when the certificate is bound
+to a model, the plan's model (`check_model`; a certificate naming no model serves any). The result
+is one `SecureChannel` per peer and plan version, with a sending and a receiving key; the higher
+stage waits for the lower one's handshake instead of starting its own, so each pair has exactly one
+channel. A new plan version means new channels (the old ones are dropped with the plan). While a
+node loads its next stage beside the running one (make before break), it holds two managers, one
+per plan version, on the one handshake subject: a manager stays silent on an offer for a plan
+version another manager of the node serves (and on that offer's finish), so only the right one
+answers, while an offer no manager of the node serves is refused at once. At most
+`MAX_PENDING_HANDSHAKES` answered offers wait for their finish (each `_PENDING_TTL_S` at most; past
+the cap a new offer is refused and counted, reason overloaded), and an entry is consumed only by a
+finish whose signature verifies, so a bogus finish on a sniffed channel id ends nothing. Frames
+name their channel by its random 16-byte id; a frame on an unknown channel, from a peer whose
+certificate has since been revoked, or that fails its tag or the replay window is rejected and
+counted. The revocation list is checked on every send too (`channel_to`): once the peer's serial is
+on it, its channel is dropped and nothing more is sent to it (counted, reason revoked).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from nats.aio.msg import Msg
 from mohawk_common.bus import names
 from mohawk_common.bus.positions import may_open
 from mohawk_common.bus.security import Security
+from mohawk_pqc.certificates import check_model
 from mohawk_pqc.channel import FrameReceiver, FrameSender
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.handshake import ChannelKeys, HandshakeInitiator, HandshakeResponder
@@ -87,10 +89,11 @@ class ChannelManager:
         node_id: str,
         plan_version: int,
         expected_peers: dict[str, int],
+        model: str = "",
         rotation: Callable[[bytes], FrameSender] | None = None,
     ) -> None:
         self.nc, self.security = nc, security
-        self.node_id, self.plan_version = node_id, plan_version
+        self.node_id, self.plan_version, self.model = node_id, plan_version, model
         self.expected_peers = expected_peers
         self._new_sender = rotation or (lambda key: FrameSender(key))
         self._by_id: dict[bytes, SecureChannel] = {}
@@ -161,6 +164,7 @@ class ChannelManager:
             raise AuthenticationError(
                 "untrusted", f"{peer.node_id!r} ({peer.role}) is not a stage of this plan"
             )
+        check_model(peer, self.model)
         if offer.plan_version != self.plan_version:
             raise AuthenticationError("unknown_channel", f"offer for plan {offer.plan_version}")
         theirs, mine = self.stage_of(peer.node_id), self.stage
@@ -243,6 +247,7 @@ class ChannelManager:
             raise AuthenticationError(
                 "untrusted", f"answered by {peer.node_id!r} ({peer.role}), not {peer_id!r}"
             )
+        check_model(peer, self.model)
 
     async def _request(self, subject: str, kind: str, data: bytes) -> bytes:
         msg = await self.nc.request(subject, data, timeout=HANDSHAKE_TIMEOUT_S, headers={_KIND_HEADER: kind})

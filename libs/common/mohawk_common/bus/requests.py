@@ -2,12 +2,13 @@
 
 The gateway puts a fresh 32-byte token key into the `GenerateRequest`, seals the request to the
 model's request-sealing certificate (`mohawk_pqc.seal`: X25519 + ML-KEM-768, AES-256-GCM, the
-request id and model as associated data) and signs the whole `SealedRequest` with its own
-certified key. Stage 0 checks the gateway's certificate (role gateway, not expired, not revoked)
-and its signature before it opens anything. The token key then travels inside the encrypted
-frames to the last stage, which encrypts every token event with it; the gateway decrypts them, and
-a stage 0 that takes over the request after a recovery reads the emitted events back with the
-same key. A cancel carries an HMAC under the token key, so only the requester can cancel.
+request id and model as associated data) and signs the whole `SealedRequest` with its own certified
+key. Stage 0 checks the gateway's certificate (role gateway, not expired, not revoked, and when it
+is bound to a model, bound to this one) and its signature before it opens anything. The token key
+then travels inside the encrypted frames to the last stage, which encrypts every token event with
+it; the gateway decrypts them, and a stage 0 that takes over the request after a recovery reads the
+emitted events back with the same key. A cancel carries an HMAC under the token key, so only the
+requester can cancel.
 
 The stream stores a request id once within its duplicate window (`DUPLICATE_WINDOW_S`); a
 recorded request published again later would be stored anew, so stage 0 refuses at admission
@@ -28,7 +29,7 @@ from google.protobuf.message import DecodeError, Message
 
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import DUPLICATE_WINDOW_S
-from mohawk_pqc.certificates import read_body
+from mohawk_pqc.certificates import check_model, read_body
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.seal import open_sealed, seal
 from mohawk_pqc.signing import VerifyKey
@@ -95,6 +96,7 @@ def open_request(
         raise AuthenticationError("plaintext", "unsealed request on a secure cluster")
     sealed = _parse(security_pb2.SealedRequest, data)
     sender = bundle.trust.verify(sealed.sender, role="gateway")
+    check_model(sender, model)  # a gateway certificate bound to another model sends it nothing
     signature = security_pb2.HybridSignature()
     signature.CopyFrom(sealed.signature)
     sealed.ClearField("signature")

@@ -22,6 +22,7 @@ from nats.js.kv import KeyValue
 from mohawk_common.bus import names
 from mohawk_common.bus.config import BusSettings
 from mohawk_common.errors import ConfigError
+from mohawk_pqc.certificates import check_model
 from mohawk_pqc.errors import AuthenticationError, PkiError
 from mohawk_pqc.kem import KemProvider, load_kem_provider
 from mohawk_pqc.pki_files import Bundle, ensure_dev_bundle, load_bundle
@@ -82,9 +83,26 @@ class Security:
                 "in production issue bundles with `mohawk pki issue` and mount only the bundle",
                 pki=str(settings.dev_pki_dir),
             )
-        return cls.load(
+        security = cls.load(
             role=role, bundle_dir=bundle_dir, insecure=settings.insecure, kem_provider=settings.kem_provider
         )
+        security.check_serves(models)
+        return security
+
+    def check_serves(self, models: tuple[str, ...]) -> None:
+        """ConfigError (refuse to start) when this process's certificate is bound to a model other
+        than one of `models` it would serve; a certificate naming no model serves any."""
+        if self.bundle is None:
+            return
+        body = self.bundle.identity.body
+        for model in models:
+            try:
+                check_model(body, model)
+            except AuthenticationError as exc:
+                raise ConfigError(
+                    f"{exc.detail}: a {self.role} certificate serves only its model; issue one for "
+                    f"{model!r} (mohawk pki issue --model {model})"
+                ) from exc
 
     def reject(self, exc: AuthenticationError, **context: object) -> None:
         """Log and count one rejected message, handshake or package."""

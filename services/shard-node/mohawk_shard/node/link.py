@@ -41,7 +41,7 @@ class StageLink:
         self.pipeline = pipeline_id(plan)
         peers = {s.node_id: i for i, s in enumerate(plan.stages)}
         self.channels = ChannelManager(
-            nc, security, node_id=node_id, plan_version=plan.version, expected_peers=peers
+            nc, security, node_id=node_id, plan_version=plan.version, expected_peers=peers, model=plan.model
         )
         self._opener = FrameOpener(security, self.channels)
         self._assembler = FrameAssembler()

@@ -26,3 +26,12 @@ def test_each_scrape_reads_the_process_anew_and_no_port_serves_nothing() -> None
     second = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     assert 'mohawk_probe_scrapes{node="shard-1"} 1.0' in first
     assert 'mohawk_probe_scrapes{node="shard-1"} 2.0' in second
+
+
+def test_the_metrics_port_listens_on_loopback_unless_told_otherwise() -> None:
+    """Shard nodes' and coordinators' /metrics are not for the world: 127.0.0.1 by default,
+    MOHAWK_METRICS_HOST=0.0.0.0 where a Prometheus on another host or container scrapes them."""
+    from mohawk_common.bus.config import BusSettings
+
+    assert BusSettings.model_validate({}).metrics_host == "127.0.0.1"
+    assert BusSettings.model_validate({"metrics_host": "0.0.0.0"}).metrics_host == "0.0.0.0"

@@ -121,6 +121,8 @@ def test_shard_nodes_and_coordinators_serve_metrics_on_the_compose_network_only(
     for name, port in (("shard-node", 9400), ("coordinator", 9401)):
         service = services()[name]
         assert int(env_of(service)["MOHAWK_METRICS_PORT"]) == port, name
+        # the default binds loopback only: Prometheus, another container, needs every interface
+        assert env_of(service)["MOHAWK_METRICS_HOST"] == "0.0.0.0", name
         assert not service.get("ports") and not service.get("expose"), name
 
 

@@ -38,7 +38,11 @@ class BusSettings(MohawkSettings):
         le=65535,
         description="shard nodes and coordinators: serve /metrics on this port; none = off",
     )
-    metrics_host: str = Field("0.0.0.0", description="address the metrics port listens on")
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="address the metrics port listens on: this host only by default; 0.0.0.0 where a "
+        "Prometheus elsewhere scrapes it (compose sets that on its network)",
+    )
     telemetry: bool = Field(True, description="publish step and request reports for the telemetry service")
 
     @property

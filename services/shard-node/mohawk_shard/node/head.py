@@ -376,7 +376,15 @@ class HeadDriver:
         step.started_at = started_at
         self._inflight_steps[batch.step_id] = _InflightStep(batch, started)
         self.deadlines.sent(batch.step_id, sum(s.num_new_tokens for s in batch.sequences), time.monotonic())
-        await self.link.send_activations(step, dtype, shape, data)
+        try:
+            await self.link.send_activations(step, dtype, shape, data)
+        except Exception as exc:
+            # lost in transit, not failed by the model: the next stage cannot be reached or
+            # trusted (revoked, its handshake refused, NATS away). The step stays in flight and
+            # its sequences resume at its deadline, by then usually on a new plan's pipeline
+            self._log.warning(
+                "step not sent: it resumes at its deadline", step_id=batch.step_id, error=repr(exc)
+            )
 
     def _forward(self, batch: StepBatch) -> tuple[str, list[int], bytes]:
         output = self.stage.step(batch, None)

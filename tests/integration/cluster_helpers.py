@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -54,8 +55,17 @@ async def _with_buckets(url: str, fn: Any) -> Any:
         await nc.close()
 
 
-def current_plan(nats_url: str) -> bus_pb2.Plan | None:
-    return asyncio.run(_with_buckets(nats_url, lambda b: read_plan(b.plan)))
+def current_plan(nats_url: str, creds: Path | None = None) -> bus_pb2.Plan | None:
+    """The plan in KV (with `creds` where NATS has users: any role may read it)."""
+
+    async def read() -> bus_pb2.Plan | None:
+        nc = await connect(nats_url, name="test-probe", attempts=5, creds=creds)
+        try:
+            return await read_plan(await nc.jetstream().key_value(names.PLAN_BUCKET))
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
 
 
 def current_leader(nats_url: str) -> str | None:

@@ -1,0 +1,136 @@
+"""Attacks on the control plane of a real secure cluster (2 nodes, default settings): a forged plan
+(layer ranges swapped, version + 1000), a plan signed by a shard's certificate, a recorded plan
+replayed after a newer one, and a forged heartbeat asking the leader to nak a subject it names.
+Each is refused and counted in the nodes' heartbeats; the answers do not change."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from mohawk_cli.cluster import ClusterSpec, LocalCluster
+from mohawk_common.bus import names
+from mohawk_common.bus.control import decode_json, encode_json
+from mohawk_common.bus.control_records import sign_record
+from mohawk_common.bus.server import free_port
+from mohawk_pqc.pki_files import load_bundle
+from mohawk_proto.v1 import bus_pb2
+from tests.integration.cluster_helpers import chat
+from tests.security.attacks.bus_client import BusClient
+
+PROMPT = "Name three colours."
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    spec = ClusterSpec(
+        nodes=2,
+        port=free_port(),
+        nats_port=free_port(),
+        data_dir=tmp_path_factory.mktemp("attacks"),
+        nats_auth=True,
+    )
+    with LocalCluster(spec) as running:
+        running.wait_ready(timeout=240)
+        yield running
+
+
+def answer(cluster: LocalCluster) -> str:
+    return str(chat(cluster.url, PROMPT, max_tokens=12)["choices"][0]["message"]["content"])
+
+
+def rejections(client: BusClient) -> dict[str, dict[str, int]]:
+    """Each node's security rejections, as its next heartbeat reports them."""
+
+    async def collect() -> dict[str, dict[str, int]]:
+        seen: dict[str, dict[str, int]] = {}
+        sub = await client.nc.subscribe(names.HEARTBEAT_WILDCARD)
+        deadline = time.monotonic() + 5
+        while len(seen) < 2 and time.monotonic() < deadline:
+            try:
+                msg = await sub.next_msg(timeout=1)
+            except NatsTimeoutError:
+                continue
+            heartbeat = decode_json(bus_pb2.Heartbeat, msg.data)
+            seen[heartbeat.node_id] = dict(heartbeat.security_rejections)
+        await sub.unsubscribe()
+        return seen
+
+    return client.run(collect())
+
+
+def test_forged_shard_signed_and_replayed_plans_change_no_answer_and_are_counted(
+    cluster: LocalCluster,
+) -> None:
+    before = answer(cluster)
+    with BusClient(cluster.nats.url, creds=cluster.nats_creds("ops")) as client:
+        plan_kv = client.run(client.nc.jetstream().key_value(names.PLAN_BUCKET))
+        history = client.run(plan_kv.history(names.PLAN_KEY))
+        signed = [decode_json(bus_pb2.Plan, e.value) for e in history if e.value]
+        current = signed[-1]
+        loading = next(p for p in signed if p.version == current.version and p.state == "loading")
+        node_ids = [s.node_id for s in current.stages]
+        assert len(node_ids) == 2
+
+    forged = bus_pb2.Plan()
+    forged.CopyFrom(current)
+    forged.version += 1000
+    forged.ClearField("signed")
+    (a, b) = forged.stages
+    a.start, a.end, b.start, b.end = b.start, b.end, a.start, a.end  # what broke every answer
+    by_a_shard = bus_pb2.Plan()
+    by_a_shard.CopyFrom(forged)
+    by_a_shard.version += 1
+    by_a_shard.leader = node_ids[0]
+    shard = load_bundle(cluster.pki_dir / "nodes" / node_ids[0], role="shard").identity
+    sign_record(by_a_shard, shard, "plan")
+
+    with BusClient(cluster.nats.url, creds=cluster.nats_creds("coordinator")) as writer:
+        # the one credential the bus lets write the plan: only the signature stops these
+        plan_kv = writer.run(writer.nc.jetstream().key_value(names.PLAN_BUCKET))
+        for record in (forged, by_a_shard, loading):
+            writer.run(plan_kv.put(names.PLAN_KEY, encode_json(record)))
+            time.sleep(0.3)
+        time.sleep(1.5)  # a heartbeat interval: the nodes report what they refused
+        counts = rejections(writer)
+    assert answer(cluster) == before
+    assert cluster.is_ready()
+    for node_id in node_ids:
+        assert counts[node_id].get("unsigned", 0) >= 1, counts
+        assert counts[node_id].get("untrusted", 0) >= 1, counts
+        assert counts[node_id].get("replayed", 0) >= 1, counts
+
+
+def test_a_forged_heartbeat_cannot_make_the_leader_nak_a_subject_it_names(cluster: LocalCluster) -> None:
+    victim = f"{names.PREFIX}.victim"
+    heartbeat = bus_pb2.Heartbeat(node_id="forged-node", role="shard", model="smollm2-135m-instruct")
+    heartbeat.held_requests.append(victim)
+    with (
+        BusClient(cluster.nats.url, creds=cluster.nats_creds("shard")) as forger,
+        BusClient(cluster.nats.url, creds=cluster.nats_creds("ops")) as watcher,
+    ):
+        seen = watcher.run(watcher.nc.subscribe(victim))
+        watcher.run(watcher.nc.flush())
+
+        async def attack() -> None:
+            for started in (1, 2, 3):  # each "restart" would hand the held subjects back
+                heartbeat.started_at_ms = started
+                await forger.nc.publish(names.heartbeat_subject("forged-node"), encode_json(heartbeat))
+                await forger.nc.flush()
+                await asyncio.sleep(0.3)
+
+        async def delivered() -> int:
+            count = 0
+            try:
+                while True:
+                    await seen.next_msg(timeout=2)
+                    count += 1
+            except NatsTimeoutError:
+                return count
+
+        forger.run(attack())
+        assert watcher.run(delivered()) == 0

@@ -65,12 +65,8 @@ class Credential:
         return cls(user=str(data["user"]), password=str(data["password"]))
 
     def write(self, path: Path) -> None:
-        """Written 0600 from the start (and made 0600 whatever a leftover file had)."""
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump({"user": self.user, "password": self.password}, out)
-        os.chmod(path, 0o600)
+        _write_private(path, json.dumps({"user": self.user, "password": self.password}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +92,23 @@ def init_auth(directory: Path) -> NatsAuth:
     credentials: dict[str, Credential] = {}
     for role in ROLES:
         path = auth.creds(role)
-        if path.exists():
+        if path.is_file() and not path.is_symlink():
             credentials[role] = Credential.read(path)
         else:
             credentials[role] = Credential(USER_PREFIX + role, secrets.token_urlsafe(32))
             credentials[role].write(path)
-    fd = os.open(auth.conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(authorization_block(credentials))
-    os.chmod(auth.conf, 0o600)
+    _write_private(auth.conf, authorization_block(credentials))
     return auth
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A new 0600 file whatever was there (a leftover file's mode, a planted link) and the umask."""
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(text)
 
 
 def authorization_block(credentials: Mapping[str, Credential]) -> str:

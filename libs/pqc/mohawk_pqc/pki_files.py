@@ -5,6 +5,7 @@
     <pki>/crl                 the newest signed revocation list
     <pki>/serials             every serial issued, one per line
     <pki>/seal/<model>.{cert,key}   a model's request-sealing key (stage 0 opens requests with it)
+    <pki>/seal/<model>.record       the newest signed record of it, after a rotation (`rotate_seal_key`)
     <pki>/nodes/<node>/       one node's bundle, all it needs: root.pub, node.cert, node.key (0600),
                               crl, seal/<model>.cert (and seal/<model>.key for shard nodes)
 
@@ -29,6 +30,7 @@ from mohawk_pqc.certificates import (
     ROLES,
     Root,
     TrustStore,
+    check_model,
     issue_certificate,
     read_body,
     root_public,
@@ -36,6 +38,8 @@ from mohawk_pqc.certificates import (
 )
 from mohawk_pqc.errors import AuthenticationError, PkiError
 from mohawk_pqc.identity import Identity, KemKeyPair, certificate_body_for
+from mohawk_pqc.kem import KemProvider
+from mohawk_pqc.seal_keys import SealKeyring, open_seal_key_copy, sign_seal_key_record, verify_seal_key_record
 from mohawk_pqc.signing import SigningKey
 from mohawk_proto.v1 import security_pb2
 
@@ -178,20 +182,119 @@ def revoke(pki: Path, serials: list[int]) -> security_pb2.RevocationList:
     return crl
 
 
+def load_operator_trust(pki: Path) -> TrustStore:
+    """The root of `pki` and its newest revocation list, as the operator's own checks use them."""
+    trust = TrustStore(Root(read_message(pki / "root.pub", security_pb2.RootPublicKey)))
+    try:
+        trust.update_revocations(read_message(pki / "crl", security_pb2.RevocationList))
+    except AuthenticationError as exc:
+        raise PkiError(f"{pki / 'crl'} is not signed by the root in {pki / 'root.pub'}") from exc
+    return trust
+
+
+def seal_models(pki: Path) -> list[str]:
+    """Every model that has a request-sealing key under <pki>/seal/."""
+    paths = sorted((pki / "seal").glob("*.cert"))
+    return [read_body(read_message(path, security_pb2.Certificate)).model for path in paths]
+
+
+def models_held_by(pki: Path, serials: list[int]) -> list[str]:
+    """The models whose sealing private key the certificates `serials` were given: those in each
+    one's shard bundle; every model when a serial's bundle is not under <pki>/nodes. Gateways and
+    coordinators never hold one."""
+    held: set[str] = set()
+    bundles = {
+        read_body(read_message(p, security_pb2.Certificate)).serial: p.parent for p in _node_certs(pki)
+    }
+    for serial in serials:
+        out = bundles.get(serial)
+        if out is None:
+            return seal_models(pki)
+        for key_path in (out / "seal").glob("*.key"):
+            held.add(read_body(read_message(key_path.with_suffix(".cert"), security_pb2.Certificate)).model)
+    return sorted(held)
+
+
+def seal_record_number(pki: Path, model: str) -> int:
+    """The number of `model`'s newest sealing-key record on disk; 0 before its first rotation."""
+    path = (pki / "seal" / _seal_name(model)).with_suffix(".record")
+    if not path.exists():
+        return 0
+    record = read_message(path, security_pb2.SealKeyRecord)
+    return security_pb2.SealKeyRecordBody.FromString(record.body).number
+
+
+def rotate_seal_key(
+    pki: Path, model: str, *, number: int, kem: KemProvider, days: float = 365.0
+) -> security_pb2.SealKeyRecord:
+    """A new request-sealing key for `model`, and record `number` that carries it to the shard nodes.
+
+    The recipients are the shard bundles under <pki>/nodes that hold the model's current key and
+    whose certificate is valid now (not revoked, not expired, bound to no other model). The key is
+    written to <pki>/seal/ (bundles issued from now on get it) and into the valid bundles that hold
+    the old one; a revoked node's bundle is left as it was.
+    """
+    trust, name = load_operator_trust(pki), _seal_name(model)
+    holders: list[tuple[Path, security_pb2.CertificateBody]] = []
+    for cert_path in _node_certs(pki):
+        if (cert_path.parent / "seal" / f"{name}.cert").exists():
+            try:
+                body = trust.verify(read_message(cert_path, security_pb2.Certificate))
+                check_model(body, model)
+            except AuthenticationError:
+                continue
+            holders.append((cert_path.parent, body))
+    recipients = [body for out, body in holders if (out / "seal" / f"{name}.key").exists()]
+    identity = _issue(pki, f"seal-{name}", "seal", days, model=model)
+    record = sign_seal_key_record(
+        load_root_key(pki), identity, recipients, kem, number=number, now=time.time()
+    )
+    base = pki / "seal" / name
+    for out in [base.parent, *(out / "seal" for out, _ in holders)]:
+        _write(out / f"{name}.cert", identity.certificate)
+        if out == base.parent or (out / f"{name}.key").exists():
+            _write(out / f"{name}.key", identity.private_bundle(), private=True)
+    _write(base.with_suffix(".record"), record)
+    return record
+
+
+def _node_certs(pki: Path) -> list[Path]:
+    return sorted((pki / "nodes").glob("*/node.cert"))
+
+
 @dataclass
 class Bundle:
     """What a service loads from its bundle directory."""
 
     identity: Identity
     trust: TrustStore
-    seal_certs: dict[str, security_pb2.Certificate] = field(default_factory=dict)
-    seal_keys: dict[str, KemKeyPair] = field(default_factory=dict)
+    seal_keyrings: dict[str, SealKeyring] = field(default_factory=dict)
+
+    def seal_keyring_for(self, model: str) -> SealKeyring | None:
+        return self.seal_keyrings.get(_seal_name(model))
 
     def seal_cert_for(self, model: str) -> security_pb2.Certificate | None:
-        return self.seal_certs.get(_seal_name(model))
+        """The newest sealing certificate of `model` (what requests are sealed to now)."""
+        keyring = self.seal_keyring_for(model)
+        return None if keyring is None else keyring.certificate
 
     def seal_key_for(self, model: str) -> KemKeyPair | None:
-        return self.seal_keys.get(_seal_name(model))
+        """The newest sealing private key of `model` (shard nodes only)."""
+        keyring = self.seal_keyring_for(model)
+        return None if keyring is None else keyring.keys
+
+    def adopt_seal_key_record(self, record: security_pb2.SealKeyRecord, *, now: float, keep_s: float) -> bool:
+        """Follow a rotation of a model's sealing key: True when `record` took effect; False for a
+        model this node holds no sealing key of, or the record held now. AuthenticationError, and
+        nothing changes, for a record the root did not sign, an older one, or, on a node that opens
+        requests, one without a copy for it."""
+        body = verify_seal_key_record(record, self.trust)
+        keyring = self.seal_keyring_for(body.model)
+        if keyring is None or not keyring.is_newer(body):
+            return False
+        keys = open_seal_key_copy(body, self.identity) if keyring.keys is not None else None
+        keyring.adopt(body, keys, now=now, keep_s=keep_s)
+        return True
 
 
 def load_bundle(path: Path, *, role: str) -> Bundle:
@@ -217,10 +320,9 @@ def load_bundle(path: Path, *, role: str) -> Bundle:
             trust.verify(seal_cert, role="seal")
         except AuthenticationError as exc:
             raise PkiError(f"{cert_path} is not a valid sealing certificate: {exc.reason}") from exc
-        bundle.seal_certs[cert_path.stem] = seal_cert
         key_path = cert_path.with_suffix(".key")
-        if key_path.exists():
-            bundle.seal_keys[cert_path.stem] = _seal_pair(key_path, read_body(seal_cert))
+        keys = _seal_pair(key_path, read_body(seal_cert)) if key_path.exists() else None
+        bundle.seal_keyrings[cert_path.stem] = SealKeyring(seal_cert, keys)
     return bundle
 
 

@@ -17,7 +17,8 @@ shows the whole system and each entity can be filtered with one wildcard:
 
 KV buckets: mohawk_leader (the coordinator lease), mohawk_nodes (live registry, TTL),
 mohawk_plan (the versioned placement plan under key `current`), mohawk_pki (the root-signed
-revocation list under key `crl`). Object store: mohawk_slices (signed, encrypted slice packages).
+revocation list under key `crl`, each model's newest root-signed sealing-key record under
+`seal.<model>`). Object store: mohawk_slices (signed, encrypted slice packages).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ PLAN_KEY = "current"
 PKI_BUCKET = "mohawk_pki"
 GATEWAYS_BUCKET = "mohawk_gateways"  # key: a gateway process; kept alive while it runs (TTL)
 CRL_KEY = "crl"
+SEAL_KEY_PREFIX = "seal."  # + a model's subject token: its sealing-key record in PKI_BUCKET
+PKI_WILDCARD = ">"  # every key of PKI_BUCKET
 SLICES_BUCKET = "mohawk_slices"
 
 _TOKEN_RE = re.compile(r"[^a-z0-9_-]+")
@@ -121,6 +124,11 @@ def telemetry_subject(kind: str, process_id: str) -> str:
 
 def handshake_subject(node_id: str) -> str:
     return f"{PREFIX}.hs.{check_id('node id', node_id)}"
+
+
+def seal_key_record_key(model: str) -> str:
+    """The key in PKI_BUCKET of `model`'s newest sealing-key record (its request-sealing key)."""
+    return f"{SEAL_KEY_PREFIX}{subject_token(model)}"
 
 
 def slice_object_name(model: str, node_id: str) -> str:

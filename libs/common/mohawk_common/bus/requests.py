@@ -8,7 +8,10 @@ is bound to a model, bound to this one) and its signature before it opens anythi
 then travels inside the encrypted frames to the last stage, which encrypts every token event with
 it; the gateway decrypts them, and a stage 0 that takes over the request after a recovery reads the
 emitted events back with the same key. A cancel carries an HMAC under the token key, so only the
-requester can cancel.
+requester can cancel. The sealing key rotates when a shard node is revoked
+(`mohawk_pqc.seal_keys`): the gateway seals to the newest certificate it holds, and stage 0 opens
+with the key the envelope names: the newest, or for `SEALED_REQUEST_LIFETIME_S` after the rotation
+the one before it.
 
 The stream stores a request id once within its duplicate window (`DUPLICATE_WINDOW_S`); a
 recorded request published again later would be stored anew, so stage 0 refuses at admission
@@ -103,9 +106,14 @@ def open_request(
     VerifyKey(sender.ecdsa_p256_public, sender.mldsa65_public).verify(
         _REQUEST_LABEL, sealed.SerializeToString(deterministic=True), signature
     )
-    keys = bundle.seal_key_for(model)
-    if keys is None:
+    keyring = bundle.seal_keyring_for(model)
+    if keyring is None or keyring.keys is None:
         raise AuthenticationError("untrusted", f"this node holds no sealing key for {model!r}")
+    keys = keyring.key_for(sealed.envelope.recipient_serial, security.clock())
+    if keys is None:  # sealed to a key this node was never given, or one rotated out long enough ago
+        raise AuthenticationError(
+            "untrusted", f"no sealing key {sealed.envelope.recipient_serial} of {model!r} held"
+        )
     plaintext = open_sealed(keys, sealed.envelope, _aad(sealed.request_id, sealed.model))
     request = _parse(bus_pb2.GenerateRequest, plaintext)
     if request.request_id != sealed.request_id or request.model != sealed.model:

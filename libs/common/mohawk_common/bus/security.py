@@ -4,19 +4,24 @@ Every Mohawk service builds one `Security` at start. Without a valid certificate
 process refuses to start, unless it runs with `insecure` set, in which case it says loudly, once
 at start and in every heartbeat, that its bus traffic is plaintext. A secure process never accepts
 plaintext from the bus where it expects ciphertext. Rejections are logged with their reason and
-counted by reason (`rejections`), which heartbeats and /metrics report. The revocation list is
-followed from the KV bucket `mohawk_pki`: a newer list signed by the root takes effect at once.
+counted by reason (`rejections`), which heartbeats and /metrics report. The KV bucket `mohawk_pki`
+is followed: a newer revocation list signed by the root takes effect at once, and so does a newer
+sealing-key record of a model this process seals or opens requests of (`mohawk_pqc.seal_keys`):
+gateways seal to its certificate from then on, shard nodes open with its key and keep the one it
+replaces for `SEALED_REQUEST_LIFETIME_S`, the longest a request sealed to that one can live.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import structlog
+from google.protobuf.message import DecodeError
 from nats.js.kv import KeyValue
 
 from mohawk_common.bus import names
@@ -31,13 +36,21 @@ from mohawk_proto.v1 import security_pb2
 log = structlog.get_logger("mohawk.security")
 
 INSECURE_WARNING = "INSECURE MODE: no certificate, bus traffic (prompts, activations, tokens) is PLAINTEXT"
+# The longest a sealed request lives: its deadline is the gateway's request_timeout_s (default 600 s)
+# after it was sealed, and stage 0 refuses it after that (`requests.check_fresh`). A rotated-out
+# sealing key is kept this long after the rotation reaches a shard node, then dropped.
+SEALED_REQUEST_LIFETIME_S = 600.0
 
 
 class Security:
-    def __init__(self, bundle: Bundle | None, kem: KemProvider, *, role: str) -> None:
+    def __init__(
+        self, bundle: Bundle | None, kem: KemProvider, *, role: str, clock: Callable[[], float] = time.time
+    ) -> None:
         self.bundle = bundle
         self.kem = kem
         self.role = role
+        self.clock = clock  # unix seconds: when a rotated-out sealing key lapses
+        self.seal_key_keep_s = SEALED_REQUEST_LIFETIME_S
         self.rejections: Counter[str] = Counter()
         self.on_reject: Callable[[str], None] | None = None
 
@@ -117,29 +130,48 @@ class Security:
         return self.bundle
 
     async def follow_revocations(self, kv: KeyValue) -> None:
-        """Adopt every newer root-signed revocation list put under mohawk_pki/crl (runs until cancelled)."""
+        """Follow mohawk_pki (runs until cancelled): adopt every newer root-signed revocation list
+        (key `crl`) and sealing-key record (`seal.<model>`)."""
         if self.bundle is None:
             return
-        trust = self.bundle.trust
         while True:
             try:
-                watcher = await kv.watch(names.CRL_KEY)
+                watcher = await kv.watch(names.PKI_WILDCARD)
                 async for entry in watcher:
                     if entry is None or not entry.value:
                         continue
+                    is_crl = entry.key == names.CRL_KEY
                     try:
-                        crl = security_pb2.RevocationList.FromString(entry.value)
-                        if trust.update_revocations(crl):
-                            log.info(
-                                "revocation list adopted", number=trust.crl_number, revoked=len(trust.revoked)
-                            )
+                        if is_crl:
+                            self._adopt_revocations(entry.value)
+                        elif entry.key.startswith(names.SEAL_KEY_PREFIX):
+                            self.adopt_seal_key(entry.value)
                     except AuthenticationError as exc:
-                        self.reject(exc, what="revocation list")
+                        self.reject(exc, what="revocation list" if is_crl else "sealing-key record")
                     except Exception as exc:
-                        log.warning("unreadable revocation list ignored", error=str(exc))
+                        log.warning("unreadable PKI record ignored", key=entry.key, error=str(exc))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.debug("revocation watch lost, retrying", error=str(exc))
+                log.debug("PKI watch lost, retrying", error=str(exc))
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.sleep(1.0)
+
+    def _adopt_revocations(self, data: bytes) -> None:
+        trust = self.require().trust
+        if trust.update_revocations(security_pb2.RevocationList.FromString(data)):
+            log.info("revocation list adopted", number=trust.crl_number, revoked=len(trust.revoked))
+
+    def adopt_seal_key(self, data: bytes) -> bool:
+        """Adopt a sealing-key record read off the bus; True when it took effect. AuthenticationError
+        for one not signed by the root, older than the one held, or without this node's copy."""
+        try:
+            record = security_pb2.SealKeyRecord.FromString(data)
+        except DecodeError as exc:
+            raise AuthenticationError("malformed", "sealing-key record") from exc
+        bundle = self.require()
+        if not bundle.adopt_seal_key_record(record, now=self.clock(), keep_s=self.seal_key_keep_s):
+            return False
+        body = security_pb2.SealKeyRecordBody.FromString(record.body)
+        log.info("sealing key rotated", model=body.model, number=body.number, role=self.role)
+        return True

@@ -207,3 +207,29 @@ class FrameHeader(_message.Message):
     sent_at: float
     kind: int
     def __init__(self, channel_id: _Optional[bytes] = ..., seq: _Optional[int] = ..., key_epoch: _Optional[int] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., step_id: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., chunk_index: _Optional[int] = ..., num_chunks: _Optional[int] = ..., sent_at: _Optional[float] = ..., kind: _Optional[int] = ...) -> None: ...
+
+class SealKeyRecordBody(_message.Message):
+    __slots__ = ("format", "number", "model", "certificate", "copies", "issued_at", "issuer")
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_AT_FIELD_NUMBER: _ClassVar[int]
+    ISSUER_FIELD_NUMBER: _ClassVar[int]
+    format: int
+    number: int
+    model: str
+    certificate: Certificate
+    copies: _containers.RepeatedCompositeFieldContainer[SealedEnvelope]
+    issued_at: float
+    issuer: bytes
+    def __init__(self, format: _Optional[int] = ..., number: _Optional[int] = ..., model: _Optional[str] = ..., certificate: _Optional[_Union[Certificate, _Mapping]] = ..., copies: _Optional[_Iterable[_Union[SealedEnvelope, _Mapping]]] = ..., issued_at: _Optional[float] = ..., issuer: _Optional[bytes] = ...) -> None: ...
+
+class SealKeyRecord(_message.Message):
+    __slots__ = ("body", "signature")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    signature: HybridSignature
+    def __init__(self, body: _Optional[bytes] = ..., signature: _Optional[_Union[HybridSignature, _Mapping]] = ...) -> None: ...

@@ -10,6 +10,7 @@ import pytest
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
+from mohawk_common.bus.nats_auth import ROLES, NatsAuth
 from mohawk_common.bus.server import NatsServer, free_port
 from mohawk_pqc.certificates import Root, TrustStore
 from mohawk_pqc.errors import AuthenticationError
@@ -243,3 +244,27 @@ def test_revoke_with_nats_unreachable_changes_nothing(pki: Path) -> None:
     assert result.returncode == 1 and result.stdout == ""
     assert "cannot reach NATS" in one_line(result.stderr)
     assert (pki / "crl").read_bytes() == before
+
+
+def test_nats_auth_makes_users_and_revoke_publishes_as_admin(
+    pki: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`mohawk pki nats-auth DIR` writes the server's include file and one credential per role;
+    a nats-server using it refuses an anonymous revoke and takes the admin's."""
+    auth_dir = tmp_path / "nats-auth"
+    code, out, err = cli(capsys, "nats-auth", str(auth_dir))
+    assert code == 0, err
+    auth = NatsAuth(auth_dir)
+    assert out.split() == [str(auth.conf), *(str(auth.creds(role)) for role in ROLES)]
+    server = NatsServer(tmp_path / "nats", auth=auth).start()
+    try:
+        serial = str(serial_of(pki / "nodes" / "gw-1"))
+        args = ("revoke", "--serial", serial, "--pki-dir", str(pki), "--nats-url", server.url)
+        code, _, err = cli(capsys, *args)
+        assert code == 1 and "Authorization Violation" in one_line(err)
+        assert not (pki / "crl.2").exists()
+        code, out, err = cli(capsys, *args, "--creds", str(auth.creds("admin")))
+        assert code == 0, err
+        assert out.strip() == "2"
+    finally:
+        server.stop()

@@ -49,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("MOHAWK_NATS_URL", DEFAULT_NATS_URL),
         help="NATS server URL(s), comma-separated (default: $MOHAWK_NATS_URL or 127.0.0.1:4222)",
     )
+    push.add_argument(
+        "--creds",
+        type=Path,
+        help="NATS credential of the admin role (default: MOHAWK_NATS_CREDS; none: anonymous)",
+    )
     push.add_argument("--replicas", type=int, default=1, help="replicas of the bucket if it is created")
     for sub in (pack, push):
         sub.add_argument("--log-level", default="error", choices=LEVELS, help="on stderr (default: error)")
@@ -102,16 +107,16 @@ def run_push(args: argparse.Namespace) -> str:
 
     package = SlicePackage.read(Path(args.package))
     name = package_object_name(package)  # a broken package fails before any connection
-    asyncio.run(_push(args.nats_url, package, args.replicas))
+    asyncio.run(_push(args.nats_url, package, args.replicas, args.creds))
     return f"pushed {args.package} to {SLICES_BUCKET}/{name}"
 
 
-async def _push(nats_url: str, package: SlicePackage, replicas: int) -> str:
+async def _push(nats_url: str, package: SlicePackage, replicas: int, creds: Path | None = None) -> str:
     from mohawk_common.bus.connect import connect
     from mohawk_common.model_store.slice_fetch import push_slice
 
     servers = [u.strip() for u in nats_url.split(",") if u.strip()]
-    nc = await connect(servers, name="mohawk-slice-push", attempts=1)
+    nc = await connect(servers, name="mohawk-slice-push", attempts=1, creds=creds)
     try:
         return await push_slice(nc.jetstream(), package, replicas=replicas)
     finally:

@@ -22,7 +22,9 @@ from mohawk_common.bus.connect import connect, credential_options
 from mohawk_common.bus.nats_auth import ROLES, NatsAuth, init_auth, role_permissions
 from mohawk_common.bus.server import NatsServer
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
+from mohawk_common.bus.token_log import TokenLogReader
 from mohawk_common.logging import redact_url
+from mohawk_proto.v1 import engine_pb2
 
 MODEL = "smollm2-135m-instruct"
 WITHIN_S = 20.0  # what is allowed answers in milliseconds; this is room for a loaded machine
@@ -195,6 +197,14 @@ def test_every_role_does_its_job(on_bus: Callable[[Callable[[Bus], Awaitable[Non
                     break
                 await asyncio.sleep(0.05)
         assert last.data == b"token 0"
+        for role in ("gateway", "shard"):  # a stage 0 taking a request over reads its tokens back
+            event = engine_pb2.TokenEvent(request_id="r1", index=0, token_id=7).SerializeToString()
+            await shard.publish(names.token_subject("r1"), event)
+            reader = TokenLogReader(bus[role].jetstream(timeout=WITHIN_S), "r1")
+            async with asyncio.timeout(WITHIN_S):
+                while not (events := await reader.read_new()):
+                    await asyncio.sleep(0.05)
+            assert events[-1].token_id == 7
 
         # Shards answer each other's handshakes (request/reply over inboxes).
         async def answer(msg: Msg) -> None:

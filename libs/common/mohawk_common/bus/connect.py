@@ -87,7 +87,7 @@ async def connect(
             nc.options["max_reconnect_attempts"] = -1  # once connected, reconnect forever
             return nc
         except Exception as exc:  # nats-py raises several unrelated types for "no server"
-            if attempts is not None and attempt >= attempts:
+            if attempts is not None and (attempt >= attempts or refusals):  # a refusal is final
                 reason = refusals[-1] if refusals else str(exc) or type(exc).__name__
                 raise ConnectionError(f"cannot reach NATS at {_shown(urls)}: {reason}") from exc
             log.warning(

@@ -20,7 +20,7 @@ Roles and what they may do (every subject and bucket from `names`):
     ops          `mohawk bus`: read every stream, consumer, bucket and subject; publish nothing
     admin        `mohawk pki revoke` and `mohawk slice push`: ops, plus writing the CRL and slices
 
-Every service role may create (never update, purge or delete) Mohawk's own streams and buckets,
+Every role but ops may create (never update, purge or delete) Mohawk's own streams and buckets,
 as each service does at start (`setup.ensure_streams`/`ensure_buckets`): a create with an
 existing name and another configuration is refused by JetStream, so it changes nothing.
 """
@@ -227,7 +227,7 @@ def _admin() -> Permissions:
     return Permissions(
         publish=(
             *ops.publish,
-            f"{_API}.STREAM.CREATE.{_kv_stream(names.PKI_BUCKET)}",
+            *_adopt(),  # `pki revoke` adopts every bucket, as a service does
             *_kv_write(names.PKI_BUCKET),
             *_object_read(names.SLICES_BUCKET),
             f"{_API}.STREAM.CREATE.{slices}",

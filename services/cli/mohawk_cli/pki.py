@@ -1,10 +1,12 @@
-"""`mohawk pki init|issue|revoke|show|nats-auth`: the operator's PKI on disk, its revocation list on
-the bus, and the bus's own users.
+"""`mohawk pki init|issue|revoke|rotate-seal|show|nats-auth`: the operator's PKI on disk, its
+revocation list and sealing keys on the bus, and the bus's own users.
 
 Everything lives under one directory (default `.mohawk/pki`, laid out as `mohawk_pqc.pki_files`
 describes): the root, the newest signed revocation list, and one bundle per node under `nodes/`,
 which is what that node's service loads. `revoke --nats-url` also puts the new list into the PKI
-bucket, where running services pick it up (as NATS's admin user, `--creds`, where NATS has users).
+bucket, where running services pick it up (as NATS's admin user, `--creds`, where NATS has users),
+and rotates the request-sealing key of every model a revoked shard held (`rotate-seal` does that
+alone): the new key goes to the model's other shard nodes in a root-signed record on the same bucket.
 `nats-auth DIR` makes one NATS user per role (`mohawk_common.bus.nats_auth`): the server's include
 file and each role's credential, kept on later runs. Operator mistakes (no root yet, a missing or foreign
 file, a bad flag) end as one line on stderr and exit status 2.
@@ -20,7 +22,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from google.protobuf.message import Message
+from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
 
 from mohawk_common.bus import names
 from mohawk_common.bus.config import BusSettings
@@ -32,7 +37,19 @@ from mohawk_common.logging import configure_logging, redact_url
 from mohawk_common.settings import load_settings
 from mohawk_pqc.certificates import Root, TrustStore
 from mohawk_pqc.errors import AuthenticationError, PkiError
-from mohawk_pqc.pki_files import describe, init_pki, issue_node, load_root_key, read_message, revoke
+from mohawk_pqc.kem import CryptographyKem
+from mohawk_pqc.pki_files import (
+    describe,
+    init_pki,
+    issue_node,
+    load_root_key,
+    models_held_by,
+    read_message,
+    revoke,
+    rotate_seal_key,
+    seal_models,
+    seal_record_number,
+)
 from mohawk_proto.v1 import security_pb2
 
 M = TypeVar("M", bound=Message)
@@ -45,7 +62,7 @@ CONNECT_DEADLINE_S = 4.0  # nats-py retries an unreachable server for a long tim
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(
-        dest="pki_command", required=True, metavar="{init,issue,revoke,show,nats-auth}"
+        dest="pki_command", required=True, metavar="{init,issue,revoke,rotate-seal,show,nats-auth}"
     )
     init_cmd = commands.add_parser("init", help="create the operator root and an empty revocation list")
     init_cmd.add_argument(
@@ -71,6 +88,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     revoke_cmd.add_argument(
         "--creds", type=Path, help="NATS credential of the admin role (default: MOHAWK_NATS_CREDS)"
     )
+    rotate_cmd = commands.add_parser(
+        "rotate-seal", help="a new request-sealing key for models, published to their valid shard nodes"
+    )
+    rotate_cmd.add_argument(
+        "--model", action="append", default=[], help="a model to rotate (repeatable; default: every model)"
+    )
+    rotate_cmd.add_argument("--nats-url", help="NATS to publish on (default: MOHAWK_NATS_URL)")
+    rotate_cmd.add_argument(
+        "--creds", type=Path, help="NATS credential of the admin role (default: MOHAWK_NATS_CREDS)"
+    )
     show_cmd = commands.add_parser("show", help="the root, every issued bundle and the revocation list")
     nats_auth_cmd = commands.add_parser(
         "nats-auth",
@@ -78,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for each service (kept if there)",
     )
     nats_auth_cmd.add_argument("dir", type=Path, help="where to write them, e.g. config/nats/auth")
-    for command in (init_cmd, issue_cmd, revoke_cmd, show_cmd):
+    for command in (init_cmd, issue_cmd, revoke_cmd, rotate_cmd, show_cmd):
         command.add_argument(
             "--pki-dir", type=Path, default=Path(DEFAULT_PKI_DIR), help="default: %(default)s"
         )
@@ -90,13 +117,15 @@ def run(args: argparse.Namespace) -> int:
         "init": _init,
         "issue": _issue,
         "revoke": _revoke,
+        "rotate-seal": _rotate_seal,
         "show": _show,
         "nats-auth": _nats_auth,
     }
     try:
         return handlers[args.pki_command](args)
     except ConnectionError as exc:  # only revoke --nats-url reaches the network
-        print(f"mohawk pki: error: {exc}; nothing was revoked", file=sys.stderr)
+        done = "revoked" if args.pki_command == "revoke" else "rotated"
+        print(f"mohawk pki: error: {exc}; nothing was {done}", file=sys.stderr)
         return 1
     except (MohawkError, OSError) as exc:
         print(f"mohawk pki: error: {exc}", file=sys.stderr)
@@ -138,9 +167,7 @@ def _revoke(args: argparse.Namespace) -> int:
     if args.nats_url is None:
         crl = revoke(args.pki_dir, args.serial)
     else:
-        overrides = {"nats_url": args.nats_url, "nats_creds": args.creds}
-        settings = load_settings(BusSettings, {k: v for k, v in overrides.items() if v is not None})
-        configure_logging("error")  # connect's per-attempt warnings; the outcome is reported below
+        settings = _bus_settings(args)
         crl = asyncio.run(
             revoke_and_publish(
                 args.pki_dir,
@@ -158,18 +185,15 @@ def _revoke(args: argparse.Namespace) -> int:
 async def revoke_and_publish(
     pki: Path, serials: list[int], servers: list[str], limits: BusLimits, *, creds: Path | None = None
 ) -> security_pb2.RevocationList:
-    """Sign the next revocation list and put it into the PKI bucket (created if absent).
+    """Sign the next revocation list and put it into the PKI bucket (created if absent), then rotate
+    the sealing key of every model a revoked certificate held (`models_held_by`), leaving it out.
 
     NATS and its bucket are reached first, so when they cannot be (ConnectionError) nothing
     changes on disk either.
     """
     nc = await connect_or_give_up(servers, name="mohawk-pki", deadline_s=CONNECT_DEADLINE_S, creds=creds)
     try:
-        try:
-            bucket = (await ensure_buckets(nc.jetstream(), limits)).pki
-        except NatsError as exc:
-            shown = redact_url(", ".join(servers))
-            raise ConnectionError(f"NATS at {shown} has no usable JetStream: {exc!r}") from exc
+        bucket = await _pki_bucket(nc, servers, limits)
         crl = revoke(pki, serials)
         try:
             await bucket.put(names.CRL_KEY, crl.SerializeToString(deterministic=True))
@@ -177,9 +201,92 @@ async def revoke_and_publish(
             raise PkiError(
                 f"{pki / 'crl'} is written but NATS refused it ({exc!r}); revoke again to publish"
             ) from exc
+        await _rotate_seal_keys(bucket, pki, models_held_by(pki, serials))
         return crl
     finally:
         await nc.close()
+
+
+def _rotate_seal(args: argparse.Namespace) -> int:
+    load_root_key(args.pki_dir)
+    known = seal_models(args.pki_dir)
+    unknown = sorted(set(args.model) - set(known))
+    if unknown:
+        raise PkiError(f"{args.pki_dir} has no sealing key of model(s) {', '.join(unknown)}")
+    settings = _bus_settings(args)
+    records = asyncio.run(
+        rotate_and_publish(
+            args.pki_dir,
+            args.model or known,
+            settings.nats_servers,
+            settings.bus_limits(),
+            creds=settings.nats_creds,
+        )
+    )
+    for record in records:
+        body = security_pb2.SealKeyRecordBody.FromString(record.body)
+        print(f"{body.model} {body.number} copies={len(body.copies)}")
+    return 0
+
+
+async def rotate_and_publish(
+    pki: Path, models: list[str], servers: list[str], limits: BusLimits, *, creds: Path | None = None
+) -> list[security_pb2.SealKeyRecord]:
+    """A new request-sealing key for each of `models`, its record put into the PKI bucket."""
+    nc = await connect_or_give_up(servers, name="mohawk-pki", deadline_s=CONNECT_DEADLINE_S, creds=creds)
+    try:
+        return await _rotate_seal_keys(await _pki_bucket(nc, servers, limits), pki, models)
+    finally:
+        await nc.close()
+
+
+async def _rotate_seal_keys(
+    bucket: KeyValue, pki: Path, models: list[str]
+) -> list[security_pb2.SealKeyRecord]:
+    """Rotate each model's key on disk and publish its record, numbered past both the record on disk
+    and the one on the bus."""
+    records = []
+    for model in models:
+        key = names.seal_key_record_key(model)
+        number = max(seal_record_number(pki, model), await _published_number(bucket, key)) + 1
+        record = rotate_seal_key(pki, model, number=number, kem=CryptographyKem())
+        try:
+            await bucket.put(key, record.SerializeToString(deterministic=True))
+        except NatsError as exc:
+            raise PkiError(
+                f"{model}'s new sealing key is written but NATS refused it ({exc!r}); "
+                f"run `mohawk pki rotate-seal --model {model}` to publish one"
+            ) from exc
+        print(
+            f"mohawk pki: sealing key of {model} rotated, published to {names.PKI_BUCKET}/{key}",
+            file=sys.stderr,
+        )
+        records.append(record)
+    return records
+
+
+async def _published_number(bucket: KeyValue, key: str) -> int:
+    try:
+        entry = await bucket.get(key)
+    except KeyNotFoundError:
+        return 0
+    record = security_pb2.SealKeyRecord.FromString(entry.value or b"")
+    return security_pb2.SealKeyRecordBody.FromString(record.body).number
+
+
+async def _pki_bucket(nc: NATS, servers: list[str], limits: BusLimits) -> KeyValue:
+    try:
+        return (await ensure_buckets(nc.jetstream(), limits)).pki
+    except NatsError as exc:
+        shown = redact_url(", ".join(servers))
+        raise ConnectionError(f"NATS at {shown} has no usable JetStream: {exc!r}") from exc
+
+
+def _bus_settings(args: argparse.Namespace) -> BusSettings:
+    overrides = {"nats_url": args.nats_url, "nats_creds": args.creds}
+    settings = load_settings(BusSettings, {k: v for k, v in overrides.items() if v is not None})
+    configure_logging("error")  # connect's per-attempt warnings; the outcome is reported below
+    return settings
 
 
 def _show(args: argparse.Namespace) -> int:

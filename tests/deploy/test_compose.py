@@ -31,6 +31,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
+DEV_FILE = ROOT / "docker-compose.dev.yml"  # the development PKI, opted into with -f
+BUNDLES_DIR = ROOT / "mohawk-bundles"  # `mohawk pki compose-bundles` writes it; compose's default
+NATS_ROLES = {
+    "coordinator": "coordinator",
+    "gateway": "gateway",
+    "shard-node": "shard",
+    "telemetry": "telemetry",
+}
 CLUSTER_FILE = ROOT / "config" / "nats" / "docker-compose.nats-cluster.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 MOHAWK_SERVICES = {"coordinator", "gateway", "shard-node", "telemetry"}
@@ -102,26 +110,30 @@ compose_impls = pytest.mark.parametrize(
 )
 
 
-def run_compose(compose: list[str], file: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def run_compose(
+    compose: list[str], file: Path | list[Path], *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
     clean = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("MOHAWK_", "NATS_", "COMPOSE_", "TORCH_")) and k != "DOCKER_HOST"
     }
     clean.update(env)
+    files = file if isinstance(file, list) else [file]
     result = subprocess.run(
-        [*compose, "-f", str(file), *args],
+        [*compose, *(arg for f in files for arg in ("-f", str(f))), *args],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
         env=clean,
     )
-    assert result.returncode == 0, f"{' '.join(compose)} -f {file.name} {' '.join(args)}:\n{result.stderr}"
+    shown = " ".join(f"-f {f.name}" for f in files)
+    assert result.returncode == 0, f"{' '.join(compose)} {shown} {' '.join(args)}:\n{result.stderr}"
     return result
 
 
-def resolved(compose: list[str], file: Path, *options: str, **env: str) -> dict[str, Any]:
+def resolved(compose: list[str], file: Path | list[Path], *options: str, **env: str) -> dict[str, Any]:
     """The file as the Compose implementation resolves it (interpolated, merged, paths absolute)."""
     return yaml.safe_load(run_compose(compose, file, *options, "config", **env).stdout)
 
@@ -195,12 +207,27 @@ def mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def mount_specs(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """{target: (source, read_only)}, from the short syntax ("src:dst:ro", as 1.29 prints it) or the
+    long one (Compose v2's `read_only`)."""
+    out: dict[str, tuple[str, bool]] = {}
+    for volume in service.get("volumes") or []:
+        if isinstance(volume, dict):
+            out[str(volume["target"])] = (str(volume.get("source", "")), bool(volume.get("read_only")))
+        else:
+            source, target, *mode = str(volume).split(":")
+            out[target] = (source, "ro" in (mode[0].split(",") if mode else []))
+    return out
+
+
 # --- real Compose parsers ---------------------------------------------------------------------
 
 
 @compose_impls
-@pytest.mark.parametrize("file", [COMPOSE_FILE, CLUSTER_FILE], ids=["main", "nats-cluster"])
-def test_compose_accepts_the_file(compose: list[str], file: Path) -> None:
+@pytest.mark.parametrize(
+    "file", [COMPOSE_FILE, [COMPOSE_FILE, DEV_FILE], CLUSTER_FILE], ids=["main", "dev", "nats-cluster"]
+)
+def test_compose_accepts_the_file(compose: list[str], file: Path | list[Path]) -> None:
     run_compose(compose, file, "config", "-q")
 
 
@@ -215,8 +242,8 @@ def test_defaults_resolve_to_the_single_host_setup(compose: list[str]) -> None:
         # Pass-through variables stay unset when the shell does not set them.
         assert env.get("MOHAWK_MODEL") is None, name
         assert depends_on(services[name])["nats"] == "service_healthy", name
-    for source, _ in mounts(services["nats"]):
-        if source.startswith("/"):
+    for source, target in mounts(services["nats"]):
+        if source.startswith("/") and target != "/etc/nats/auth":  # that one compose-bundles makes
             assert Path(source).is_file(), f"bind mount {source} does not exist"
     assert ("8000", 8000) in published_ports(services["gateway"])
     gateway = env_of(services["gateway"])
@@ -242,6 +269,81 @@ def test_a_second_host_points_its_shard_node_at_host_one(compose: list[str]) -> 
         assert env["MOHAWK_NATS_URL"] == "nats://host1:4222,nats://host2:4222,nats://host3:4222"
         assert str(env["MOHAWK_NATS_REPLICAS"]) == "3"
         assert env["MOHAWK_MODEL"] == "/models/model.gguf"
+
+
+@compose_impls
+def test_no_service_holds_the_root_key_and_each_mounts_only_its_own_bundle_read_only(
+    compose: list[str],
+) -> None:
+    """Production by default: ./mohawk-bundles/<service> (`mohawk pki compose-bundles`) into that
+    service alone, read-only, as /pki; no shared PKI volume, no development root."""
+    config = resolved(compose, COMPOSE_FILE)
+    assert "pki" not in (config.get("volumes") or {})
+    bundle_sources: dict[str, str] = {}
+    for name, service in config["services"].items():  # every service, profiled ones too
+        for source, read_only in mount_specs(service).values():
+            assert source != "pki" and ".mohawk" not in source, f"{name} mounts {source}"
+            if source.startswith(str(BUNDLES_DIR)):
+                assert read_only, f"{name}: {source} is mounted writable"
+                assert source not in bundle_sources, (
+                    f"{source} mounted by {bundle_sources[source]} and {name}"
+                )
+                bundle_sources[source] = name
+        assert "MOHAWK_DEV_PKI_DIR" not in env_of(service), name
+    expected = {str(BUNDLES_DIR / name): name for name in MOHAWK_SERVICES} | {
+        str(BUNDLES_DIR / "nats"): "nats"
+    }
+    assert bundle_sources == expected
+    for name in MOHAWK_SERVICES:
+        service = config["services"][name]
+        assert mount_specs(service)["/pki"] == (str(BUNDLES_DIR / name), True), name
+        env = env_of(service)
+        assert (env["MOHAWK_PKI_DIR"], env["MOHAWK_NATS_CREDS"]) == ("/pki/pki", "/pki/nats.creds"), name
+    ids = {
+        "MOHAWK_COORDINATOR_ID": "coordinator",
+        "MOHAWK_GATEWAY_ID": "gateway",
+        "MOHAWK_NODE_ID": "shard-node",
+    }
+    elsewhere = resolved(compose, COMPOSE_FILE, MOHAWK_HOST_ID="host2", MOHAWK_BUNDLES_DIR="/srv/bundles")
+    for variable, name in ids.items():
+        # the node ids the bundles name (compose-bundles --host: <host>-<service>)
+        assert env_of(config["services"][name])[variable] == f"host1-{name}"
+        assert env_of(elsewhere["services"][name])[variable] == f"host2-{name}"
+        assert mount_specs(elsewhere["services"][name])["/pki"] == (f"/srv/bundles/{name}", True)
+
+
+@compose_impls
+def test_nats_admits_only_mohawk_users_and_listens_on_loopback_unless_told(compose: list[str]) -> None:
+    nats = resolved(compose, COMPOSE_FILE)["services"]["nats"]
+    conf, _ = mount_specs(nats)["/etc/nats/nats-server.conf"]
+    assert 'include "auth/nats-auth.conf"' in Path(conf).read_text()  # relative to the conf: /etc/nats
+    assert mount_specs(nats)["/etc/nats/auth"] == (str(BUNDLES_DIR / "nats"), True)
+    assert ("127.0.0.1", "4222", 4222) in port_bindings(nats)
+    assert not any(ip in ("", "0.0.0.0") for ip, _, _ in port_bindings(nats))
+    shared = resolved(compose, COMPOSE_FILE, MOHAWK_NATS_BIND="0.0.0.0")["services"]["nats"]
+    assert ("0.0.0.0", "4222", 4222) in port_bindings(shared)
+
+
+@compose_impls
+def test_the_development_override_resolves_to_a_shared_self_issuing_pki(compose: list[str]) -> None:
+    """`-f docker-compose.yml -f docker-compose.dev.yml`: the opt-in that mounts the root's volume."""
+    config = resolved(compose, [COMPOSE_FILE, DEV_FILE])
+    services = active_services(config)
+    assert set(services) == {*SERVERS, *MOHAWK_SERVICES, "dev-nats-users"}
+    assert "pki" in config["volumes"]
+    assert services["dev-nats-users"]["command"] == ["pki", "nats-auth", "/pki"]
+    assert depends_on(services["nats"])["dev-nats-users"] == "service_completed_successfully"
+    assert mount_specs(services["nats"])["/etc/nats/auth"] == ("pki", True)
+    for name in MOHAWK_SERVICES:
+        service = services[name]
+        assert mount_specs(service)["/pki"] == ("pki", False), name  # the bundle's mount is replaced
+        assert not any(s.startswith(str(BUNDLES_DIR)) for s, _ in mount_specs(service).values()), name
+        env = env_of(service)
+        assert env["MOHAWK_NATS_CREDS"] == f"/pki/creds/{NATS_ROLES[name]}.creds", name
+        if name != "telemetry":  # telemetry loads no certificate
+            assert (env["MOHAWK_PKI_DIR"], env["MOHAWK_DEV_PKI_DIR"]) == ("null", "/pki"), name
+    # scalable again: the node id falls back to the hostname (`null`, tests/shard/node/test_node_config.py)
+    assert env_of(services["shard-node"])["MOHAWK_NODE_ID"] == "null"
 
 
 @compose_impls
@@ -334,13 +436,16 @@ def test_gateway_publishes_8000_binds_all_interfaces_and_checks_health() -> None
     assert "/health" in " ".join(gateway["healthcheck"]["test"])
 
 
-def test_shard_node_can_be_scaled() -> None:
-    """`--scale shard-node=N` needs no fixed name, host port or node id (it defaults to the hostname)."""
+def test_shard_node_can_be_scaled_with_the_development_pki() -> None:
+    """`--scale shard-node=N` needs no fixed name or host port, and a node id per replica: the
+    production file names the one node its bundle certifies, the development override resets the
+    id to the hostname (`null`)."""
     shard = raw(COMPOSE_FILE)["services"]["shard-node"]
     assert "container_name" not in shard
     assert "hostname" not in shard
     assert not shard.get("ports")
-    assert "MOHAWK_NODE_ID" not in env_of(shard)
+    assert env_of(shard)["MOHAWK_NODE_ID"] == "${MOHAWK_HOST_ID:-host1}-shard-node"
+    assert env_of(raw(DEV_FILE)["services"]["shard-node"])["MOHAWK_NODE_ID"] == "null"
 
 
 @pytest.mark.parametrize("name", sorted(MOHAWK_SERVICES))

@@ -23,11 +23,13 @@ from typing import TypeVar
 
 import pytest
 
+from mohawk_cli.compose_bundles import CREDS_FILE, write_compose_bundles
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.nats_auth import NatsAuth, init_auth
 from mohawk_common.bus.server import free_port
 from mohawk_common.bus.setup import Buckets, BusLimits, ensure_buckets, ensure_streams
+from mohawk_pqc.pki_files import init_pki
 
 NATS_DIR = Path(__file__).resolve().parents[2] / "config" / "nats"
 CONF_FILES = sorted(NATS_DIR.glob("*.conf"))
@@ -143,7 +145,14 @@ class Server:
 
 
 @needs_nats_server
-def test_single_server_runs_jetstream_with_a_1mb_payload_limit(tmp_path: Path) -> None:
+def test_single_server_runs_jetstream_with_a_1mb_payload_limit_for_mohawk_users_only(tmp_path: Path) -> None:
+    """single.conf as docker-compose.yml runs it: `auth/` is what `mohawk pki compose-bundles` wrote
+    to <bundles>/nats, and each service connects with the nats.creds of its own bundle."""
+    init_pki(tmp_path / "pki")
+    bundles = write_compose_bundles(
+        tmp_path / "pki", tmp_path / "bundles", host="host1", model="smollm2-135m-instruct"
+    )
+    shutil.copytree(bundles["nats"], tmp_path / "auth")
     ports = Ports(free_port(), free_port(), 0)
     text = rewrite(
         (NATS_DIR / "single.conf").read_text(),
@@ -162,8 +171,32 @@ def test_single_server_runs_jetstream_with_a_1mb_payload_limit(tmp_path: Path) -
         _, varz = server.get("/varz")
         assert varz["max_payload"] == 1024 * 1024
         assert varz["jetstream"]["config"]["store_dir"].startswith(str(tmp_path))
+        asyncio.run(_only_mohawk_users(server.url, bundles))
     finally:
         server.stop()
+
+
+async def _only_mohawk_users(url: str, bundles: dict[str, Path]) -> None:
+    with pytest.raises(ConnectionError, match=r"(?i)authorization violation"):
+        await connect([url], name="anonymous", attempts=1)
+    coordinator = await connect(
+        [url], name="coordinator", attempts=3, creds=bundles["coordinator"] / CREDS_FILE
+    )
+    try:
+        await ensure_streams(coordinator.jetstream(), BusLimits())
+        plan = (await ensure_buckets(coordinator.jetstream(), BusLimits())).plan
+        await plan.put(names.PLAN_KEY, b"v1")
+    finally:
+        await coordinator.close()
+    for service in ("gateway", "shard-node", "telemetry"):
+        nc = await connect([url], name=service, attempts=3, creds=bundles[service] / CREDS_FILE)
+        try:
+            if service == "gateway":  # connected as its role, not as one that may write the plan
+                plan = (await ensure_buckets(nc.jetstream(timeout=2), BusLimits())).plan
+                with pytest.raises(Exception, match=r"(?i)timeout|permission"):
+                    await plan.put(names.PLAN_KEY, b"forged")
+        finally:
+            await nc.close()
 
 
 @pytest.fixture

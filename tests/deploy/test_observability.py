@@ -110,9 +110,11 @@ def test_telemetry_runs_the_mohawk_image_on_loopback_9300() -> None:
     assert telemetry["ports"] == ["127.0.0.1:9300:9300"]
     assert telemetry["restart"] == "unless-stopped"
     assert telemetry["depends_on"]["nats"]["condition"] == "service_healthy"
-    assert ("pki", "/pki") in mounts(telemetry)
+    # its own NATS credential only (`mohawk pki compose-bundles`), read-only; no PKI volume
+    assert telemetry["volumes"] == ["${MOHAWK_BUNDLES_DIR:-./mohawk-bundles}/telemetry:/pki:ro"]
     env = env_of(telemetry)
-    assert {"MOHAWK_NATS_URL", "MOHAWK_DEV_PKI_DIR", "MOHAWK_PKI_DIR", "MOHAWK_INSECURE"} <= set(env)
+    assert {"MOHAWK_NATS_URL", "MOHAWK_NATS_CREDS", "MOHAWK_INSECURE"} <= set(env)
+    assert "MOHAWK_DEV_PKI_DIR" not in env
     assert "9300/metrics" in " ".join(telemetry["healthcheck"]["test"])
     assert not telemetry.get("profiles")
 

@@ -8,7 +8,9 @@ bucket, where running services pick it up (as NATS's admin user, `--creds`, wher
 and rotates the request-sealing key of every model a revoked shard held (`rotate-seal` does that
 alone): the new key goes to the model's other shard nodes in a root-signed record on the same bucket.
 `nats-auth DIR` makes one NATS user per role (`mohawk_common.bus.nats_auth`): the server's include
-file and each role's credential, kept on later runs. Operator mistakes (no root yet, a missing or foreign
+file and each role's credential, kept on later runs. `compose-bundles DIR --model M` issues what one
+Compose host needs (`mohawk_cli.compose_bundles`): a bundle and a NATS credential per service and
+the server's users, nothing of the root's private key. Operator mistakes (no root yet, a missing or foreign
 file, a bad flag) end as one line on stderr and exit status 2.
 """
 
@@ -27,6 +29,7 @@ from nats.errors import Error as NatsError
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from mohawk_cli.compose_bundles import SERVICES, write_compose_bundles
 from mohawk_common.bus import names
 from mohawk_common.bus.config import BusSettings
 from mohawk_common.bus.connect import connect_or_give_up
@@ -62,7 +65,9 @@ CONNECT_DEADLINE_S = 4.0  # nats-py retries an unreachable server for a long tim
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(
-        dest="pki_command", required=True, metavar="{init,issue,revoke,rotate-seal,show,nats-auth}"
+        dest="pki_command",
+        required=True,
+        metavar="{init,issue,revoke,rotate-seal,show,nats-auth,compose-bundles}",
     )
     init_cmd = commands.add_parser("init", help="create the operator root and an empty revocation list")
     init_cmd.add_argument(
@@ -105,7 +110,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for each service (kept if there)",
     )
     nats_auth_cmd.add_argument("dir", type=Path, help="where to write them, e.g. config/nats/auth")
-    for command in (init_cmd, issue_cmd, revoke_cmd, rotate_cmd, show_cmd):
+    bundles_cmd = commands.add_parser(
+        "compose-bundles",
+        help="for docker-compose.yml: DIR/<service>/ with its own bundle and NATS credential, "
+        "DIR/nats/ with the server's users",
+    )
+    bundles_cmd.add_argument("dir", type=Path, help="where to write them, e.g. ./mohawk-bundles")
+    bundles_cmd.add_argument("--model", required=True, help="the served model the host's certificates name")
+    bundles_cmd.add_argument(
+        "--host",
+        type=_node_id,
+        default="host1",
+        help="this host's MOHAWK_HOST_ID: node ids are <host>-<service> (default: %(default)s)",
+    )
+    bundles_cmd.add_argument("--days", type=_days, default=365.0, help="validity in days (default 365)")
+    for command in (init_cmd, issue_cmd, revoke_cmd, rotate_cmd, show_cmd, bundles_cmd):
         command.add_argument(
             "--pki-dir", type=Path, default=Path(DEFAULT_PKI_DIR), help="default: %(default)s"
         )
@@ -120,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         "rotate-seal": _rotate_seal,
         "show": _show,
         "nats-auth": _nats_auth,
+        "compose-bundles": _compose_bundles,
     }
     try:
         return handlers[args.pki_command](args)
@@ -140,6 +160,20 @@ def _nats_auth(args: argparse.Namespace) -> int:
     print(
         f"mohawk pki: NATS users of {', '.join(ROLES)} in {args.dir}; include {auth.conf.name} in the "
         "server config, give each service its creds file (MOHAWK_NATS_CREDS); never commit them",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _compose_bundles(args: argparse.Namespace) -> int:
+    written = write_compose_bundles(args.pki_dir, args.dir, host=args.host, model=args.model, days=args.days)
+    for path in written.values():
+        print(path)
+    print(
+        f"mohawk pki: bundles for host {args.host!r} in {args.dir}; set MOHAWK_HOST_ID={args.host} "
+        f"(and MOHAWK_BUNDLES_DIR={args.dir} unless it is ./mohawk-bundles) in .env; the files are "
+        "0600, so give the services' directories to the image's user (uid 10001): sudo chown -R "
+        f"10001 {' '.join(str(args.dir / s.name) for s in SERVICES)}",
         file=sys.stderr,
     )
     return 0

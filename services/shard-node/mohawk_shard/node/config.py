@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mohawk_common.bus.config import BusSettings
 from mohawk_shard.config import EngineSettings
@@ -18,7 +18,17 @@ def _default_node_id() -> str:
 
 
 class NodeSettings(BusSettings, EngineSettings):
-    node_id: str = Field(default_factory=_default_node_id, description="unique per node; default: hostname")
+    node_id: str = Field(
+        default_factory=_default_node_id,
+        description="unique per node; default (or `null`, as docker-compose.dev.yml sets): hostname",
+    )
+
+    @field_validator("node_id", mode="before")
+    @classmethod
+    def _hostname_when_none(cls, value: object) -> object:
+        """MOHAWK_NODE_ID=null overrides a compose file's fixed id with the hostname default."""
+        return _default_node_id() if value is None else value
+
     backend: Literal["torch", "mlx"] = Field(
         "torch", description="torch (CPU, CUDA) or mlx (Apple Silicon; a Linux CPU through mlx-cpu)"
     )

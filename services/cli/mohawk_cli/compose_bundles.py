@@ -1,0 +1,90 @@
+"""`mohawk pki compose-bundles DIR --model M`: everything one Compose host needs, from the operator's
+PKI, so that no container ever holds the root key.
+
+    DIR/nats/nats-auth.conf          nats-server's users (bcrypt hashes), included by single.conf
+    DIR/coordinator/pki/             the coordinator's certificate bundle (`pki issue`)
+    DIR/coordinator/nats.creds       and its NATS credential (role coordinator)
+    DIR/gateway/{pki/,nats.creds}    the gateway's, bound to the model
+    DIR/shard-node/{pki/,nats.creds} the shard node's, bound to the model (it holds the sealing key)
+    DIR/telemetry/nats.creds         telemetry reads the bus only
+
+docker-compose.yml mounts DIR/<service> read-only into that service alone, as /pki. The NATS
+users are made once per cluster under <pki-dir>/nats-auth (kept on later runs), so every host's
+bundles carry credentials of the same users; the certificates are new on every run. Node ids are
+`<host>-<service>`, the ids docker-compose.yml gives the services with MOHAWK_HOST_ID.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from mohawk_common.bus.nats_auth import CONF_NAME, init_auth
+from mohawk_pqc.pki_files import issue_node, load_root_key
+
+NATS_AUTH_DIR = "nats-auth"  # under the PKI directory: the cluster's NATS users, kept across runs
+BUNDLE_DIR = "pki"
+CREDS_FILE = "nats.creds"
+
+
+@dataclass(frozen=True, slots=True)
+class ComposeService:
+    """One Compose service: its certificate role (None: it needs no certificate) and NATS role."""
+
+    name: str
+    cert_role: str | None
+    nats_role: str
+
+
+SERVICES = (
+    ComposeService("coordinator", "coordinator", "coordinator"),
+    ComposeService("gateway", "gateway", "gateway"),
+    ComposeService("shard-node", "shard", "shard"),
+    ComposeService("telemetry", None, "telemetry"),
+)
+
+
+def node_id(host: str, service: str) -> str:
+    return f"{host}-{service}"
+
+
+def write_compose_bundles(
+    pki: Path, out: Path, *, host: str, model: str, days: float = 365.0
+) -> dict[str, Path]:
+    """Issue and copy one bundle and one NATS credential per service of `host` into `out`.
+
+    Returns {service (and "nats"): its directory}. The root must exist (`mohawk pki init`).
+    """
+    load_root_key(pki)  # no root: say so before anything is written
+    auth = init_auth(pki / NATS_AUTH_DIR)
+    written = {"nats": _fresh_dir(out / "nats")}
+    _copy_private(auth.conf, written["nats"] / CONF_NAME)
+    for service in SERVICES:
+        target = written[service.name] = _fresh_dir(out / service.name)
+        if service.cert_role is not None:
+            bundle = issue_node(
+                pki, node_id(host, service.name), service.cert_role, models=(model,), days=days
+            )
+            shutil.copytree(bundle, target / BUNDLE_DIR)  # modes kept: node.key and seal keys 0600
+        _copy_private(auth.creds(service.nats_role), target / CREDS_FILE)
+    return written
+
+
+def _fresh_dir(path: Path) -> Path:
+    """`path`, emptied: a re-run leaves no file of an earlier bundle behind."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True, mode=0o700)
+    return path
+
+
+def _copy_private(source: Path, target: Path) -> None:
+    """A copy of `source` that is 0600 from its creation (the target is new: `_fresh_dir`)."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(source.read_bytes())

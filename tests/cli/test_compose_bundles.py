@@ -1,0 +1,110 @@
+"""`mohawk pki compose-bundles DIR --model M`: one bundle and one NATS credential per Compose
+service, the server's users for NATS, and nothing of the root's private key."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from mohawk_cli.compose_bundles import SERVICES
+from mohawk_common.bus.nats_auth import CONF_NAME, Credential
+from mohawk_pqc.pki_files import load_bundle, read_message
+from mohawk_proto.v1 import security_pb2
+from tests.cli.helpers import mohawk_in_process
+
+MODEL = "smollm2-135m-instruct"
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    return mohawk_in_process(capsys, "pki", *args)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def pki(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    assert cli(capsys, "init", "--pki-dir", str(tmp_path / "pki"))[0] == 0
+    return tmp_path / "pki"
+
+
+def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
+    pki: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bundles"
+    code, stdout, stderr = cli(capsys, "compose-bundles", str(out), "--model", MODEL, "--pki-dir", str(pki))
+    assert code == 0, stderr
+    assert "MOHAWK_HOST_ID=host1" in stderr
+    assert {Path(line).name for line in stdout.split()} == {"nats", *(s.name for s in SERVICES)}
+    assert not list(out.rglob("root.key")) and not list(out.rglob("*.tmp"))
+    users = {}
+    for service in SERVICES:
+        directory = out / service.name
+        assert mode(directory) == 0o700
+        creds = directory / "nats.creds"
+        assert mode(creds) == 0o600
+        users[service.name] = Credential.read(creds).user
+        if service.cert_role is None:
+            assert sorted(p.name for p in directory.iterdir()) == ["nats.creds"]
+            continue
+        bundle = load_bundle(directory / "pki", role=service.cert_role)  # valid now, for its role
+        body = bundle.identity.body
+        assert body.node_id == f"host1-{service.name}"  # docker-compose.yml's ids
+        assert mode(directory / "pki" / "node.key") == 0o600
+        # only the shard node holds the model's sealing key; shard and gateway are bound to the model
+        seal_keys = list((directory / "pki" / "seal").rglob("*.key"))
+        assert bool(seal_keys) == (service.cert_role == "shard")
+        assert all(mode(key) == 0o600 for key in seal_keys)
+        assert body.model == (MODEL if service.cert_role in ("shard", "gateway") else "")
+    assert users == {
+        "coordinator": "mohawk-coordinator",
+        "gateway": "mohawk-gateway",
+        "shard-node": "mohawk-shard",
+        "telemetry": "mohawk-telemetry",
+    }
+    conf = out / "nats" / CONF_NAME
+    assert mode(conf) == 0o600 and "authorization" in conf.read_text()
+    assert sorted(p.name for p in (out / "nats").iterdir()) == [CONF_NAME]
+
+
+def test_a_second_host_gets_its_own_node_ids_and_the_same_nats_users(
+    pki: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host1, host2 = tmp_path / "host1", tmp_path / "host2"
+    for out, host in ((host1, "host1"), (host2, "host2")):
+        args = ("compose-bundles", str(out), "--model", MODEL, "--host", host, "--pki-dir", str(pki))
+        assert cli(capsys, *args)[0] == 0
+    cert = read_message(host2 / "shard-node" / "pki" / "node.cert", security_pb2.Certificate)
+    assert security_pb2.CertificateBody.FromString(cert.body).node_id == "host2-shard-node"
+    for service in SERVICES:  # one set of NATS users per cluster, kept under <pki-dir>/nats-auth
+        creds = f"{service.name}/nats.creds"
+        assert (host1 / creds).read_bytes() == (host2 / creds).read_bytes()
+
+
+def test_a_rerun_replaces_what_was_there(
+    pki: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bundles"
+    stale = out / "gateway" / "pki" / "seal" / "old-model.cert"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("left over")
+    (out / "nats").write_text("a file where a directory goes")
+    assert cli(capsys, "compose-bundles", str(out), "--model", MODEL, "--pki-dir", str(pki))[0] == 0
+    assert not stale.exists() and (out / "nats" / CONF_NAME).is_file()
+
+
+def test_without_a_root_it_says_so_in_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bundles"
+    code, _, stderr = cli(
+        capsys, "compose-bundles", str(out), "--model", MODEL, "--pki-dir", str(tmp_path / "none")
+    )
+    assert code == 2
+    assert "root.key is missing" in stderr and len(stderr.strip().splitlines()) == 1
+    assert not out.exists()
+    code, _, stderr = cli(capsys, "compose-bundles", str(out), "--model", MODEL, "--host", "a/b")
+    assert code == 2 and "--host" in stderr

@@ -119,13 +119,13 @@ def test_telemetry_runs_the_mohawk_image_on_loopback_9300() -> None:
     assert not telemetry.get("profiles")
 
 
-def test_shard_nodes_and_coordinators_serve_metrics_on_the_compose_network_only() -> None:
-    for name, port in (("shard-node", 9400), ("coordinator", 9401)):
+def test_shard_nodes_coordinators_and_gateways_serve_metrics_on_the_compose_network_only() -> None:
+    for name, port in (("shard-node", 9400), ("coordinator", 9401), ("gateway", 9402)):
         service = services()[name]
         assert int(env_of(service)["MOHAWK_METRICS_PORT"]) == port, name
         # the default binds loopback only: Prometheus, another container, needs every interface
         assert env_of(service)["MOHAWK_METRICS_HOST"] == "0.0.0.0", name
-        assert not service.get("ports") and not service.get("expose"), name
+        assert not service.get("expose") and port not in {t for _, t in published_ports(service)}, name
 
 
 def test_prometheus_and_grafana_are_pinned_profiled_and_on_loopback() -> None:
@@ -206,6 +206,9 @@ def test_prometheus_scrapes_every_mohawk_service_on_its_metrics_port() -> None:
         for host, port in hosts:
             assert port == metrics_port(compose_services[host]), f"job {job}: {host}:{port}"
     assert targets[TELEMETRY_JOB] == {("telemetry", 9300)}
+    # not the API port: its /metrics needs MOHAWK_METRICS_KEY when API keys are on
+    assert targets["gateway"] == {("gateway", 9402)}
+    assert env_of(compose_services["gateway"])["MOHAWK_METRICS_KEY"] is None  # passed through when set
 
 
 def test_scaled_shard_nodes_are_each_scraped() -> None:

@@ -1,11 +1,13 @@
 """A process's own Prometheus endpoint on `metrics_port` (env MOHAWK_METRICS_PORT; off when unset),
-for services without an HTTP API of their own (shard nodes, coordinators). The figures come from a
-function called at every scrape, so nothing is kept twice; the gateway serves `/metrics` on its API
-port instead. The telemetry service's endpoint is the cluster's view; these are each process's."""
+for shard nodes and coordinators, which have no HTTP API of their own, and for the gateway, whose
+API port serves `/metrics` only with a key when API keys are on. The figures come from a function
+called at every scrape, so nothing is kept twice. The telemetry service's endpoint is the
+cluster's view; these are each process's."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
@@ -20,10 +22,12 @@ class _Collected(Collector):
         return list(self._collect())
 
 
-def serve_metrics(port: int | None, host: str, collect: Callable[[], Iterable[Metric]]) -> None:
-    """Serve `collect()`'s metrics on http://host:port/metrics from a daemon thread (None: not at all)."""
+def serve_metrics(port: int | None, host: str, collect: Callable[[], Iterable[Metric]]) -> WSGIServer | None:
+    """Serve `collect()`'s metrics on http://host:port/metrics from a daemon thread (None: not at
+    all). The server is returned so that a process which outlives it can `shutdown()` it."""
     if port is None:
-        return
+        return None
     registry = CollectorRegistry()
     registry.register(_Collected(collect))
-    start_http_server(port, addr=host, registry=registry)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server

@@ -15,6 +15,8 @@ seen gets 503 (it cannot be checked), never a crash.
 
 from __future__ import annotations
 
+import hmac
+
 import structlog
 
 from mohawk_common.errors import ConfigError
@@ -50,6 +52,19 @@ class Access:
     def enabled(self) -> bool:
         """Whether a Redis holds tenants (and sessions) for this gateway."""
         return self.redis is not None
+
+    def check_metrics_key(self, authorization: str | None) -> None:
+        """With auth on, /metrics (every tenant's traffic, cluster-wide) needs the operator's metrics
+        key, never a tenant's: 401 for anything else, and always when no metrics key is set."""
+        if not self.settings.auth:
+            return
+        key = _bearer_key(authorization).encode()
+        expected = self.settings.metrics_key
+        if expected is None or not key or not hmac.compare_digest(key, expected.get_secret_value().encode()):
+            raise invalid_api_key(
+                "/metrics needs the metrics key (Authorization: Bearer MOHAWK_METRICS_KEY), or "
+                "scrape the gateway's metrics port"
+            )
 
     async def authenticate(self, authorization: str | None) -> Tenant | None:
         """The calling tenant, or None (anonymous) when auth is off and the key names no tenant."""

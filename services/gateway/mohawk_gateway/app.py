@@ -11,6 +11,7 @@ from fastapi import Depends, FastAPI
 from prometheus_client import CollectorRegistry
 
 from mohawk_common.bus.security import Security
+from mohawk_common.metrics_port import serve_metrics
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_gateway.access import Access
 from mohawk_gateway.api.deps import get_tenant
@@ -61,9 +62,15 @@ def create_app(
             give_back_memory_when_idle(lambda: gateway.num_started + gateway.num_ended), name="idle-memory"
         )
         log.info("gateway starting", model=gateway.model_name, nats=settings.nats_url)
+        metrics_server = serve_metrics(
+            settings.metrics_port, settings.metrics_host, gateway_metrics.registry.collect
+        )
         try:
             yield
         finally:
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
             await cancel_and_wait(loader, reports, idle)
             await gateway.reports.flush()
             await sessions.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from mohawk_common.bus.config import BusSettings, served_model_name
 from mohawk_gateway.routing import Routing
@@ -54,6 +54,12 @@ class GatewaySettings(BusSettings):
     )
     auth: bool = Field(
         False, description="every /v1 call needs `Authorization: Bearer KEY` of a tenant (needs redis_url)"
+    )
+    metrics_key: SecretStr | None = Field(
+        None,
+        description="with auth on, /metrics on the API port needs `Authorization: Bearer` this key "
+        "(never a tenant's); unset, it answers 401 there. metrics_port serves it with no key, on "
+        "127.0.0.1 unless metrics_host says otherwise",
     )
     token_estimate: int = Field(
         256,

@@ -1,0 +1,292 @@
+"""Hosts tested as hosts: a Mohawk cluster over three network namespaces on one bridge (conftest's
+LAYOUT: host a runs the gateway, coordinator-1 and shard-1; host b coordinator-2 and shard-2; host
+c shard-3; each host its own nats-server of a 3-server JetStream cluster, R3 streams and buckets,
+NATS users per role). The test's HTTP clients run in a user's namespace and the attacker in a
+namespace of its own, both on the bridge: every byte crosses a veth pair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+
+from mohawk_common.bus import names
+from mohawk_common.bus.control import decode_json
+from mohawk_common.bus.pipelines import pipelines
+from mohawk_proto.v1 import bus_pb2
+from tests.integration.cluster_helpers import PROMPTS
+from tests.multihost.hosts import WEIGHTS, MultiHostCluster
+from tests.multihost.netns import Lab, wait_for
+from tests.multihost.probes import (
+    Progress,
+    Streamed,
+    connect_as,
+    heartbeats,
+    in_ns,
+    plan_history,
+    read_plan_record,
+    start_in_ns,
+    stream_many,
+)
+
+# about 5 minutes on a 2-core machine, most of it the cluster starting: `make multihost` runs it
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 32
+NUM_STREAMS = 16
+STREAMS_BOUND_S = 240.0  # 16 streams through an unplugged host and back
+DENIED_WITHIN_S = 1.0  # a refused JetStream call gets no reply; the server says why on the side
+SHARDS = {"shard-1", "shard-2", "shard-3"}
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, str]:
+    """Greedy texts of PROMPTS from one process (the single-process torch engine, same weights)."""
+    from mohawk_common.chat import encode_chat
+    from mohawk_shard.config import EngineSettings
+    from mohawk_shard.engine.sampling_params import SamplingParams
+    from mohawk_shard.local import build_local_engine
+
+    engine = build_local_engine(EngineSettings.model_validate({"num_threads": 1, "weights": WEIGHTS}))
+    prompts = [encode_chat(engine.tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
+    params = SamplingParams.create(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    done = engine.generate(prompts, params)
+    return {p: c.text for p, c in zip(PROMPTS, done, strict=True)}
+
+
+def on_bus(
+    cluster: MultiHostCluster, netns: str, role: str, fn: Callable[[Client], Awaitable[object]]
+) -> object:
+    """`fn(client)` with a connection as NATS role `role`, from namespace `netns`."""
+
+    async def run() -> object:
+        nc, _ = await connect_as(cluster.nats_urls(), cluster.auth.creds(role), name=f"test-{role}")
+        try:
+            return await fn(nc)
+        finally:
+            await nc.close()
+
+    return in_ns(netns, run, 30)
+
+
+def current_plan(
+    cluster: MultiHostCluster, netns: str, servers: list[str] | None = None
+) -> bus_pb2.Plan | None:
+    """The plan key's record, read as the ops role; None when there is none or the bus does not
+    answer now (a replicated bucket whose leader was on an unplugged host answers again once its
+    remaining replicas elect one)."""
+
+    async def run() -> bus_pb2.Plan | None:
+        try:
+            nc, _ = await connect_as(
+                servers or cluster.nats_urls(), cluster.auth.creds("ops"), name="test-ops"
+            )
+        except ConnectionError:
+            return None
+        try:
+            record = await read_plan_record(nc)
+            return None if record is None else record[1]
+        except (TimeoutError, NatsError):
+            return None
+        finally:
+            await nc.close()
+
+    return in_ns(netns, run, 30)
+
+
+def served_by(plan: bus_pb2.Plan | None) -> set[str]:
+    """The nodes of the plan's active pipelines."""
+    if plan is None:
+        return set()
+    return {s.node_id for p in pipelines(plan) if p.active for s in p.stages}
+
+
+def ask(cluster: MultiHostCluster, prompts: list[str]) -> list[Streamed]:
+    """Greedy streams of `prompts`, from the user's namespace."""
+    user = cluster.lab.host("user").netns
+    return in_ns(user, lambda: stream_many(cluster.gateway_url, prompts, MAX_TOKENS), 120)
+
+
+def assert_complete(results: list[Streamed], reference: dict[str, str]) -> None:
+    """Every stream finished with exactly MAX_TOKENS tokens, each once, and the single process's text."""
+    failed = [
+        r
+        for r in results
+        if r.error is not None
+        or r.finish_reason != "length"
+        or not r.num_tokens == MAX_TOKENS == r.completion_tokens
+        or r.text != reference[r.prompt]
+    ]
+    assert not failed, f"{len(failed)} of {len(results)} streams: " + "\n".join(map(str, failed))
+
+
+def test_serves_across_hosts(cluster: MultiHostCluster, reference: dict[str, str]) -> None:
+    user = cluster.lab.host("user").netns
+    plan = current_plan(cluster, user)
+    assert served_by(plan) == SHARDS, plan  # spread placement: one stage on each host
+    assert {cluster.host_of(n) for n in served_by(plan)} == {"a", "b", "c"}
+    assert_complete(ask(cluster, PROMPTS[:2]), reference)
+
+
+def test_a_host_unplugged_under_16_streams_loses_no_request(
+    cluster: MultiHostCluster, lab: Lab, reference: dict[str, str]
+) -> None:
+    """Host b (coordinator-2, shard-2, nats-b) loses its link while 16 greedy streams run, and gets
+    it back once the cluster serves without it: every stream finishes, every token exactly once."""
+    user = lab.host("user").netns
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(NUM_STREAMS)]
+    progress = Progress(NUM_STREAMS)
+    started = time.monotonic()
+    streams = start_in_ns(
+        user, lambda: stream_many(cluster.gateway_url, prompts, MAX_TOKENS, progress), STREAMS_BOUND_S
+    )
+    wait_for(lambda: min(progress.snapshot()) > 0, 120, "all 16 streams are generating")
+    lab.set_link("b", up=False)
+    unplugged = time.monotonic()
+    reachable = [cluster.nats_url("a"), cluster.nats_url("c")]
+    try:
+        wait_for(
+            lambda: served_by(current_plan(cluster, user, reachable)) == {"shard-1", "shard-3"},
+            60,
+            "a plan without host b's node is active",
+        )
+        flowing = sum(progress.snapshot())
+        wait_for(lambda: sum(progress.snapshot()) > flowing, 60, "tokens flow without host b")
+        served_alone_s = time.monotonic() - unplugged
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{cluster.diagnosis()}") from exc
+    finally:
+        lab.set_link("b", up=True)
+    results = streams.result(STREAMS_BOUND_S)
+    total_s = time.monotonic() - started
+    assert len(results) == NUM_STREAMS
+    assert_complete(results, reference)
+    print(
+        f"\nunplugged host b: served without it after {served_alone_s:.1f} s; 16 streams took {total_s:.1f} s"
+    )
+
+
+@contextlib.asynccontextmanager
+async def step(what: str, timeout_s: float = 20.0) -> AsyncIterator[None]:
+    """A bounded step of a scenario; a TimeoutError names it."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
+    except TimeoutError as exc:
+        raise TimeoutError(f"{what}: not within {timeout_s:.0f} s") from exc
+
+
+def plan_order(plan: bus_pb2.Plan) -> tuple[int, int]:
+    return plan.version, sum(1 for p in pipelines(plan) if p.active)
+
+
+async def _refused(call: Awaitable[object]) -> bool:
+    try:
+        await asyncio.wait_for(call, DENIED_WITHIN_S)
+    except TimeoutError:
+        return True
+    return False
+
+
+def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, reference: dict[str, str]) -> None:
+    attacker = lab.host("attacker").netns
+    servers = cluster.nats_urls()
+
+    # no credentials: every server refuses the connection
+    async def anonymous(url: str) -> str:
+        try:
+            nc, _ = await connect_as([url], None, name="attacker")
+        except Exception as exc:
+            return str(exc) or type(exc).__name__
+        await nc.close()
+        return "connected"
+
+    for url in servers:
+        refusal = in_ns(attacker, lambda url=url: anonymous(url), 30)  # type: ignore[misc]
+        assert "authorization" in refusal.lower(), (url, refusal)
+
+    # a gateway's credentials: no write to the plan key, no purge or delete of the request stream
+    async def as_gateway() -> tuple[list[bool], list[str], int | None, int | None]:
+        nc, errors = await connect_as(servers, cluster.auth.creds("gateway"), name="attacker")
+        try:
+            js = nc.jetstream(timeout=DENIED_WITHIN_S)
+            kv = await js.key_value(names.PLAN_BUCKET)
+            before = (await kv.get(names.PLAN_KEY)).revision
+            refused = [
+                await _refused(kv.put(names.PLAN_KEY, b'{"version": 999999}')),
+                await _refused(kv.delete(names.PLAN_KEY)),
+                await _refused(js.purge_stream(names.REQUESTS_STREAM)),
+                await _refused(js.delete_stream(names.REQUESTS_STREAM)),
+            ]
+            after = (await kv.get(names.PLAN_KEY)).revision
+            return refused, [str(e) for e in errors], before, after
+        finally:
+            await nc.close()
+
+    refused, violations, before, after = in_ns(attacker, as_gateway, 60)
+    assert refused == [True] * 4, refused
+    assert sum("permissions violation" in v.lower() for v in violations) >= 4, violations
+    assert before == after  # the plan key is untouched
+
+    async def request_stream_kept() -> bool:
+        nc, _ = await connect_as(servers, cluster.auth.creds("ops"), name="test-ops")
+        try:
+            info = await nc.jetstream().stream_info(names.REQUESTS_STREAM)
+            return info.config.num_replicas == 3
+        finally:
+            await nc.close()
+
+    assert in_ns(lab.host("user").netns, request_stream_kept, 30)
+
+    # a recorded signed plan of an earlier version, replayed (with the coordinator's NATS
+    # credential: no other role may write the key): every node counts it `replayed`, no answer changes
+    replayed_before = _replayed_counts(cluster)
+
+    async def replay() -> bus_pb2.Plan:
+        async with step("record the plan key's history as a gateway"):
+            nc, _ = await connect_as(servers, cluster.auth.creds("gateway"), name="attacker-recorder")
+            try:
+                records = await plan_history(nc)
+            finally:
+                await nc.close()
+        # older as a plan follower orders them: version, then active pipelines (a `loading` copy)
+        orders = [plan_order(decode_json(bus_pb2.Plan, r)) for r in records]
+        older = [r for r, order in zip(records, orders, strict=True) if order < orders[-1]]
+        assert older, f"the plan key holds no record older than the last: {orders}"
+        async with step("replay the oldest record as the coordinator's NATS user"):
+            thief, _ = await connect_as(servers, cluster.auth.creds("coordinator"), name="attacker")
+            try:
+                plans = await thief.jetstream().key_value(names.PLAN_BUCKET)
+                await plans.put(names.PLAN_KEY, older[0])  # the recorded bytes, signature and all
+            finally:
+                await thief.close()
+        return decode_json(bus_pb2.Plan, older[0])
+
+    old = in_ns(attacker, replay, 60)
+    wait_for(
+        lambda: all(count > replayed_before[node] for node, count in _replayed_counts(cluster).items()),
+        30,
+        f"every node counts the replayed plan version {old.version} `replayed`",
+        poll_s=1.0,
+    )
+    results = in_ns(
+        lab.host("user").netns, lambda: stream_many(cluster.gateway_url, PROMPTS[:2], MAX_TOKENS), 120
+    )
+    assert_complete(results, reference)
+
+
+def _replayed_counts(cluster: MultiHostCluster) -> dict[str, int]:
+    """Each shard node's `replayed` count, from its next heartbeat (heard as the ops role)."""
+
+    async def read(nc: Client) -> dict[str, bus_pb2.Heartbeat]:
+        return await heartbeats(nc, SHARDS, 10)
+
+    beats = on_bus(cluster, cluster.lab.host("user").netns, "ops", read)
+    assert isinstance(beats, dict) and set(beats) == SHARDS, beats
+    return {node: int(beat.security_rejections.get("replayed", 0)) for node, beat in beats.items()}

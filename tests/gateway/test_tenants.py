@@ -157,3 +157,30 @@ def test_a_request_without_max_tokens_is_capped_by_the_tpm_and_the_context(
     large = {"Authorization": f"Bearer {add_tenant(redis_url, 'large', tpm=10_000)}"}
     assert auth_gateway.post("/v1/chat/completions", json=chat, headers=large).status_code == 200
     assert pipeline.requests[-1].sampling.max_tokens == 64 - num_prompt
+
+
+def test_a_request_without_max_tokens_is_capped_by_what_the_tenants_minute_has_left(
+    nats_server: NatsServer,
+    pipeline: ScriptedPipeline,
+    start_gateway: Callable[..., ServerThread],
+    redis_url: str,
+) -> None:
+    """A tenant of 60 tokens a minute spends prompt + 3 on a request with max_tokens; the next,
+    without, is admitted for prompt + 4 (token_estimate) and granted only what the minute has left;
+    an explicit max_tokens beyond what is left is 429 with Retry-After."""
+    server = start_gateway(nats_server.url, redis_url=redis_url, auth=True, token_estimate=4)
+    small = {"Authorization": f"Bearer {add_tenant(redis_url, 'small', tpm=60)}"}
+    chat = {"messages": [{"role": "user", "content": "hi there"}]}  # no max_tokens
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        wait_until(lambda: is_ready(client))
+        assert client.post("/v1/chat/completions", json=CHAT, headers=small).status_code == 200
+        num_prompt = len(pipeline.requests[-1].prompt_token_ids)
+        left = 60 - num_prompt - 3
+        capped = client.post("/v1/chat/completions", json=chat, headers=small)
+        assert capped.status_code == 200, capped.text
+        assert pipeline.requests[-1].sampling.max_tokens == left - num_prompt  # not 60 - prompt
+        assert capped.headers["x-ratelimit-remaining-tokens"] == "0"
+        # It generated 3 and was charged prompt + 3: 60 - 2 * (prompt + 3) are left, too few for 50.
+        refused = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 50}, headers=small)
+        assert refused.status_code == 429 and 1 <= int(refused.headers["Retry-After"]) <= 60
+        assert refused.headers["x-ratelimit-remaining-tokens"] == str(60 - 2 * (num_prompt + 3))

@@ -151,6 +151,7 @@ class Gateway:
         self.num_in_flight += 1  # held from here, so requests admitted at once cannot overshoot
         try:
             lease = await self.access.admit(submission.tenant, self._charge(submission))
+            lease = await self._grant_completion(submission, lease)
         except BaseException:
             self.num_in_flight -= 1
             raise
@@ -165,19 +166,41 @@ class Gateway:
         return generation
 
     def _charge(self, submission: Submission) -> int:
-        """Tokens charged to the tenant up front: prompt + max_tokens, or + `token_estimate` when
-        the request sets no max_tokens. Such a request gets one here, from the context and the
-        tenant's tpm (`completion_cap`); what it uses beyond the estimate is charged when it ends."""
+        """Tokens charged to the tenant up front: prompt + max_tokens; for a request without
+        max_tokens, prompt + a floor (`token_estimate`, less when its cap is less), which
+        `_grant_completion` then grows to what the tenant's window has left."""
         sampling = submission.sampling
         if sampling.HasField("max_tokens"):
             return submission.charged_tokens
         num_prompt = len(submission.prompt_token_ids)
-        tenant = submission.tenant
-        cap = completion_cap(num_prompt, self.max_model_len, tenant.tpm if tenant is not None else None)
+        cap = self._completion_cap(submission)
         if cap is None:
             return num_prompt + self.settings.token_estimate
-        sampling.max_tokens = max(cap, sampling.min_tokens)  # min_tokens must not exceed it
-        return num_prompt + min(sampling.max_tokens, self.settings.token_estimate)
+        return num_prompt + max(sampling.min_tokens, min(cap, self.settings.token_estimate))
+
+    async def _grant_completion(
+        self, submission: Submission, lease: RateDecision | None
+    ) -> RateDecision | None:
+        """Give a request without max_tokens one: its cap (`completion_cap`: the context, the
+        tenant's tpm), and for a tenant with a tpm no more than its window grants now, so what it
+        generates stays within the tenant's tokens a minute."""
+        sampling, tenant = submission.sampling, submission.tenant
+        cap = self._completion_cap(submission)
+        if sampling.HasField("max_tokens") or cap is None:
+            return lease
+        num_prompt = len(submission.prompt_token_ids)
+        granted = max(cap, sampling.min_tokens)  # min_tokens must not exceed it
+        limiter = self.access.limiter
+        if lease is not None and limiter is not None and tenant is not None and tenant.tpm is not None:
+            lease = await limiter.extend(tenant, lease, num_prompt + granted)
+            granted = max(lease.lease.charged_tokens - num_prompt, sampling.min_tokens)
+        sampling.max_tokens = granted
+        return lease
+
+    def _completion_cap(self, submission: Submission) -> int | None:
+        tenant = submission.tenant
+        tpm = tenant.tpm if tenant is not None else None
+        return completion_cap(len(submission.prompt_token_ids), self.max_model_len, tpm)
 
     def _check_context(self, submission: Submission) -> None:
         limit = self.max_model_len

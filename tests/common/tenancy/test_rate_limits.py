@@ -19,7 +19,7 @@ import pytest
 
 from mohawk_cli.redis_server import RedisServer
 from mohawk_common.tenancy import RateDecision, RateLimiter, Tenant, connect
-from mohawk_common.tenancy.rate_limits import completion_cap, openai_duration
+from mohawk_common.tenancy.rate_limits import completion_cap, limit_key, openai_duration
 
 
 def tenant(**limits: Any) -> Tenant:
@@ -104,7 +104,7 @@ def test_tokens_are_charged_up_front_refunded_on_release_and_a_refusal_takes_not
     run(redis_url, body)
 
 
-def test_tokens_used_beyond_the_charge_are_taken_at_release_and_the_bucket_goes_below_zero(
+def test_tokens_used_beyond_the_charge_overdraw_the_window_and_the_next_request_waits(
     redis_url: str, mode: str
 ) -> None:
     acme = tenant(tpm=100)
@@ -113,33 +113,34 @@ def test_tokens_used_beyond_the_charge_are_taken_at_release_and_the_bucket_goes_
         first = await limits.acquire(acme, 60)
         assert first.allowed
         where(first, mode)
-        await limits.release(acme, first.lease, used_tokens=160)  # 100 more than charged: level -60
+        await limits.release(acme, first.lease, used_tokens=160)  # 100 more than charged: 160 of 100
         overdrawn = await limits.acquire(acme, 0)
         assert not overdrawn.allowed  # even a request of no tokens waits for the overdraft
         assert overdrawn.headers()["x-ratelimit-remaining-tokens"] == "0"
-        assert overdrawn.tokens is not None and 95 <= overdrawn.tokens.reset_s <= 96  # 160 to refill
+        assert overdrawn.tokens is not None and 59.9 <= overdrawn.tokens.reset_s <= 60  # when 160 lapse
         refused = await limits.acquire(acme, 10)
         assert not refused.allowed and refused.reason == "tokens" and refused.admissible
-        # 10 asked with about -60 left: 70 tokens to wait for at 100 a minute
-        assert 41 <= refused.retry_after_s <= 42 and refused.headers()["Retry-After"] == "42"
+        assert 59.9 <= refused.retry_after_s <= 60 and refused.headers()["Retry-After"] == "60"
+        assert "0 of 100" in refused.detail
 
     run(redis_url, body)
 
 
-def test_the_overdraft_is_taken_even_from_a_bucket_that_had_refilled_and_expired(
+def test_a_request_whose_charge_lapsed_while_it_ran_is_charged_its_overrun_at_release(
     redis_url: str, mode: str
 ) -> None:
-    acme = tenant(tpm=60_000)  # 1,000 tokens a second: full again (and gone from Redis) in 0.1 s
+    acme = tenant(tpm=100)
+    minute_s = 0.2
 
-    async def body(limits: RateLimiter) -> None:
-        lease = (await limits.acquire(acme, 100)).lease
-        await asyncio.sleep(1.2)  # the key lapsed: the bucket is full
-        await limits.release(acme, lease, used_tokens=90_100)  # 1.5 minutes' worth beyond the charge
+    async def overrun(limits: RateLimiter) -> None:
+        lease = (await limits.acquire(acme, 50)).lease
+        await asyncio.sleep(1.5 * minute_s)  # its charge has left the window
+        await limits.release(acme, lease, used_tokens=250)  # 200 beyond the charge: taken now
         refused = await limits.acquire(acme, 1)
         assert not refused.allowed and refused.reason == "tokens"
-        assert 29.9 <= refused.retry_after_s <= 30.1  # from -30,000
+        assert 0.9 * minute_s <= refused.retry_after_s <= minute_s  # the 200 lapse a minute from now
 
-    run(redis_url, body)
+    run(redis_url, overrun, minute_s=minute_s)
 
 
 def test_an_unlimited_tenant_is_never_charged_at_release(redis_url: str) -> None:
@@ -171,41 +172,77 @@ def test_a_request_without_max_tokens_is_capped_by_the_context_and_the_tpm(
     assert completion_cap(num_prompt, max_model_len, tpm) == cap
 
 
-def test_a_tenant_omitting_max_tokens_gets_at_most_a_quarter_over_its_tpm_a_minute(
-    redis_url: str, mode: str
-) -> None:
-    """The gateway's rule for a request without max_tokens (ignore_eos: it runs to its cap), with
-    the minute shortened to 1 s: charge the prompt + `token_estimate` up front, cap the completion
-    by the context and the tpm, charge the rest when it ends. Before, the rest was never charged
-    and nothing capped the completion but the context (here 2,028 tokens a request, unpaid).
-
-    Counted per minute, after the first: the first may hold two minutes' worth (the bucket starts
-    full, a minute's allowance, and refills by another during that minute), as any token bucket's.
-    """
-    tpm, num_prompt, estimate, context, minute_s, num_minutes = 400, 20, 256, 2048, 1.0, 4
-    acme = tenant(tpm=tpm)
-    received: list[tuple[float, int]] = []  # (when, tokens) of each request, as a client sees them
+def test_a_request_without_max_tokens_is_granted_what_the_window_has_left(redis_url: str, mode: str) -> None:
+    """The gateway's two steps: admit the prompt + a floor, then `extend` towards prompt + cap."""
+    acme = tenant(tpm=400)
 
     async def body(limits: RateLimiter) -> None:
-        start = time.monotonic()
-        while (now := time.monotonic() - start) < num_minutes * minute_s:
+        explicit = await limits.acquire(acme, 100)  # another request, with max_tokens
+        floor = await limits.acquire(acme, 20 + 80)
+        where(floor, mode)
+        granted = await limits.extend(acme, floor, 20 + 380)
+        assert granted.lease.charged_tokens == 300  # its completion: 280, what 400 - 100 leaves
+        assert granted.headers()["x-ratelimit-remaining-tokens"] == "0"
+        await limits.release(acme, explicit.lease, used_tokens=40)  # 60 back
+        # Two admitted at once: the first extended takes what is left, the other keeps its floor.
+        one, other = await limits.acquire(acme, 20), await limits.acquire(acme, 20)
+        assert [(await limits.extend(acme, d, 400)).lease.charged_tokens for d in (one, other)] == [40, 20]
+        assert not (await limits.acquire(acme, 1)).allowed  # 40 + 300 + 40 + 20: all 400
+
+    run(redis_url, body)
+
+
+def test_a_tenant_omitting_max_tokens_gets_at_most_its_tpm_in_any_minute_the_first_included(
+    redis_url: str, mode: str
+) -> None:
+    """The gateway's rule for requests without max_tokens (ignore_eos: each runs to its grant), the
+    minute shortened to 1 s: admit prompt + a floor, extend towards prompt + cap (the context, the
+    tpm) within what the window has left, charge what it generated. Every window of a minute is
+    measured over the recorded charges (Redis's own times; the local rule's clock), not per
+    calendar minute. Before the sliding window the first minute held 760 at tpm 400 (1.9x)."""
+    tpm, num_prompt, estimate, context, minute_s, num_minutes = 400, 20, 256, 2048, 1.0, 4
+    acme = tenant(tpm=tpm)
+    fake_now = [0.0]
+    charges: list[tuple[float, int]] = []  # (when charged, tokens) of each request
+
+    async def body(limits: RateLimiter) -> None:
+        def now() -> float:
+            return fake_now[0] if mode == "local" else time.monotonic()
+
+        start = now()
+        while now() - start < num_minutes * minute_s:
             cap = completion_cap(num_prompt, context, acme.tpm)
             assert cap is not None
             decision = await limits.acquire(acme, num_prompt + min(cap, estimate))
             if not decision.allowed:
-                assert decision.admissible
-                await asyncio.sleep(min(decision.retry_after_s, num_minutes * minute_s - now) + 0.001)
+                assert decision.admissible and int(decision.headers()["Retry-After"]) >= 1
+                if mode == "local":
+                    fake_now[0] += decision.retry_after_s
+                else:
+                    await asyncio.sleep(decision.retry_after_s + 0.001)
                 continue
-            received.append((now, cap))  # ignore_eos: every request runs to its cap
-            await limits.release(acme, decision.lease, used_tokens=num_prompt + cap)
+            decision = await limits.extend(acme, decision, num_prompt + cap)
+            used = decision.lease.charged_tokens  # ignore_eos: it generates every token granted
+            charges.append((await charged_at(limits, decision, now()), used))
+            await limits.release(acme, decision.lease, used_tokens=used)
 
-    run(redis_url, body, minute_s=minute_s)
+    async def charged_at(limits: RateLimiter, decision: RateDecision, local_now: float) -> float:
+        if mode == "local":
+            return local_now
+        score = await limits.redis.zscore(limit_key("acme", "token_log"), decision.lease.request_id)
+        assert score is not None
+        return float(score) / 1000
+
+    run(redis_url, body, minute_s=minute_s, clock=lambda: fake_now[0])
+    first = charges[0][0]
     per_minute = [
-        sum(n for at, n in received if k * minute_s <= at < (k + 1) * minute_s) for k in range(num_minutes)
+        sum(n for at, n in charges if k * minute_s <= at - first < (k + 1) * minute_s)
+        for k in range(num_minutes)
     ]
-    assert per_minute[0] <= 2 * tpm, per_minute
-    assert all(0 < n <= 1.25 * tpm for n in per_minute[1:]), per_minute
-    assert sum(per_minute) <= tpm * (num_minutes + 1), per_minute  # the burst, then a minute's refill each
+    worst = max(sum(n for at, n in charges if start <= at < start + minute_s) for start, _ in charges)
+    print(f"\ntpm {tpm} ({mode}): per minute {per_minute}, most in any minute {worst} ({worst / tpm:.2f}x)")
+    assert worst <= tpm, (worst, charges)  # the goal, 1.0x; the README's promise is 1.25x
+    assert all(n >= 0.9 * tpm for n in per_minute[: num_minutes - 1]), per_minute  # and it gets its tpm
 
 
 def test_a_request_larger_than_the_whole_tpm_is_never_admissible(redis_url: str, mode: str) -> None:
@@ -250,13 +287,37 @@ def test_a_slot_never_released_lapses(redis_url: str, mode: str) -> None:
     run(redis_url, body, slot_lifetime_s=0.005)
 
 
-def test_buckets_refill_continuously(redis_url: str, mode: str) -> None:
-    acme = tenant(tpm=60_000)  # 1,000 tokens a second
+def test_charges_lapse_a_minute_after_they_were_made(redis_url: str, mode: str) -> None:
+    acme = tenant(tpm=100)
+    minute_s = 0.2
 
     async def body(limits: RateLimiter) -> None:
-        assert (await limits.acquire(acme, 60_000)).allowed
-        await asyncio.sleep(0.1)
-        assert (await limits.acquire(acme, 50)).allowed  # at least 100 came back
+        assert (await limits.acquire(acme, 30)).allowed
+        await asyncio.sleep(0.3 * minute_s)
+        assert (await limits.acquire(acme, 40)).allowed
+        refused = await limits.acquire(acme, 50)  # 30 left: it waits for the 30, not for both
+        assert not refused.allowed and refused.admissible
+        assert 0.6 * minute_s <= refused.retry_after_s <= 0.7 * minute_s
+        assert refused.tokens is not None and 0.2 * minute_s < refused.tokens.reset_s <= minute_s
+        await asyncio.sleep(refused.retry_after_s + 0.001)
+        assert (await limits.acquire(acme, 50)).allowed
+
+    run(redis_url, body, minute_s=minute_s)
+
+
+def test_max_tokens_beyond_what_the_window_has_left_is_refused_with_retry_after(
+    redis_url: str, mode: str
+) -> None:
+    acme = tenant(tpm=100)
+
+    async def body(limits: RateLimiter) -> None:
+        assert (await limits.acquire(acme, 70)).allowed
+        refused = await limits.acquire(acme, 50)  # prompt + max_tokens: 50, with 30 left
+        assert not refused.allowed and refused.reason == "tokens" and refused.admissible
+        assert refused.headers()["Retry-After"] == "60"  # when the 70 lapse
+        assert refused.headers()["x-ratelimit-remaining-tokens"] == "30"
+        assert refused.detail == "50 tokens asked, 30 of 100 per minute left"
+        assert (await limits.acquire(acme, 30)).allowed  # the refusal took nothing
 
     run(redis_url, body)
 

@@ -2,7 +2,8 @@
 
 `TenantStore` keeps tenants and the SHA-256 of their keys (store.py has the Redis layout);
 `RateLimiter` enforces each tenant's requests a minute, tokens a minute and concurrent requests
-with token buckets in Redis (rate_limits.py, which also states what happens while Redis is down).
+in Redis, requests with token buckets and tokens with a sliding-window log of charges
+(rate_limits.py, which also states what happens while Redis is down).
 `connect` makes the client both use, with timeouts short enough that an outage is noticed fast.
 """
 

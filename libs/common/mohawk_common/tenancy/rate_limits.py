@@ -1,22 +1,26 @@
 """Rate limits every gateway shares: requests, tokens and concurrent requests a tenant may use.
 
-Design. Each limited tenant has up to three records in Redis (braces keep them in one cluster slot):
+Design. Each limited tenant has up to four records in Redis (braces keep them in one cluster slot):
 
     mohawk:ratelimit:{<tenant>}:requests     hash    a token bucket of rpm requests (`level`, `ts`)
-    mohawk:ratelimit:{<tenant>}:tokens       hash    a token bucket of tpm tokens
+    mohawk:ratelimit:{<tenant>}:tokens       hash    the last minute's charges: request id -> tokens,
+                                                     and `total`
+    mohawk:ratelimit:{<tenant>}:token_log    zset    the same request ids, scored by when charged
     mohawk:ratelimit:{<tenant>}:concurrency  zset    the running requests, scored by when they lapse
 
-`acquire` runs one Lua script (buckets.py) that refills the buckets to now, checks all three
-limits and, only when every one admits the request, takes one request, the tokens asked for (the
-prompt plus the most the completion may use, or an estimate when the request sets no limit) and a
-slot, atomically against every other gateway; a refusal takes nothing. `release` frees the slot
-and settles the tokens: it gives back what was charged and not used, and takes what was used
-beyond the charge, so the bucket may go below zero and the tenant's next request waits until it
-has refilled. A request that sets no completion limit gets one (`completion_cap`): what is left of
-the context, and never more than the tenant's whole tpm, so one request cannot run on unpaid for
-minutes. A request asking for more tokens than the tenant's whole tpm is refused for "tokens" with
-an infinite `retry_after_s` and no Retry-After header: no wait would ever admit it. A slot lapses by
-itself after `slot_lifetime_s`, which is how a crashed gateway's slots come back.
+`acquire` runs one Lua script (buckets.py) that refills the requests bucket to now, drops the
+token charges older than a minute, checks all three limits and, only when every one admits the
+request, takes one request, records the tokens asked for (the prompt plus the most the completion
+may use) and takes a slot, atomically against every other gateway; a refusal takes nothing. So no
+minute, the tenant's first included, holds charges of more than its tpm. A request that sets no
+completion limit is admitted for a floor and then `extend`ed to its cap (`completion_cap`: what
+the context leaves, at most the whole tpm) or to what the tenant's window has left, whichever is
+less; its completion limit is what it was granted. `release` frees the slot and settles the charge
+to what the request used: the rest goes back to the window, and what it used beyond the charge
+overdraws it, so the tenant's next request waits until enough charges have lapsed. A request
+asking for more tokens than the tenant's whole tpm is refused for "tokens" with an infinite
+`retry_after_s` and no Retry-After header: no wait would ever admit it. A slot lapses by itself
+after `slot_lifetime_s`, which is how a crashed gateway's slots come back.
 
 Redis unreachable: `acquire` and `release` never raise. They fall back to buckets in this process
 (`LocalBuckets`), built from the limits of the Tenant the caller passes (its last known one), so
@@ -24,11 +28,12 @@ each gateway enforces the limits alone, and a tenant may get up to N times its l
 gateways, until Redis answers again. The outage is logged once when it starts and once when it
 ends; meanwhile Redis is tried again every `retry_s`. A lease is released where it was taken: one
 taken locally, locally; one taken from Redis whose release fails keeps its slot until the slot
-lapses, and its unused tokens are not given back.
+lapses, and its charge stays what it was (an extension that fails leaves the request its floor).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import uuid
@@ -42,11 +47,13 @@ from redis.exceptions import RedisError
 from mohawk_common.tenancy.buckets import (
     ACQUIRE_SCRIPT,
     ADMITTED,
+    EXTEND_SCRIPT,
     MINUTE_S,
     NO_REQUESTS,
     NO_SLOT,
     NO_TOKENS,
     RELEASE_SCRIPT,
+    Grant,
     LocalBuckets,
     Outcome,
 )
@@ -91,7 +98,7 @@ class RateLease:
 
 @dataclass(frozen=True)
 class LimitState:
-    """One bucket for the headers: its size, what is left, and seconds until it is full again."""
+    """One limit for the headers: its size, what is left, and seconds until it is whole again."""
 
     limit: int
     remaining: int
@@ -103,6 +110,13 @@ class LimitState:
         if capacity is None:
             return None
         return LimitState(capacity, math.floor(max(0.0, level)), (capacity - level) * minute_s / capacity)
+
+    @staticmethod
+    def of_window(capacity: int | None, left: float, reset_s: float) -> LimitState | None:
+        """A sliding window: `left` may be below zero (an overrun waiting to lapse): 0 remaining."""
+        if capacity is None:
+            return None
+        return LimitState(capacity, math.floor(max(0.0, left)), reset_s)
 
 
 @dataclass(frozen=True)
@@ -150,6 +164,7 @@ class RateLimiter:
         self.slot_lifetime_s = slot_lifetime_s
         self.minute_s = minute_s  # how long an empty bucket takes to fill (shorter only in tests)
         self._acquire = redis.register_script(ACQUIRE_SCRIPT)
+        self._extend = redis.register_script(EXTEND_SCRIPT)
         self._release = redis.register_script(RELEASE_SCRIPT)
         self._outage = Outage("rate limits enforced by this process alone", retry_s, clock)
         self._local = LocalBuckets(clock, slot_lifetime_s, minute_s)
@@ -171,20 +186,47 @@ class RateLimiter:
             outcome = self._local.acquire(tenant, tokens, request_id)
         return _decide(tenant, tokens, outcome, request_id, local, self.minute_s)
 
+    async def extend(self, tenant: Tenant, decision: RateDecision, most_tokens: int) -> RateDecision:
+        """Grow an admitted request's charge towards `most_tokens`, as far as the tenant's window
+        has tokens left (never below what it holds); the decision with its new charge and headers.
+        """
+        lease = decision.lease
+        if tenant.tpm is None or not decision.allowed or most_tokens <= lease.charged_tokens:
+            return decision
+        grant = None
+        if lease.local:
+            grant = self._local.extend(tenant, lease.request_id, lease.charged_tokens, most_tokens)
+        elif self._outage.should_try():
+            grant = await self._extend_shared(tenant, lease, most_tokens)
+        if grant is None:
+            return decision
+        return dataclasses.replace(
+            decision,
+            lease=dataclasses.replace(lease, charged_tokens=grant.charged),
+            tokens=LimitState.of_window(tenant.tpm, grant.tokens, grant.tokens_reset_s),
+        )
+
     async def release(self, tenant: Tenant, lease: RateLease, used_tokens: int) -> None:
-        """End a lease: free its slot, give back the tokens charged and not used, and take those
-        used beyond the charge (the bucket may then hold less than nothing)."""
-        back = lease.charged_tokens - max(0, used_tokens) if tenant.tpm is not None else 0
-        if not lease.holds_slot and back == 0:
+        """End a lease: free its slot and settle its charge to the tokens it used, giving back the
+        rest or overdrawing the window by what it used beyond the charge."""
+        used = max(0, used_tokens) if tenant.tpm is not None else 0
+        if not lease.holds_slot and used == lease.charged_tokens:
             return
         if lease.local:
-            self._local.release(tenant, lease.request_id, back)
+            self._local.release(tenant, lease.request_id, lease.charged_tokens, used)
             return
         if not self._outage.should_try():
             return  # the slot lapses by itself
-        keys = [limit_key(tenant.name, "tokens"), limit_key(tenant.name, "concurrency")]
+        keys = [limit_key(tenant.name, kind) for kind in ("tokens", "token_log", "concurrency")]
+        args: list[str | int] = [
+            tenant.tpm or 0,
+            lease.request_id,
+            lease.charged_tokens,
+            used,
+            self._minute_ms,
+        ]
         try:
-            await self._release(keys=keys, args=[tenant.tpm or 0, back, lease.request_id, self._minute_ms])
+            await self._release(keys=keys, args=args)
         except RedisError as exc:
             self._outage.failed(exc)
         else:
@@ -194,7 +236,7 @@ class RateLimiter:
         """The shared buckets' answer, or None when Redis cannot be reached."""
         if not self._outage.should_try():
             return None
-        keys = [limit_key(tenant.name, kind) for kind in ("requests", "tokens", "concurrency")]
+        keys = [limit_key(tenant.name, kind) for kind in ("requests", "tokens", "token_log", "concurrency")]
         limits = (tenant.rpm or 0, tenant.tpm or 0, tenant.max_concurrency or 0)
         lifetime_ms = math.ceil(self.slot_lifetime_s * 1000)
         try:
@@ -207,15 +249,33 @@ class RateLimiter:
         self._outage.succeeded()
         return Outcome.from_script(reply)
 
+    async def _extend_shared(self, tenant: Tenant, lease: RateLease, most_tokens: int) -> Grant | None:
+        keys = [limit_key(tenant.name, kind) for kind in ("tokens", "token_log")]
+        args: list[str | int] = [
+            tenant.tpm or 0,
+            lease.request_id,
+            lease.charged_tokens,
+            most_tokens,
+            self._minute_ms,
+        ]
+        try:
+            reply = await self._extend(keys=keys, args=args)
+        except RedisError as exc:
+            self._outage.failed(exc)
+            return None
+        self._outage.succeeded()
+        return Grant.from_script(reply)
+
     @property
     def _minute_ms(self) -> int:
         return max(1, round(self.minute_s * 1000))
 
 
 def completion_cap(num_prompt: int, max_model_len: int | None, tpm: int | None) -> int | None:
-    """The completion limit of a request that sets none: what the context leaves after the prompt,
-    and no more than the tenant's tokens a minute leave after it (at least 1, so that a prompt
-    alone over the tpm is refused as never admissible); None when neither bounds it."""
+    """The most a request that sets no completion limit may be granted: what the context leaves
+    after the prompt, and no more than the tenant's tokens a minute leave after it (at least 1, so
+    that a prompt alone over the tpm is refused as never admissible); None when neither bounds it.
+    What it is granted is then bounded by the tenant's window too (`RateLimiter.extend`)."""
     bounds = [limit - num_prompt for limit in (max_model_len, tpm) if limit is not None]
     return max(1, min(bounds)) if bounds else None
 
@@ -224,7 +284,7 @@ def _decide(
     tenant: Tenant, tokens: int, outcome: Outcome, request_id: str, local: bool, minute_s: float
 ) -> RateDecision:
     requests_state = LimitState.of(tenant.rpm, outcome.requests, minute_s)
-    tokens_state = LimitState.of(tenant.tpm, outcome.tokens, minute_s)
+    tokens_state = LimitState.of_window(tenant.tpm, outcome.tokens, outcome.tokens_reset_s)
     if outcome.refused == ADMITTED:
         lease = RateLease(
             request_id,
@@ -246,8 +306,10 @@ def _decide(
                 "minute: it can never be admitted; ask for fewer tokens (prompt + max_tokens)"
             )
         else:
-            retry_after_s = (tokens - outcome.tokens) * minute_s / tenant.tpm
-            detail = f"{tokens} tokens asked, {math.floor(outcome.tokens)} of {tenant.tpm} per minute left"
+            retry_after_s = max(outcome.tokens_wait_s, 0.001)  # until enough charges have lapsed
+            detail = (
+                f"{tokens} tokens asked, {max(0, math.floor(outcome.tokens))} of {tenant.tpm} per minute left"
+            )
     return RateDecision(
         False,
         RateLease(request_id, local=local),

@@ -172,7 +172,7 @@ class BusClient:
 
     async def _run(self) -> None:
         settings = self._settings
-        nc = await connect(settings.nats_servers, name="mohawk-gateway")
+        nc = await connect(settings.nats_servers, name="mohawk-gateway", creds=settings.nats_creds)
         self._nc = nc
         js = nc.jetstream(timeout=settings.publish_timeout_s)
         failures = 0

@@ -106,7 +106,9 @@ class ShardNode:
             import torch
 
             torch.set_num_threads(self.settings.num_threads)
-        self.nc: Client = await connect(self.settings.nats_servers, name=f"shard-{self.node_id}")
+        self.nc: Client = await connect(
+            self.settings.nats_servers, name=f"shard-{self.node_id}", creds=self.settings.nats_creds
+        )
         self.js = self.nc.jetstream()
         self.source = await self._open_source()
         self.tokenizer = await loop.run_in_executor(self.executor, self.source.load_tokenizer)

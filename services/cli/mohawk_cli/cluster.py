@@ -121,9 +121,11 @@ class LocalCluster:
         return None if self.telemetry_port is None else f"http://127.0.0.1:{self.telemetry_port}"
 
     def start_telemetry(self, port: int) -> None:
-        """The telemetry service: it reads only the bus's plaintext control records, so it needs
-        no certificate."""
+        """The telemetry service: it reads only the bus's signed, unencrypted control records, so
+        it needs no certificate, only the root's public key to check them."""
         args = ["--log-level", self.spec.log_level, "--host", "127.0.0.1", "--port", str(port)]
+        if self.spec.secure:  # the root's public key: it shows only signed plans and heartbeats
+            args += ["--trust-root", str(self.pki_dir / "root.pub")]
         env = {**self._env(), **self._creds_env("telemetry")}
         self._commands["telemetry"] = ([sys.executable, "-m", "mohawk_telemetry", *args], env)
         self._launch("telemetry")

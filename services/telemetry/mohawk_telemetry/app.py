@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from mohawk_pqc.certificates import TrustStore
 from mohawk_telemetry.cluster_state import ClusterState
 from mohawk_telemetry.exporter import Exporter
 from mohawk_telemetry.follower import BusFollower
@@ -22,10 +23,12 @@ STATIC = Path(__file__).parent / "static"
 EVENT_INTERVAL_S = 1.0
 
 
-def create_app(nats_servers: list[str], *, node_ttl_s: float = 5.0, follow: bool = True) -> FastAPI:
+def create_app(
+    nats_servers: list[str], *, node_ttl_s: float = 5.0, follow: bool = True, trust: TrustStore | None = None
+) -> FastAPI:
     state = ClusterState(node_ttl_s=node_ttl_s)
     exporter = Exporter(state)
-    follower = BusFollower(nats_servers, state, exporter)
+    follower = BusFollower(nats_servers, state, exporter, trust)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -2,7 +2,9 @@
 
 One NATS connection, three subscriptions and two key watches; a record that does not parse is
 dropped with a warning (the service never trusts a sender to be well-formed), and a second-long
-tick appends the charts' series.
+tick appends the charts' series. Given the operator root (`trust`), plans and heartbeats count
+only when their signatures verify, as for nodes and gateways (`control_records.py`): a forged
+heartbeat or plan never reaches the dashboard; what was refused is logged and counted by reason.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import structlog
@@ -19,11 +22,13 @@ from nats.js.kv import KeyValue
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
-from mohawk_common.bus.control import decode_json
+from mohawk_common.bus.control_records import RecordVerifier
+from mohawk_common.bus.plan_follower import LiveNodes, PlanFollower
 from mohawk_common.bus.setup import ensure_buckets
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_common.telemetry import REQUESTS, STEP, RequestReport, StepReport
-from mohawk_proto.v1 import bus_pb2
+from mohawk_pqc.certificates import TrustStore
+from mohawk_pqc.errors import AuthenticationError
 from mohawk_telemetry.cluster_state import ClusterState
 from mohawk_telemetry.exporter import Exporter
 
@@ -31,11 +36,21 @@ log = structlog.get_logger("mohawk.telemetry")
 
 
 class BusFollower:
-    def __init__(self, nats_servers: list[str], state: ClusterState, exporter: Exporter) -> None:
+    def __init__(
+        self,
+        nats_servers: list[str],
+        state: ClusterState,
+        exporter: Exporter,
+        trust: TrustStore | None = None,
+    ) -> None:
         self.nats_servers, self.state, self.exporter = nats_servers, state, exporter
         self.nc: Client | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.num_dropped = 0
+        self.rejections: Counter[str] = Counter()
+        verifier = RecordVerifier(trust)
+        self._plans = PlanFollower(None, verifier, self._reject)
+        self._heartbeats = LiveNodes(verifier, self._reject)
 
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._run(), name="telemetry-bus")]
@@ -75,17 +90,20 @@ class BusFollower:
                 self._drop(key, exc)
 
     def _on_plan(self, value: bytes, operation: str | None) -> None:
-        if value:
-            self.state.plan = decode_json(bus_pb2.Plan, value)
+        if value and (plan := self._plans.admit(value)) is not None:
+            self.state.plan = plan
 
     def _on_leader(self, value: bytes, operation: str | None) -> None:
         self.state.leader = value.decode() if value and operation in (None, "PUT") else ""
 
     async def _on_heartbeat(self, msg: Msg) -> None:
-        try:
-            self.state.on_heartbeat(decode_json(bus_pb2.Heartbeat, msg.data), time.monotonic())
-        except Exception as exc:
-            self._drop(msg.subject, exc)
+        node = self._heartbeats.observe(msg.data, msg.subject)
+        if node is not None:
+            self.state.on_heartbeat(node.heartbeat, time.monotonic())
+
+    def _reject(self, exc: AuthenticationError) -> None:
+        self.rejections[exc.reason] += 1
+        log.warning("control record refused", reason=exc.reason, detail=exc.detail)
 
     async def _on_step(self, msg: Msg) -> None:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 DEFAULT_PORT = 9300
 
@@ -20,6 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"HTTP port: /metrics, the dashboard at / (default: MOHAWK_TELEMETRY_PORT or {DEFAULT_PORT})",
     )
     parser.add_argument("--node-ttl-s", type=float, default=5.0, help="a node silent this long is shown down")
+    parser.add_argument(
+        "--trust-root",
+        type=Path,
+        default=os.environ.get("MOHAWK_TRUST_ROOT"),
+        help="the operator root's public key (root.pub of any bundle; default: MOHAWK_TRUST_ROOT): "
+        "show only plans and heartbeats whose signatures verify",
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -32,6 +40,13 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     nats_url = args.nats_url or os.environ.get("MOHAWK_NATS_URL") or "nats://127.0.0.1:4222"
     servers = [u.strip() for u in nats_url.split(",") if u.strip()]
-    app = create_app(servers, node_ttl_s=args.node_ttl_s)
+    trust = None
+    if args.trust_root is not None:
+        from mohawk_pqc.certificates import Root, TrustStore
+        from mohawk_pqc.pki_files import read_message
+        from mohawk_proto.v1 import security_pb2
+
+        trust = TrustStore(Root(read_message(Path(args.trust_root), security_pb2.RootPublicKey)))
+    app = create_app(servers, node_ttl_s=args.node_ttl_s, trust=trust)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0

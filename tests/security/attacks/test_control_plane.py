@@ -14,6 +14,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus import names
+from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control import decode_json, encode_json
 from mohawk_common.bus.control_records import sign_record
 from mohawk_common.bus.server import free_port
@@ -134,3 +135,26 @@ def test_a_forged_heartbeat_cannot_make_the_leader_nak_a_subject_it_names(cluste
 
         forger.run(attack())
         assert watcher.run(delivered()) == 0
+
+
+def test_without_the_coordinators_credential_the_plan_cannot_even_be_written(cluster: LocalCluster) -> None:
+    with pytest.raises(ConnectionError, match=r"(?i)authorization violation"):
+        asyncio.run(connect(cluster.nats.url, name="anonymous", attempts=1))
+    with BusClient(cluster.nats.url, creds=cluster.nats_creds("ops")) as reader:
+        plan_kv = reader.run(reader.nc.jetstream().key_value(names.PLAN_BUCKET))
+        before = reader.run(plan_kv.get(names.PLAN_KEY))
+    with BusClient(cluster.nats.url, creds=cluster.nats_creds("gateway")) as gateway:
+        js = gateway.nc.jetstream(timeout=2)
+        plan_kv = gateway.run(js.key_value(names.PLAN_BUCKET))
+        for attempt in (
+            plan_kv.put(names.PLAN_KEY, b"{}"),
+            plan_kv.delete(names.PLAN_KEY),
+            js.purge_stream(names.REQUESTS_STREAM),
+            js.delete_stream(names.REQUESTS_STREAM),
+        ):
+            with pytest.raises(Exception):  # noqa: B017 - a permission violation shows as a timeout or an API error
+                gateway.run(attempt)
+    with BusClient(cluster.nats.url, creds=cluster.nats_creds("ops")) as reader:
+        plan_kv = reader.run(reader.nc.jetstream().key_value(names.PLAN_BUCKET))
+        assert reader.run(plan_kv.get(names.PLAN_KEY)).revision == before.revision
+    assert cluster.is_ready()

@@ -101,7 +101,10 @@ async def serve(settings: CoordinatorSettings, security: Security | None = None)
         loop.add_signal_handler(signum, on_signal)
     try:
         nc = await connect(
-            settings.nats_servers, name=f"coordinator-{settings.coordinator_id}", creds=settings.nats_creds
+            settings.nats_servers,
+            name=f"coordinator-{settings.coordinator_id}",
+            creds=settings.nats_creds,
+            tls_ca=settings.nats_tls_ca,
         )
         try:
             buckets = await ensure_buckets(nc.jetstream(), settings.bus_limits())

@@ -172,7 +172,12 @@ class BusClient:
 
     async def _run(self) -> None:
         settings = self._settings
-        nc = await connect(settings.nats_servers, name="mohawk-gateway", creds=settings.nats_creds)
+        nc = await connect(
+            settings.nats_servers,
+            name="mohawk-gateway",
+            creds=settings.nats_creds,
+            tls_ca=settings.nats_tls_ca,
+        )
         self._nc = nc
         js = nc.jetstream(timeout=settings.publish_timeout_s)
         failures = 0

@@ -18,6 +18,11 @@ class BusSettings(MohawkSettings):
         None,
         description="this process's NATS credential (mohawk nats-auth init); none = anonymous",
     )
+    nats_tls_ca: Path | None = Field(
+        None,
+        description="the bus CA's certificate (<pki-dir>/nats-tls/ca.pem): NATS over TLS, the server "
+        "verified against it; none = what the URL and server ask for",
+    )
     nats_replicas: int = Field(1, ge=1, le=5, description="JetStream replicas for streams and buckets")
     max_queued_requests: int = Field(1024, ge=1, description="accepted, unfinished requests; past it: 429")
     lease_ttl_s: float = Field(3.0, gt=0, description="coordinator leader lease")

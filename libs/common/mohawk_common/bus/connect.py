@@ -2,14 +2,19 @@
 
 A process proves who it is with a credential file (`nats_auth.Credential`: its role's user and
 password), passed as `creds` or else named by MOHAWK_NATS_CREDS; URLs are logged with any password
-in them replaced by *** (`redact_url`).
+in them replaced by *** (`redact_url`). Where the bus runs TLS (`nats_tls`), the client trusts
+only the bus CA, passed as `tls_ca` or else named by MOHAWK_NATS_TLS_CA, and checks the server's
+name; a server that asks for TLS is never spoken to in plaintext (nats-py upgrades, and with no
+CA given it trusts only the system's CAs, which never signed the bus's certificates).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Sequence
+import ssl
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +22,13 @@ import structlog
 from nats.aio.client import Client
 
 from mohawk_common.bus.nats_auth import Credential
+from mohawk_common.bus.nats_tls import client_context
 from mohawk_common.logging import redact_url
 
 log = structlog.get_logger("mohawk.bus")
 
 CREDS_ENV = "MOHAWK_NATS_CREDS"
+TLS_CA_ENV = "MOHAWK_NATS_TLS_CA"
 
 _FIRST_RETRY_S = 0.5
 _MAX_RETRY_S = 5.0
@@ -39,6 +46,12 @@ def credential_options(creds: str | Path | None = None) -> dict[str, Any]:
     return {"user": credential.user, "password": credential.password}
 
 
+def tls_options(tls_ca: str | Path | None = None) -> dict[str, Any]:
+    """nats-py's connect options for the bus CA `tls_ca`, else MOHAWK_NATS_TLS_CA's, else none."""
+    path = tls_ca or os.environ.get(TLS_CA_ENV) or None
+    return {} if path is None else {"tls": client_context(path)}
+
+
 async def connect(
     servers: str | Sequence[str],
     *,
@@ -46,33 +59,41 @@ async def connect(
     attempts: int | None = None,
     connect_timeout: int = 2,
     creds: str | Path | None = None,
+    tls_ca: str | Path | None = None,
 ) -> Client:
     """Connect to `servers` as the user of credential file `creds` (default: MOHAWK_NATS_CREDS's,
-    else anonymous), retrying with backoff (forever unless `attempts` is set).
+    else anonymous), over TLS verified against `tls_ca` (default: MOHAWK_NATS_TLS_CA's), retrying
+    with backoff (forever unless `attempts` is set).
 
     Once connected, nats-py reconnects on its own; disconnects and reconnects are logged.
     """
     urls = [servers] if isinstance(servers, str) else list(servers)
-    auth = credential_options(creds)
+    auth = {**credential_options(creds), **tls_options(tls_ca)}
     delay = _FIRST_RETRY_S
     attempt = 0
     while True:
         attempt += 1
         try:
             nc = Client()
-            refusals: list[str] = []  # what the server said (an authorization violation)
+            # what the server said (an authorization violation), or a TLS handshake that failed
+            # (a server whose certificate the bus CA did not sign)
+            refusals: list[str] = []
+            refused = asyncio.Event()
 
-            async def _on_error(exc: Exception, refusals: list[str] = refusals) -> None:
+            async def _on_error(
+                exc: Exception, refusals: list[str] = refusals, refused: asyncio.Event = refused
+            ) -> None:
                 text = str(exc) or type(exc).__name__
-                if "authorization" in text.lower():
+                if "authorization" in text.lower() or isinstance(exc, ssl.SSLError):
                     refusals.append(text)
+                    refused.set()
                 log.warning("nats error", error=text)
 
             async def _on_disconnected(nc: Client = nc) -> None:
                 if not (nc.is_closed or nc.is_draining):  # our own close is not news
                     log.warning("nats disconnected")
 
-            await nc.connect(
+            connecting = nc.connect(
                 urls,
                 name=name,
                 connect_timeout=connect_timeout,
@@ -84,6 +105,7 @@ async def connect(
                 reconnected_cb=_on_reconnected,
                 **auth,
             )
+            await _unless_refused(connecting, nc, refused)
             nc.options["max_reconnect_attempts"] = -1  # once connected, reconnect forever
             return nc
         except Exception as exc:  # nats-py raises several unrelated types for "no server"
@@ -100,14 +122,41 @@ async def connect(
             delay = min(delay * 2, _MAX_RETRY_S)
 
 
+async def _unless_refused(connecting: Awaitable[None], nc: Client, refused: asyncio.Event) -> None:
+    """Await `connecting`, or stop it at a refusal: after a failed TLS handshake nats-py's connect
+    may never return (nats-py 2.x closes the client, then waits on its socket)."""
+    task = asyncio.ensure_future(connecting)
+    waiter = asyncio.ensure_future(refused.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if task.done():
+        task.result()
+        return
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    with contextlib.suppress(Exception):
+        await nc.close()
+    raise ConnectionError("refused")
+
+
 async def connect_or_give_up(
-    servers: Sequence[str], *, name: str, deadline_s: float, creds: str | Path | None = None
+    servers: Sequence[str],
+    *,
+    name: str,
+    deadline_s: float,
+    creds: str | Path | None = None,
+    tls_ca: str | Path | None = None,
 ) -> Client:
     """For one-shot operator commands: three quick tries, and ConnectionError by `deadline_s` at
     the latest (nats-py alone may keep retrying an unreachable server for a long time)."""
     try:
         async with asyncio.timeout(deadline_s):
-            return await connect(servers, name=name, attempts=3, connect_timeout=1, creds=creds)
+            return await connect(
+                servers, name=name, attempts=3, connect_timeout=1, creds=creds, tls_ca=tls_ca
+            )
     except TimeoutError:
         raise ConnectionError(f"cannot reach NATS at {_shown(servers)} within {deadline_s:.0f} s") from None
 

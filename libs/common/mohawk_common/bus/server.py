@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from mohawk_common.bus.nats_auth import NatsAuth
+from mohawk_common.bus.nats_tls import ServerTls
 from mohawk_common.errors import ConfigError
 from mohawk_common.processes import kill_process, stop_process
 
@@ -37,7 +38,8 @@ def free_port() -> int:
 
 class NatsServer:
     """One nats-server process on 127.0.0.1:`port` with JetStream data under `store_dir`; with
-    `auth` (`nats_auth.init_auth`), only its users may connect, each as its role permits."""
+    `auth` (`nats_auth.init_auth`), only its users may connect, each as its role permits; with `tls`
+    (`nats_tls.issue_server`), only over TLS (its `url` is then tls://)."""
 
     def __init__(
         self,
@@ -48,6 +50,7 @@ class NatsServer:
         log_file: Path | None = None,
         monitor_port: int | None = None,
         auth: NatsAuth | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
@@ -55,11 +58,12 @@ class NatsServer:
         self.log_file = log_file
         self.monitor_port = monitor_port  # HTTP monitoring (/varz, /connz, /jsz); None: off
         self.auth = auth
+        self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{'tls' if self.tls is not None else 'nats'}://127.0.0.1:{self.port}"
 
     @property
     def monitor_url(self) -> str | None:
@@ -73,8 +77,11 @@ class NatsServer:
             args += ["-m", str(self.monitor_port)]
         config = self.store_dir / "server.conf"
         lines = [] if self.max_payload is None else [f"max_payload: {self.max_payload}"]
-        if self.auth is not None:  # nats-server reads an include relative to the including file
-            included = os.path.relpath(self.auth.conf.resolve(), config.parent.resolve())
+        # nats-server reads an include relative to the including file
+        for include in ([] if self.auth is None else [self.auth.conf]) + (
+            [] if self.tls is None else [self.tls.client_conf]
+        ):
+            included = os.path.relpath(include.resolve(), config.parent.resolve())
             lines.append(f"include {json.dumps(included)}")
         if lines:
             config.write_text("\n".join(lines) + "\n")

@@ -107,7 +107,10 @@ class ShardNode:
 
             torch.set_num_threads(self.settings.num_threads)
         self.nc: Client = await connect(
-            self.settings.nats_servers, name=f"shard-{self.node_id}", creds=self.settings.nats_creds
+            self.settings.nats_servers,
+            name=f"shard-{self.node_id}",
+            creds=self.settings.nats_creds,
+            tls_ca=self.settings.nats_tls_ca,
         )
         self.js = self.nc.jetstream()
         self.source = await self._open_source()

@@ -84,6 +84,10 @@ _IDLE_WAIT_S = 0.5
 _DEADLINE_TICK_S = 0.25
 _DRAIN_EVERY_S = 2.0
 MAX_RESUMES = 3
+# a request this stage 0 cannot open yet (sealed to a key it has not adopted: a gateway saw the
+# new sealing key a moment earlier) goes back to the stream this many times before it is refused
+UNOPENED_REDELIVERIES = 5
+UNOPENED_RETRY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,7 +290,10 @@ class HeadDriver:
             request = open_request(msg.data, msg.headers, self.security, self.plan.model)
         except AuthenticationError as exc:
             self.security.reject(exc, subject=msg.subject, what="request")
-            await msg.term()
+            if exc.reason == "untrusted" and msg.metadata.num_delivered < UNOPENED_REDELIVERIES:
+                await msg.nak(delay=UNOPENED_RETRY_S)  # its key may reach this node in a moment
+            else:
+                await msg.term()
             return
         request_id = request.request_id
         if self.core.request(request_id) is not None:

@@ -1,11 +1,14 @@
 """`mohawk up`: the whole local cluster comes up, answers, brings back children killed with -9, and
-Ctrl-C stops every process it started; its NATS refuses anonymous clients, and every service does
-its work with its own role's credential (the server logs no permission violation)."""
+Ctrl-C stops every process it started; its NATS takes TLS only (a certificate from the bus CA in
+the data dir) and refuses anonymous clients, plaintext ones and ones that do not trust the bus CA,
+and every service does its work over TLS with its own role's credential (the server logs no
+permission violation)."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -52,7 +55,9 @@ def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
         assert_nats_needs_credentials(
-            f"nats://127.0.0.1:{nats_port}", NatsAuth(tmp_path / "data" / "nats-auth")
+            f"tls://127.0.0.1:{nats_port}",
+            NatsAuth(tmp_path / "data" / "nats-auth"),
+            tmp_path / "data" / "pki" / "nats-tls" / "ca.pem",
         )
         telemetry = f"http://127.0.0.1:{telemetry_port}"
         assert f"{telemetry}/" in banner.read_text()  # the dashboard's address, printed
@@ -90,19 +95,27 @@ def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert (tmp_path / "data" / "nats").is_dir() and (tmp_path / "data" / "logs" / "gateway.log").is_file()
     assert "ops.creds" in out  # the banner's `mohawk bus` line carries the ops credential
+    assert f"MOHAWK_NATS_TLS_CA={tmp_path / 'data' / 'pki' / 'nats-tls' / 'ca.pem'}" in out  # and the CA
     nats_log = (tmp_path / "data" / "logs" / "nats.log").read_text()
     assert "Violation" not in nats_log, [line for line in nats_log.splitlines() if "Violation" in line]
 
 
-def assert_nats_needs_credentials(url: str, auth: NatsAuth) -> None:
-    """Anonymous clients are refused; the ops credential connects; the credentials are 0600."""
-    for path in (auth.conf, *(auth.creds(role) for role in ROLES)):
+def assert_nats_needs_credentials(url: str, auth: NatsAuth, ca: Path) -> None:
+    """TLS only: a plaintext client is told to use TLS and one that trusts only the system's CAs
+    is refused; anonymous clients are refused over TLS; the ops credential with the bus CA
+    connects; the credentials and the CA's key are 0600."""
+    for path in (auth.conf, *(auth.creds(role) for role in ROLES), ca.with_name("ca.key")):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    host, port = url.removeprefix("tls://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as plaintext:
+        assert b'"tls_required":true' in plaintext.recv(4096)
+    with pytest.raises(ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+        asyncio.run(connect(url, name="stranger", attempts=1, creds=auth.creds("ops")))
     with pytest.raises(ConnectionError, match=r"(?i)authorization violation"):
-        asyncio.run(connect(url, name="anonymous", attempts=1))
+        asyncio.run(connect(url, name="anonymous", attempts=1, tls_ca=ca))
 
     async def as_ops() -> None:
-        nc = await connect(url, name="ops", attempts=1, creds=auth.creds("ops"))
+        nc = await connect(url, name="ops", attempts=1, creds=auth.creds("ops"), tls_ca=ca)
         await nc.close()
 
     asyncio.run(as_ops())

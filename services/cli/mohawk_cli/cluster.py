@@ -11,6 +11,10 @@ passes them.
 With `nats_auth` (what `mohawk up` does), nats-server admits only the users of
 `<data_dir>/nats-auth` (made on first start, `mohawk_common.bus.nats_auth`), and each child gets
 its own role's credential as MOHAWK_NATS_CREDS; `nats_creds(role)` names them (ops: `mohawk bus`).
+With `nats_tls` (also `mohawk up`'s default), nats-server takes TLS only, with a certificate from
+the bus CA under `<data_dir>/pki/nats-tls` (`mohawk_common.bus.nats_tls`, made on first start;
+the server's own in `<data_dir>/nats-tls`, issued on every start), and each child gets the CA as
+MOHAWK_NATS_TLS_CA and a tls:// MOHAWK_NATS_URL; `nats_tls_ca` names it.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from pathlib import Path
 from mohawk_cli.ports import choose_port
 from mohawk_cli.redis_server import REDIS_PORT, RedisServer
 from mohawk_common.bus.config import served_model_name
-from mohawk_common.bus.connect import CREDS_ENV
+from mohawk_common.bus.connect import CREDS_ENV, TLS_CA_ENV
 from mohawk_common.bus.nats_auth import NatsAuth, init_auth
+from mohawk_common.bus.nats_tls import CA_CERT, CA_DIR, LOCAL_HOSTS, ServerTls, init_ca, issue_server
 from mohawk_common.bus.server import NatsServer, free_port
 from mohawk_common.errors import MohawkError
 from mohawk_pqc.pki_files import init_pki, issue_node
@@ -65,6 +70,7 @@ class ClusterSpec:
     telemetry: bool = False  # start the telemetry service (the cluster's /metrics and dashboard)
     telemetry_port: int | None = None  # None: 9300 when free, else any free port
     nats_auth: bool = False  # NATS users per role under <data_dir>/nats-auth; anonymous refused
+    nats_tls: bool = False  # NATS over TLS only, certificates from the bus CA under <data_dir>/pki
 
 
 class LocalCluster:
@@ -74,6 +80,8 @@ class LocalCluster:
         self.log_dir = self.data_dir / "logs"
         nats_port = choose_port(spec.nats_port, NATS_PORT)
         self.nats_auth = NatsAuth(self.data_dir / "nats-auth") if spec.nats_auth else None
+        self.pki_dir = self.data_dir / "pki"
+        self.nats_tls = ServerTls(self.data_dir / "nats-tls") if spec.nats_tls else None
         self.nats = NatsServer(
             self.data_dir / "nats",
             nats_port,
@@ -81,12 +89,12 @@ class LocalCluster:
             log_file=self.log_dir / "nats.log",
             monitor_port=free_port(),  # `mohawk bus server` reads it
             auth=self.nats_auth,
+            tls=self.nats_tls,
         )
         self.redis: RedisServer | None = None
         if spec.redis:
             redis_port = choose_port(spec.redis_port, REDIS_PORT)
             self.redis = RedisServer(self.data_dir / "redis", redis_port, log_file=self.log_dir / "redis.log")
-        self.pki_dir = self.data_dir / "pki"
         self.model_name = served_model_name(spec.model, spec.env.get("MOHAWK_SERVED_MODEL_NAME"))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._commands: dict[str, tuple[list[str], dict[str, str]]] = {}
@@ -104,6 +112,8 @@ class LocalCluster:
             init_pki(self.pki_dir)
         if self.nats_auth is not None:
             init_auth(self.nats_auth.dir)  # kept across restarts; the server's file rewritten
+        if self.nats_tls is not None:  # the CA kept across restarts; the server's certificate new
+            issue_server(init_ca(self.pki_dir), self.nats_tls.dir, LOCAL_HOSTS)
         self.nats.start()
         if self.redis is not None:
             self.redis.start()
@@ -139,6 +149,8 @@ class LocalCluster:
                 "TOKENIZERS_PARALLELISM": "false",
             }
         )
+        if self.nats_tls_ca is not None:
+            env[TLS_CA_ENV] = str(self.nats_tls_ca)
         if self.spec.model:
             env["MOHAWK_MODEL"] = self.spec.model
         env.update(self.spec.env)
@@ -147,6 +159,11 @@ class LocalCluster:
     def nats_creds(self, role: str) -> Path | None:
         """The credential file of NATS role `role`; None when the cluster runs NATS without auth."""
         return None if self.nats_auth is None else self.nats_auth.creds(role)
+
+    @property
+    def nats_tls_ca(self) -> Path | None:
+        """The bus CA's certificate, which clients verify nats-server against; None without TLS."""
+        return None if self.nats_tls is None else self.pki_dir / CA_DIR / CA_CERT
 
     def _creds_env(self, role: str) -> dict[str, str]:
         creds = self.nats_creds(role)

@@ -8,6 +8,9 @@ install one and runs without those. `--auth` makes every /v1 call need a tenant'
 NATS admits only Mohawk's users, one per role, made on first start under `<data-dir>/nats-auth`
 (`mohawk_common.bus.nats_auth`); each child gets its own role's credential, and `mohawk bus`
 takes the ops one (`--creds <data-dir>/nats-auth/creds/ops.creds`). `--no-nats-auth` turns this off.
+NATS also takes TLS only, its certificate from the bus CA under `<data-dir>/pki/nats-tls`
+(`mohawk_common.bus.nats_tls`), which every child trusts through MOHAWK_NATS_TLS_CA (and `mohawk
+bus` with the same variable); `--no-nats-tls` turns that off.
 """
 
 from __future__ import annotations
@@ -60,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-nats-auth",
         action="store_true",
         help="run NATS with no users: any local client may read and write the bus (development)",
+    )
+    parser.add_argument(
+        "--no-nats-tls",
+        action="store_true",
+        help="run NATS in plaintext: the bus's traffic readable on this machine's loopback (development)",
     )
     parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
     add_format_flags(parser)  # passed on to every shard node
@@ -133,6 +141,7 @@ def run_up(args: argparse.Namespace) -> int:
         telemetry=not args.no_telemetry,
         telemetry_port=args.telemetry_port,
         nats_auth=not args.no_nats_auth,
+        nats_tls=not args.no_nats_tls,
     )
     cluster = LocalCluster(spec)
     stopping = False
@@ -201,7 +210,10 @@ def _banner(cluster: LocalCluster, model: str | None) -> None:
     )
     ops = cluster.nats_creds("ops")
     creds = f" --creds {ops}" if ops is not None else ""
+    ca = cluster.nats_tls_ca
     plan_env = f"MOHAWK_NATS_CREDS={ops} " if ops is not None else ""
+    bus_env = f"MOHAWK_NATS_TLS_CA={ca} " if ca is not None else ""
+    plan_env = bus_env + plan_env
     print(
         f"""
 Mohawk is ready: {cluster.url}/v1  (OpenAI-compatible; model "{name}")
@@ -210,7 +222,7 @@ Mohawk is ready: {cluster.url}/v1  (OpenAI-compatible; model "{name}")
     -d '{{"model": "{name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
   {plan_env}mohawk plan --explain --nats-url {cluster.nats.url}     # who holds which layers{telemetry}
-  mohawk bus{creds} streams --nats-url {cluster.nats.url}       # the bus (= nats -s URL stream ls)
+  {bus_env}mohawk bus{creds} streams --nats-url {cluster.nats.url}       # the bus (= nats -s URL stream ls)
   mohawk bus server --monitor-url {cluster.nats.monitor_url}   # connections, JetStream use
 
 Ctrl-C stops everything.""",

@@ -45,7 +45,7 @@ chaos: setup
 
 # issue 23's hosts as hosts: three network-namespace hosts on a bridge, a 3-server NATS cluster with
 # auth per role, two coordinators, a gateway and three shard nodes; a host unplugged under 16 streams;
-# an attacker on the network. Needs root (it skips, saying why, otherwise); about 5 minutes on 2 cores.
+# an attacker on the network. Needs root (it skips, saying why, otherwise); 2 to 6 minutes on 2 cores.
 multihost: setup
 	MOHAWK_MULTIHOST=1 $(VENV)/bin/pytest -q -s -p no:cacheprovider --durations=10 tests/multihost
 

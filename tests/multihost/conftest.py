@@ -4,6 +4,7 @@ one per module: bringing them up costs most of a test's time."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +29,7 @@ ENABLE_ENV = "MOHAWK_MULTIHOST"  # `make multihost` sets it: the suite takes min
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if os.environ.get(ENABLE_ENV) == "1":
         return
-    skip = pytest.mark.skip(reason=f"multihost suite (about 5 minutes): `make multihost`, or {ENABLE_ENV}=1")
+    skip = pytest.mark.skip(reason=f"multihost suite (2 to 6 minutes): `make multihost`, or {ENABLE_ENV}=1")
     for item in items:
         if item.path.parent == Path(__file__).parent:
             item.add_marker(skip)
@@ -49,14 +50,18 @@ def lab() -> Iterator[Lab]:
 
 
 @pytest.fixture(scope="module")
-def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHostCluster]:
-    running = MultiHostCluster(lab, Path(tmp_path_factory.mktemp("multihost")), LAYOUT)
+def cluster(lab: Lab) -> Iterator[MultiHostCluster]:
+    """The cluster; its data and logs stay in /tmp/mohawk-multihost-<run id>-* (pytest's own
+    temporary folders are pruned by the next runs, often before anyone reads a failure's logs)."""
+    data_dir = Path(tempfile.mkdtemp(prefix=f"mohawk-multihost-{lab.run_id}-"))
+    running = MultiHostCluster(lab, data_dir, LAYOUT)
     try:
         running.start()
         wait_ready(running)
         yield running
     finally:
         running.stop()
+        print(f"\nmultihost logs: {running.log_dir}")
 
 
 def wait_ready(cluster: MultiHostCluster, timeout_s: float = READY_WITHIN_S) -> float:

@@ -35,7 +35,7 @@ from tests.multihost.probes import (
     stream_many,
 )
 
-# about 5 minutes on a 2-core machine, most of it the cluster starting: `make multihost` runs it
+# 2 to 6 minutes on a 2-core machine, a minute or more of it the cluster starting: `make multihost` runs it
 pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 32
@@ -197,6 +197,12 @@ async def _refused(call: Awaitable[object]) -> bool:
 def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, reference: dict[str, str]) -> None:
     attacker = lab.host("attacker").netns
     servers = cluster.nats_urls()
+    wait_for(
+        lambda: served_by(current_plan(cluster, lab.host("user").netns)) == SHARDS,
+        120,
+        "the cluster serves on all three hosts again",
+        poll_s=1.0,
+    )
 
     # no credentials: every server refuses the connection
     async def anonymous(url: str) -> str:
@@ -212,27 +218,29 @@ def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, referen
         assert "authorization" in refusal.lower(), (url, refusal)
 
     # a gateway's credentials: no write to the plan key, no purge or delete of the request stream
-    async def as_gateway() -> tuple[list[bool], list[str], int | None, int | None]:
+    forged = b'{"version": 999999}'
+
+    async def as_gateway() -> tuple[list[bool], list[str], list[bytes]]:
         nc, errors = await connect_as(servers, cluster.auth.creds("gateway"), name="attacker")
         try:
             js = nc.jetstream(timeout=DENIED_WITHIN_S)
             kv = await js.key_value(names.PLAN_BUCKET)
-            before = (await kv.get(names.PLAN_KEY)).revision
             refused = [
-                await _refused(kv.put(names.PLAN_KEY, b'{"version": 999999}')),
+                await _refused(kv.put(names.PLAN_KEY, forged)),
                 await _refused(kv.delete(names.PLAN_KEY)),
                 await _refused(js.purge_stream(names.REQUESTS_STREAM)),
                 await _refused(js.delete_stream(names.REQUESTS_STREAM)),
             ]
-            after = (await kv.get(names.PLAN_KEY)).revision
-            return refused, [str(e) for e in errors], before, after
+            return refused, [str(e) for e in errors], await plan_history(nc)
         finally:
             await nc.close()
 
-    refused, violations, before, after = in_ns(attacker, as_gateway, 60)
+    refused, violations, history = in_ns(attacker, as_gateway, 60)
     assert refused == [True] * 4, refused
     assert sum("permissions violation" in v.lower() for v in violations) >= 4, violations
-    assert before == after  # the plan key is untouched
+    # the key holds only the coordinators' records (the leader may have re-planned meanwhile)
+    assert history and forged not in history
+    assert all(decode_json(bus_pb2.Plan, r).HasField("signed") for r in history)
 
     async def request_stream_kept() -> bool:
         nc, _ = await connect_as(servers, cluster.auth.creds("ops"), name="test-ops")

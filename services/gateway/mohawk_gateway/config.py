@@ -7,6 +7,7 @@ from typing import ClassVar
 from pydantic import Field, SecretStr
 
 from mohawk_common.bus.config import BusSettings, served_model_name
+from mohawk_common.bus.security import SEALED_REQUEST_LIFETIME_S
 from mohawk_gateway.routing import Routing
 
 MIB = 1024 * 1024
@@ -20,7 +21,12 @@ class GatewaySettings(BusSettings):
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = any free port)")
     model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")
     log_level: str = Field("info", description="debug, info, warning, error, critical")
-    request_timeout_s: float = Field(600.0, gt=0, description="longest a request may run, end to end")
+    request_timeout_s: float = Field(
+        SEALED_REQUEST_LIFETIME_S,
+        gt=0,
+        le=SEALED_REQUEST_LIFETIME_S,  # shard nodes keep a rotated sealing key this long
+        description="longest a request may run, end to end",
+    )
     publish_timeout_s: float = Field(5.0, gt=0, description="wait for JetStream to accept a request")
     max_body_bytes: int = Field(4 * MIB, ge=1024, description="largest request body; past it: 413")
     max_in_flight: int = Field(1024, ge=1, description="requests this gateway runs at once; past it: 429")

@@ -3,7 +3,9 @@
 The files are written for containers (store_dir /data, ports 4222/6222/8222 on 0.0.0.0, routes to
 the hosts nats-1..3); the run tests rewrite exactly those values to loopback, free ports and
 temporary directories, and assert that nothing else needed rewriting. The cluster files include
-`auth/nats-auth.conf`, which `mohawk pki nats-auth` makes: the tests make one beside the file.
+`auth/nats-auth.conf`, which `mohawk pki nats-auth` makes, and `tls/nats-tls.conf` (clients) and
+`tls/route-tls.conf` (inside `cluster {}`), which `mohawk pki nats-tls` makes: the tests make them
+beside the file, so the cluster runs as configured, TLS only for clients and routes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from mohawk_cli.compose_bundles import CREDS_FILE, write_compose_bundles
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.nats_auth import NatsAuth, init_auth
+from mohawk_common.bus.nats_tls import LOCAL_HOSTS, NatsCa, init_ca, issue_server
 from mohawk_common.bus.server import free_port
 from mohawk_common.bus.setup import Buckets, BusLimits, ensure_buckets, ensure_streams
 from mohawk_pqc.pki_files import init_pki
@@ -59,6 +62,16 @@ def test_the_cluster_servers_admit_only_mohawk_users() -> None:
     assert compose.count("./auth/nats-auth.conf:/etc/nats/auth/nats-auth.conf:ro") == len(CLUSTER)
 
 
+def test_the_cluster_servers_take_tls_only_for_clients_and_routes() -> None:
+    compose = (NATS_DIR / "docker-compose.nats-cluster.yml").read_text()
+    for i in CLUSTER:
+        text = (NATS_DIR / f"cluster-{i}.conf").read_text()
+        top, cluster = text.split("cluster {")
+        assert 'include "tls/nats-tls.conf"' in top  # clients
+        assert 'include "tls/route-tls.conf"' in cluster  # routes, inside cluster {}
+        assert f"./tls/nats-{i}:/etc/nats/tls:ro" in compose
+
+
 def test_the_expected_config_files_exist() -> None:
     assert {p.name for p in CONF_FILES} == {
         "single.conf",
@@ -73,6 +86,12 @@ def with_auth(directory: Path) -> NatsAuth:
     return init_auth(directory / "auth")
 
 
+def with_tls(ca: NatsCa, directory: Path, name: str) -> None:
+    """What `mohawk pki nats-tls` makes for server `name`, as `directory`/tls beside its config
+    (the files named where they are here, not at the container's mount)."""
+    issue_server(ca, directory / "tls", (name, *LOCAL_HOSTS), seen_at=None)
+
+
 @needs_nats_server
 @pytest.mark.parametrize("conf", CONF_FILES, ids=lambda p: p.name)
 def test_config_parses(conf: Path, tmp_path: Path) -> None:
@@ -80,6 +99,8 @@ def test_config_parses(conf: Path, tmp_path: Path) -> None:
     if "auth/nats-auth.conf" in conf.read_text():
         with_auth(tmp_path)
         conf = Path(shutil.copy(conf, tmp_path / conf.name))
+    if "tls/nats-tls.conf" in conf.read_text():
+        with_tls(init_ca(tmp_path / "pki"), tmp_path, conf.stem)
     result = subprocess.run([NATS_SERVER, "-c", str(conf), "-t"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "is valid" in result.stdout + result.stderr
@@ -101,9 +122,10 @@ def rewrite(text: str, replacements: dict[str, str]) -> str:
 
 
 class Server:
-    def __init__(self, conf: Path, ports: Ports, log: Path) -> None:
+    def __init__(self, conf: Path, ports: Ports, log: Path, *, tls: bool = False) -> None:
         assert NATS_SERVER is not None
         self.ports = ports
+        self.tls = tls
         self.log = log
         self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
             [NATS_SERVER, "-c", str(conf)], stdout=log.open("ab"), stderr=subprocess.STDOUT
@@ -111,7 +133,7 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.ports.client}"
+        return f"{'tls' if self.tls else 'nats'}://127.0.0.1:{self.ports.client}"
 
     def get(self, path: str) -> tuple[int, dict]:
         url = f"http://127.0.0.1:{self.ports.http}{path}"
@@ -205,7 +227,12 @@ def auth(tmp_path: Path) -> NatsAuth:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, auth: NatsAuth) -> Iterator[dict[int, Server]]:
+def ca(tmp_path: Path) -> NatsCa:
+    return init_ca(tmp_path / "pki")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, auth: NatsAuth, ca: NatsCa) -> Iterator[dict[int, Server]]:
     ports = {i: Ports(free_port(), free_port(), free_port()) for i in CLUSTER}
     servers: dict[int, Server] = {}
     try:
@@ -220,9 +247,13 @@ def cluster(tmp_path: Path, auth: NatsAuth) -> Iterator[dict[int, Server]]:
             for j in CLUSTER:
                 if j != i:
                     replacements[f"nats://nats-{j}:6222"] = f"nats://127.0.0.1:{ports[j].route}"
-            conf = tmp_path / f"cluster-{i}.conf"
+            home = tmp_path / f"nats-{i}"  # its config, auth/ and its own tls/
+            home.mkdir()
+            (home / "auth").symlink_to(auth.dir)
+            with_tls(ca, home, f"nats-{i}")
+            conf = home / f"cluster-{i}.conf"
             conf.write_text(rewrite((NATS_DIR / f"cluster-{i}.conf").read_text(), replacements))
-            servers[i] = Server(conf, ports[i], tmp_path / f"nats-{i}.log")
+            servers[i] = Server(conf, ports[i], tmp_path / f"nats-{i}.log", tls=True)
         for server in servers.values():
             server.wait_healthy()  # plain /healthz: JetStream's meta group has a leader
         yield servers
@@ -244,22 +275,30 @@ async def with_retries(call: Callable[[], Awaitable[T]], within_s: float = 60.0)
 
 
 @needs_nats_server
-def test_cluster_forms_and_replicated_streams_survive_losing_a_server(
-    cluster: dict[int, Server], auth: NatsAuth
+def test_cluster_forms_over_tls_routes_and_replicated_streams_survive_losing_a_server(
+    cluster: dict[int, Server], auth: NatsAuth, ca: NatsCa
 ) -> None:
     for i, server in cluster.items():
         _, varz = server.get("/varz")
         assert varz["server_name"] == f"nats-{i}"
+        assert varz["tls_required"] and not varz.get("tls_verify")  # clients: TLS, then a password
         assert varz["cluster"]["name"] == "mohawk"
+        assert varz["cluster"]["tls_required"] and varz["cluster"]["tls_verify"], varz["cluster"]
         _, routez = server.get("/routez")
         assert routez["num_routes"] >= 2  # routes to both others (pooled routes may add more)
 
     async def scenario() -> None:
         urls = [s.url for s in cluster.values()]
         with pytest.raises(ConnectionError, match=r"(?i)authorization violation"):
-            await connect(urls, name="anonymous", attempts=1)
-        nc = await connect(urls, name="deploy-test", attempts=5, creds=auth.creds("coordinator"))
-        gateway = await connect(urls, name="deploy-gateway", attempts=5, creds=auth.creds("gateway"))
+            await connect(urls, name="anonymous", attempts=1, tls_ca=ca.cert)
+        with pytest.raises(ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):  # the system's CAs
+            await connect(urls, name="stranger", attempts=1, creds=auth.creds("coordinator"))
+        nc = await connect(
+            urls, name="deploy-test", attempts=5, creds=auth.creds("coordinator"), tls_ca=ca.cert
+        )
+        gateway = await connect(
+            urls, name="deploy-gateway", attempts=5, creds=auth.creds("gateway"), tls_ca=ca.cert
+        )
         try:
             js = nc.jetstream(timeout=10)
             limits = BusLimits(replicas=3)  # what MOHAWK_NATS_REPLICAS=3 gives every service

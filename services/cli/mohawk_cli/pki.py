@@ -34,6 +34,7 @@ from mohawk_common.bus import names
 from mohawk_common.bus.config import BusSettings
 from mohawk_common.bus.connect import connect_or_give_up
 from mohawk_common.bus.nats_auth import ROLES, init_auth
+from mohawk_common.bus.nats_tls import CONTAINER_DIR, write_servers
 from mohawk_common.bus.setup import BusLimits, ensure_buckets
 from mohawk_common.errors import MohawkError
 from mohawk_common.logging import configure_logging, redact_url
@@ -67,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(
         dest="pki_command",
         required=True,
-        metavar="{init,issue,revoke,rotate-seal,show,nats-auth,compose-bundles}",
+        metavar="{init,issue,revoke,rotate-seal,show,nats-auth,nats-tls,compose-bundles}",
     )
     init_cmd = commands.add_parser("init", help="create the operator root and an empty revocation list")
     init_cmd.add_argument(
@@ -110,6 +111,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for each service (kept if there)",
     )
     nats_auth_cmd.add_argument("dir", type=Path, help="where to write them, e.g. config/nats/auth")
+    nats_tls_cmd = commands.add_parser(
+        "nats-tls",
+        help="TLS for nats-servers from the bus CA (<pki-dir>/nats-tls, made if absent): DIR/<server>/ "
+        "with its certificate, key, the CA's certificate and tls {} includes for clients and routes",
+    )
+    nats_tls_cmd.add_argument("dir", type=Path, help="where to write them, e.g. config/nats/tls")
+    nats_tls_cmd.add_argument(
+        "--server",
+        action="append",
+        required=True,
+        help="NAME[,HOST...]: a server and the other names or addresses it is reached at (repeatable)",
+    )
+    nats_tls_cmd.add_argument(
+        "--seen-at",
+        default=CONTAINER_DIR,
+        help="where each server finds its directory (default: %(default)s)",
+    )
     bundles_cmd = commands.add_parser(
         "compose-bundles",
         help="for docker-compose.yml: DIR/<service>/ with its own bundle and NATS credential, "
@@ -124,7 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="this host's MOHAWK_HOST_ID: node ids are <host>-<service> (default: %(default)s)",
     )
     bundles_cmd.add_argument("--days", type=_days, default=365.0, help="validity in days (default 365)")
-    for command in (init_cmd, issue_cmd, revoke_cmd, rotate_cmd, show_cmd, bundles_cmd):
+    for command in (init_cmd, issue_cmd, revoke_cmd, rotate_cmd, show_cmd, bundles_cmd, nats_tls_cmd):
         command.add_argument(
             "--pki-dir", type=Path, default=Path(DEFAULT_PKI_DIR), help="default: %(default)s"
         )
@@ -139,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         "rotate-seal": _rotate_seal,
         "show": _show,
         "nats-auth": _nats_auth,
+        "nats-tls": _nats_tls,
         "compose-bundles": _compose_bundles,
     }
     try:
@@ -162,6 +181,13 @@ def _nats_auth(args: argparse.Namespace) -> int:
         "server config, give each service its creds file (MOHAWK_NATS_CREDS); never commit them",
         file=sys.stderr,
     )
+    return 0
+
+
+def _nats_tls(args: argparse.Namespace) -> int:
+    servers = {name: hosts for name, *hosts in (s.split(",") for s in args.server)}
+    for server in write_servers(args.pki_dir, args.dir, servers, seen_at=args.seen_at).values():
+        print(server.dir)
     return 0
 
 

@@ -15,8 +15,9 @@ read, so the bus has an X.509 CA of its own (ECDSA P-256), kept beside that root
     nats-tls.conf                  `tls {}` for clients, to include at the top level
     route-tls.conf                 `tls {}` for routes, to include inside `cluster {}`
 
-The key exchange is whatever Go's TLS and the client's OpenSSL agree on (README "TLS on the bus"
-has what each link negotiates, measured).
+`write_servers(pki, dir, servers)` does that for several servers at once (`mohawk pki nats-tls`:
+config/nats/tls/nats-1 ... for the 3-server cluster). The key exchange is whatever Go's TLS and
+the client's OpenSSL agree on (README "TLS on the bus" has what each link negotiates, measured).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import ipaddress
 import json
 import os
 import ssl
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,7 @@ ROUTE_CONF = "route-tls.conf"
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
 CA_DAYS = 3650.0
 SERVER_DAYS = 365.0
+CONTAINER_DIR = "/etc/nats/tls"  # where config/nats's compose files mount a server's directory
 HANDSHAKE_TIMEOUT_S = 5  # nats-server's default, 0.5 s, is short for a loaded machine
 _CLOCK_SKEW = datetime.timedelta(minutes=5)
 
@@ -237,3 +239,27 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
     with os.fdopen(fd, "wb") as out:
         os.fchmod(out.fileno(), mode)
         out.write(data)
+
+
+def write_servers(
+    pki: Path,
+    out: Path,
+    servers: Mapping[str, Sequence[str]],
+    *,
+    seen_at: str | Path | None = CONTAINER_DIR,
+    days: float = SERVER_DAYS,
+) -> dict[str, ServerTls]:
+    """`out`/<name>/ for each server of `servers` (name -> other names and addresses it is reached
+    at; localhost and 127.0.0.1 are added), from the bus CA under `pki` (made if absent). `seen_at`
+    is where each server finds its directory (default: the cluster's compose mount); None: `out`."""
+    ca = init_ca(pki)
+    return {
+        name: issue_server(
+            ca,
+            Path(out) / name,
+            (name, *hosts, *LOCAL_HOSTS),
+            days=days,
+            seen_at=seen_at,
+        )
+        for name, hosts in servers.items()
+    }

@@ -1,5 +1,6 @@
-"""`mohawk pki compose-bundles DIR --model M`: one bundle and one NATS credential per Compose
-service, the server's users for NATS, and nothing of the root's private key."""
+"""`mohawk pki compose-bundles DIR --model M`: one bundle, one NATS credential and the bus CA per
+Compose service, the server's users and TLS certificate for NATS, and nothing of the root's or the
+bus CA's private key."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from mohawk_cli.compose_bundles import SERVICES
 from mohawk_common.bus.nats_auth import CONF_NAME, Credential
@@ -40,6 +42,8 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
     assert "MOHAWK_HOST_ID=host1" in stderr
     assert {Path(line).name for line in stdout.split()} == {"nats", *(s.name for s in SERVICES)}
     assert not list(out.rglob("root.key")) and not list(out.rglob("*.tmp"))
+    assert not list(out.rglob("ca.key"))  # the bus CA's key stays in <pki-dir>/nats-tls
+    ca = (pki / "nats-tls" / "ca.pem").read_bytes()
     users = {}
     for service in SERVICES:
         directory = out / service.name
@@ -47,8 +51,9 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
         creds = directory / "nats.creds"
         assert mode(creds) == 0o600
         users[service.name] = Credential.read(creds).user
+        assert (directory / "nats-ca.pem").read_bytes() == ca  # MOHAWK_NATS_TLS_CA
         if service.cert_role is None:
-            assert sorted(p.name for p in directory.iterdir()) == ["nats.creds"]
+            assert sorted(p.name for p in directory.iterdir()) == ["nats-ca.pem", "nats.creds"]
             continue
         bundle = load_bundle(directory / "pki", role=service.cert_role)  # valid now, for its role
         body = bundle.identity.body
@@ -67,7 +72,14 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
     }
     conf = out / "nats" / CONF_NAME
     assert mode(conf) == 0o600 and "authorization" in conf.read_text()
-    assert sorted(p.name for p in (out / "nats").iterdir()) == [CONF_NAME]
+    tls_files = ["ca.pem", "nats-tls.conf", "route-tls.conf", "server-key.pem", "server.pem"]
+    assert sorted(p.name for p in (out / "nats").iterdir()) == sorted([CONF_NAME, *tls_files])
+    assert mode(out / "nats" / "server-key.pem") == 0o600
+    assert '"/etc/nats/auth/server.pem"' in (out / "nats" / "nats-tls.conf").read_text()  # its mount
+    server = x509.load_pem_x509_certificate((out / "nats" / "server.pem").read_bytes())
+    server.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["nats", "host1", "localhost"]  # compose, host
 
 
 def test_a_second_host_gets_its_own_node_ids_and_the_same_nats_users(
@@ -80,8 +92,8 @@ def test_a_second_host_gets_its_own_node_ids_and_the_same_nats_users(
     cert = read_message(host2 / "shard-node" / "pki" / "node.cert", security_pb2.Certificate)
     assert security_pb2.CertificateBody.FromString(cert.body).node_id == "host2-shard-node"
     for service in SERVICES:  # one set of NATS users per cluster, kept under <pki-dir>/nats-auth
-        creds = f"{service.name}/nats.creds"
-        assert (host1 / creds).read_bytes() == (host2 / creds).read_bytes()
+        for name in ("nats.creds", "nats-ca.pem"):  # and one bus CA
+            assert (host1 / service.name / name).read_bytes() == (host2 / service.name / name).read_bytes()
 
 
 def test_a_rerun_replaces_what_was_there(

@@ -237,7 +237,7 @@ def test_defaults_resolve_to_the_single_host_setup(compose: list[str]) -> None:
     assert set(services) == {*SERVERS, *MOHAWK_SERVICES}
     for name in MOHAWK_SERVICES:
         env = env_of(services[name])
-        assert env["MOHAWK_NATS_URL"] == "nats://nats:4222", name
+        assert env["MOHAWK_NATS_URL"] == "tls://nats:4222", name  # TLS only
         assert str(env["MOHAWK_NATS_REPLICAS"]) == "1", name
         # Pass-through variables stay unset when the shell does not set them.
         assert env.get("MOHAWK_MODEL") is None, name
@@ -299,6 +299,7 @@ def test_no_service_holds_the_root_key_and_each_mounts_only_its_own_bundle_read_
         assert mount_specs(service)["/pki"] == (str(BUNDLES_DIR / name), True), name
         env = env_of(service)
         assert (env["MOHAWK_PKI_DIR"], env["MOHAWK_NATS_CREDS"]) == ("/pki/pki", "/pki/nats.creds"), name
+        assert env["MOHAWK_NATS_TLS_CA"] == "/pki/nats-ca.pem", name  # the bus CA, from its bundle
     ids = {
         "MOHAWK_COORDINATOR_ID": "coordinator",
         "MOHAWK_GATEWAY_ID": "gateway",
@@ -317,6 +318,7 @@ def test_nats_admits_only_mohawk_users_and_listens_on_loopback_unless_told(compo
     nats = resolved(compose, COMPOSE_FILE)["services"]["nats"]
     conf, _ = mount_specs(nats)["/etc/nats/nats-server.conf"]
     assert 'include "auth/nats-auth.conf"' in Path(conf).read_text()  # relative to the conf: /etc/nats
+    assert 'include "auth/nats-tls.conf"' in Path(conf).read_text()  # TLS only, also compose-bundles'
     assert mount_specs(nats)["/etc/nats/auth"] == (str(BUNDLES_DIR / "nats"), True)
     assert ("127.0.0.1", "4222", 4222) in port_bindings(nats)
     assert not any(ip in ("", "0.0.0.0") for ip, _, _ in port_bindings(nats))
@@ -331,7 +333,10 @@ def test_the_development_override_resolves_to_a_shared_self_issuing_pki(compose:
     services = active_services(config)
     assert set(services) == {*SERVERS, *MOHAWK_SERVICES, "dev-nats-users"}
     assert "pki" in config["volumes"]
-    assert services["dev-nats-users"]["command"] == ["pki", "nats-auth", "/pki"]
+    assert services["dev-nats-users"]["command"] == [
+        *("pki", "nats-auth", "/pki"),
+        *("--tls", "nats", "--seen-at", "/etc/nats/auth"),  # single.conf's nats-tls.conf, for `nats`
+    ]
     assert depends_on(services["nats"])["dev-nats-users"] == "service_completed_successfully"
     assert mount_specs(services["nats"])["/etc/nats/auth"] == ("pki", True)
     for name in MOHAWK_SERVICES:
@@ -340,6 +345,7 @@ def test_the_development_override_resolves_to_a_shared_self_issuing_pki(compose:
         assert not any(s.startswith(str(BUNDLES_DIR)) for s, _ in mount_specs(service).values()), name
         env = env_of(service)
         assert env["MOHAWK_NATS_CREDS"] == f"/pki/creds/{NATS_ROLES[name]}.creds", name
+        assert env["MOHAWK_NATS_TLS_CA"] == "/pki/nats-tls/ca.pem", name
         if name != "telemetry":  # telemetry loads no certificate
             assert (env["MOHAWK_PKI_DIR"], env["MOHAWK_DEV_PKI_DIR"]) == ("null", "/pki"), name
     # scalable again: the node id falls back to the hostname (`null`, tests/shard/node/test_node_config.py)

@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import pytest
 
-from mohawk_cli.compose_bundles import CREDS_FILE, write_compose_bundles
+from mohawk_cli.compose_bundles import CREDS_FILE, NATS_CA_FILE, write_compose_bundles
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.nats_auth import NatsAuth, init_auth
@@ -99,8 +99,10 @@ def test_config_parses(conf: Path, tmp_path: Path) -> None:
     if "auth/nats-auth.conf" in conf.read_text():
         with_auth(tmp_path)
         conf = Path(shutil.copy(conf, tmp_path / conf.name))
-    if "tls/nats-tls.conf" in conf.read_text():
+    if 'include "tls/nats-tls.conf"' in conf.read_text():  # the cluster's: its own tls/
         with_tls(init_ca(tmp_path / "pki"), tmp_path, conf.stem)
+    if 'include "auth/nats-tls.conf"' in conf.read_text():  # single.conf: beside its users
+        issue_server(init_ca(tmp_path / "pki"), tmp_path / "auth", ("nats", *LOCAL_HOSTS), seen_at=None)
     result = subprocess.run([NATS_SERVER, "-c", str(conf), "-t"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "is valid" in result.stdout + result.stderr
@@ -169,12 +171,16 @@ class Server:
 @needs_nats_server
 def test_single_server_runs_jetstream_with_a_1mb_payload_limit_for_mohawk_users_only(tmp_path: Path) -> None:
     """single.conf as docker-compose.yml runs it: `auth/` is what `mohawk pki compose-bundles` wrote
-    to <bundles>/nats, and each service connects with the nats.creds of its own bundle."""
+    to <bundles>/nats (its TLS files named where the container mounts them, /etc/nats/auth, here
+    rewritten to where they are), and each service connects with the nats.creds and nats-ca.pem of
+    its own bundle."""
     init_pki(tmp_path / "pki")
     bundles = write_compose_bundles(
         tmp_path / "pki", tmp_path / "bundles", host="host1", model="smollm2-135m-instruct"
     )
     shutil.copytree(bundles["nats"], tmp_path / "auth")
+    tls_conf = tmp_path / "auth" / "nats-tls.conf"
+    tls_conf.write_text(rewrite(tls_conf.read_text(), {"/etc/nats/auth/": f"{tmp_path / 'auth'}/"}))
     ports = Ports(free_port(), free_port(), 0)
     text = rewrite(
         (NATS_DIR / "single.conf").read_text(),
@@ -186,7 +192,7 @@ def test_single_server_runs_jetstream_with_a_1mb_payload_limit_for_mohawk_users_
     )
     conf = tmp_path / "single.conf"
     conf.write_text(text)
-    server = Server(conf, ports, tmp_path / "nats.log")
+    server = Server(conf, ports, tmp_path / "nats.log", tls=True)
     try:
         # The compose healthcheck's URL.
         server.wait_healthy("/healthz?js-enabled-only=true")
@@ -199,10 +205,13 @@ def test_single_server_runs_jetstream_with_a_1mb_payload_limit_for_mohawk_users_
 
 
 async def _only_mohawk_users(url: str, bundles: dict[str, Path]) -> None:
+    ca = bundles["coordinator"] / NATS_CA_FILE
     with pytest.raises(ConnectionError, match=r"(?i)authorization violation"):
-        await connect([url], name="anonymous", attempts=1)
+        await connect([url], name="anonymous", attempts=1, tls_ca=ca)
+    with pytest.raises(ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):  # the system's CAs
+        await connect([url], name="stranger", attempts=1, creds=bundles["coordinator"] / CREDS_FILE)
     coordinator = await connect(
-        [url], name="coordinator", attempts=3, creds=bundles["coordinator"] / CREDS_FILE
+        [url], name="coordinator", attempts=3, creds=bundles["coordinator"] / CREDS_FILE, tls_ca=ca
     )
     try:
         await ensure_streams(coordinator.jetstream(), BusLimits())
@@ -211,7 +220,13 @@ async def _only_mohawk_users(url: str, bundles: dict[str, Path]) -> None:
     finally:
         await coordinator.close()
     for service in ("gateway", "shard-node", "telemetry"):
-        nc = await connect([url], name=service, attempts=3, creds=bundles[service] / CREDS_FILE)
+        nc = await connect(
+            [url],
+            name=service,
+            attempts=3,
+            creds=bundles[service] / CREDS_FILE,
+            tls_ca=bundles[service] / NATS_CA_FILE,
+        )
         try:
             if service == "gateway":  # connected as its role, not as one that may write the plan
                 plan = (await ensure_buckets(nc.jetstream(timeout=2), BusLimits())).plan

@@ -2,15 +2,20 @@
 PKI, so that no container ever holds the root key.
 
     DIR/nats/nats-auth.conf          nats-server's users (bcrypt hashes), included by single.conf
+    DIR/nats/nats-tls.conf           its TLS, also included: server.pem and server-key.pem (a
+                                     certificate from the bus CA naming nats, the host, localhost
+                                     and 127.0.0.1) and ca.pem, beside it
     DIR/coordinator/pki/             the coordinator's certificate bundle (`pki issue`)
     DIR/coordinator/nats.creds       and its NATS credential (role coordinator)
     DIR/gateway/{pki/,nats.creds}    the gateway's, bound to the model
     DIR/shard-node/{pki/,nats.creds} the shard node's, bound to the model (it holds the sealing key)
     DIR/telemetry/nats.creds         telemetry reads the bus only
+    DIR/<service>/nats-ca.pem        every service's trust in NATS: the bus CA (MOHAWK_NATS_TLS_CA)
 
 docker-compose.yml mounts DIR/<service> read-only into that service alone, as /pki. The NATS
 users are made once per cluster under <pki-dir>/nats-auth (kept on later runs), so every host's
-bundles carry credentials of the same users; the certificates are new on every run. Node ids are
+bundles carry credentials of the same users, and the bus CA (<pki-dir>/nats-tls, `nats_tls`; its
+key stays there) is made once too; the certificates are new on every run. Node ids are
 `<host>-<service>`, the ids docker-compose.yml gives the services with MOHAWK_HOST_ID.
 """
 
@@ -22,11 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mohawk_common.bus.nats_auth import CONF_NAME, init_auth
+from mohawk_common.bus.nats_tls import LOCAL_HOSTS, init_ca, issue_server
 from mohawk_pqc.pki_files import issue_node, load_root_key
 
 NATS_AUTH_DIR = "nats-auth"  # under the PKI directory: the cluster's NATS users, kept across runs
 BUNDLE_DIR = "pki"
 CREDS_FILE = "nats.creds"
+NATS_CA_FILE = "nats-ca.pem"
+NATS_SERVICE = "nats"  # its name on the compose network: what the services' tls:// URL says
+NATS_SEEN_AT = "/etc/nats/auth"  # where docker-compose.yml mounts DIR/nats in the nats container
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +68,10 @@ def write_compose_bundles(
     """
     load_root_key(pki)  # no root: say so before anything is written
     auth = init_auth(pki / NATS_AUTH_DIR)
+    ca = init_ca(pki)
     written = {"nats": _fresh_dir(out / "nats")}
     _copy_private(auth.conf, written["nats"] / CONF_NAME)
+    issue_server(ca, written["nats"], (NATS_SERVICE, host, *LOCAL_HOSTS), days=days, seen_at=NATS_SEEN_AT)
     for service in SERVICES:
         target = written[service.name] = _fresh_dir(out / service.name)
         if service.cert_role is not None:
@@ -69,6 +80,7 @@ def write_compose_bundles(
             )
             shutil.copytree(bundle, target / BUNDLE_DIR)  # modes kept: node.key and seal keys 0600
         _copy_private(auth.creds(service.nats_role), target / CREDS_FILE)
+        _copy_private(ca.cert, target / NATS_CA_FILE)
     return written
 
 

@@ -34,7 +34,7 @@ from mohawk_common.bus import names
 from mohawk_common.bus.config import BusSettings
 from mohawk_common.bus.connect import connect_or_give_up
 from mohawk_common.bus.nats_auth import ROLES, init_auth
-from mohawk_common.bus.nats_tls import CONTAINER_DIR, write_servers
+from mohawk_common.bus.nats_tls import CONTAINER_DIR, LOCAL_HOSTS, init_ca, issue_server, write_servers
 from mohawk_common.bus.setup import BusLimits, ensure_buckets
 from mohawk_common.errors import MohawkError
 from mohawk_common.logging import configure_logging, redact_url
@@ -111,6 +111,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for each service (kept if there)",
     )
     nats_auth_cmd.add_argument("dir", type=Path, help="where to write them, e.g. config/nats/auth")
+    nats_auth_cmd.add_argument(
+        "--tls",
+        metavar="NAME[,HOST...]",
+        help="also TLS for one nats-server reached at these names, in DIR (its nats-tls.conf), from "
+        "a bus CA under DIR/nats-tls (development: docker-compose.dev.yml)",
+    )
+    nats_auth_cmd.add_argument("--seen-at", help="with --tls: where the server finds DIR (default: DIR)")
     nats_tls_cmd = commands.add_parser(
         "nats-tls",
         help="TLS for nats-servers from the bus CA (<pki-dir>/nats-tls, made if absent): DIR/<server>/ "
@@ -173,6 +180,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _nats_auth(args: argparse.Namespace) -> int:
     auth = init_auth(args.dir)
+    if args.tls:
+        hosts = (*args.tls.split(","), *LOCAL_HOSTS)
+        print(issue_server(init_ca(args.dir), args.dir, hosts, seen_at=args.seen_at).client_conf)
     print(auth.conf)
     for role in ROLES:
         print(auth.creds(role))

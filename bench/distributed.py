@@ -153,7 +153,9 @@ class ClusterSetup:
         env: dict[str, str] | None = None,
         name: str | None = None,
         telemetry: bool = False,
+        nats_security: bool = False,
     ) -> None:
+        """`nats_security`: NATS users per role and TLS only, as `mohawk up` runs it."""
         self.name = name or f"mohawk up --nodes {num_nodes}"
         spec = ClusterSpec(
             nodes=num_nodes,
@@ -167,6 +169,8 @@ class ClusterSetup:
             env=({} if prefix_cache else {"MOHAWK_ENABLE_PREFIX_CACHING": "false"}) | (env or {}),
             telemetry=telemetry,
             telemetry_port=free_port() if telemetry else None,
+            nats_auth=nats_security,
+            nats_tls=nats_security,
         )
         self.cluster = LocalCluster(spec).start()
         self.cluster.wait_ready(timeout=300)
@@ -178,7 +182,13 @@ class ClusterSetup:
         """The cluster's current plan, as `nats kv get mohawk_plan current` shows it."""
 
         async def read() -> bus_pb2.Plan | None:
-            nc = await connect(self.cluster.nats.url, name="bench", attempts=3)
+            nc = await connect(
+                self.cluster.nats.url,
+                name="bench",
+                attempts=3,
+                creds=self.cluster.nats_creds("ops"),
+                tls_ca=self.cluster.nats_tls_ca,
+            )
             try:
                 return await read_plan((await ensure_buckets(nc.jetstream())).plan)
             finally:
@@ -190,7 +200,13 @@ class ClusterSetup:
         """(median of the nodes' hop medians, worst p99) in ms, from one round of heartbeats."""
 
         async def collect() -> dict[str, bus_pb2.Heartbeat]:
-            nc = await connect(self.cluster.nats.url, name="bench", attempts=3)
+            nc = await connect(
+                self.cluster.nats.url,
+                name="bench",
+                attempts=3,
+                creds=self.cluster.nats_creds("ops"),
+                tls_ca=self.cluster.nats_tls_ca,
+            )
             sub = await nc.subscribe(names.HEARTBEAT_WILDCARD)
             seen: dict[str, bus_pb2.Heartbeat] = {}
             deadline = time.monotonic() + 2.5

@@ -7,9 +7,11 @@
    its check), paid once per request.
 3. AES-256-GCM seal + open of one frame by size (a decode step of 1 and 32 sequences, a 512-token
    prefill chunk of SmolLM2's 576-wide fp32 hidden states), paid per hop.
-4. End to end: a 3-node `mohawk up` cluster with certificates (everything encrypted) and one run
-   with --insecure (plaintext bus), the same 32 concurrent streaming requests, alternating
-   secure/insecure runs on the two clusters in ABBA order so drift hits both alike.
+4. End to end: three `mohawk up` clusters given the same 32 concurrent streaming requests, in
+   ABC-CBA order so drift hits all alike: as `mohawk up` runs (certificates, everything encrypted
+   end to end, and NATS with users per role and TLS only), the same with NATS open (no TLS, no
+   users), and --insecure (plaintext frames) on open NATS. The first two compare NATS's TLS and
+   auth, the last two Mohawk's own encryption.
 Figures are medians (min–max). `python bench/security.py` runs the short form (CI, `make test`);
 `--full` the full form (`make bench`).
 """
@@ -115,21 +117,26 @@ def _frame_round_trip(key: bytes, size: int) -> Callable[[], None]:
     return frame
 
 
+NATS_SECURE = "encrypted, NATS TLS + auth"  # what `mohawk up` runs
+ENCRYPTED = "encrypted"  # NATS with neither TLS nor users
+PLAINTEXT = "plaintext (--insecure)"
+
+
 def end_to_end(form: Form) -> dict[str, Stat]:
     qs = questions(form.num_concurrent)
     with tempfile.TemporaryDirectory(prefix="mohawk-sec-") as root:
-        setups = {
-            "encrypted": ClusterSetup(form.nodes, Path(root) / "secure", secure=True),
-            "plaintext (--insecure)": ClusterSetup(form.nodes, Path(root) / "insecure", secure=False),
-        }
+        setups: dict[str, ClusterSetup] = {}
         try:
+            setups[NATS_SECURE] = ClusterSetup(form.nodes, Path(root) / "nats", nats_security=True)
+            setups[ENCRYPTED] = ClusterSetup(form.nodes, Path(root) / "secure", secure=True)
+            setups[PLAINTEXT] = ClusterSetup(form.nodes, Path(root) / "insecure", secure=False)
             runs: dict[str, list[float]] = {name: [] for name in setups}
             for setup in setups.values():  # warm-up: first batched shapes, channels, prefix cache
                 setup.batch1(qs[0], 4)
                 setup.concurrent(qs, 2)
             for repeat in range(form.repeats):
                 order = list(setups.items())
-                for name, setup in order if repeat % 2 == 0 else reversed(order):  # ABBA: drift cancels
+                for name, setup in order if repeat % 2 == 0 else reversed(order):  # ABC-CBA: drift cancels
                     runs[name].append(setup.concurrent(qs, form.tokens))
         finally:
             for setup in setups.values():
@@ -143,16 +150,18 @@ def report(micro_results: dict[str, Stat], e2e: dict[str, Stat], form: Form) -> 
         f"| {name} | {stat.median:.3f} ({stat.low:.3f}–{stat.high:.3f}) |"
         for name, stat in micro_results.items()
     ]
-    secure, plain = e2e["encrypted"], e2e["plaintext (--insecure)"]
+    nats, secure, plain = e2e[NATS_SECURE], e2e[ENCRYPTED], e2e[PLAINTEXT]
     lines += [
         "",
         f"{form.nodes}-node cluster, {form.num_concurrent} concurrent streams × {form.tokens} tokens, "
-        f"aggregate tokens/s, medians (min–max) of {form.repeats} run(s) each, in ABBA order:",
+        f"aggregate tokens/s, medians (min–max) of {form.repeats} run(s) each, in ABC-CBA order:",
         "",
-        "| bus | tokens/s | × plaintext |",
-        "|---|---|---|",
-        f"| plaintext (--insecure) | {plain} | 1.00 |",
-        f"| encrypted | {secure} | {secure.median / plain.median:.3f} |",
+        "| bus | tokens/s | × plaintext | × encrypted, open NATS |",
+        "|---|---|---|---|",
+        f"| {PLAINTEXT}, open NATS | {plain} | 1.00 | |",
+        f"| {ENCRYPTED}, open NATS | {secure} | {secure.median / plain.median:.3f} | 1.00 |",
+        f"| {NATS_SECURE} (mohawk up) | {nats} | {nats.median / plain.median:.3f} "
+        f"| {nats.median / secure.median:.3f} |",
     ]
     return "\n".join(lines)
 

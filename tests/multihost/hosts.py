@@ -1,6 +1,7 @@
 """A Mohawk cluster spread over the lab's hosts: one nats-server per host (a 3-server JetStream
 cluster, routes between hosts, Mohawk's streams and buckets at 3 replicas), NATS users per role
-from `nats_auth` (each service gets its own role's credential as MOHAWK_NATS_CREDS), development
+from `nats_auth` (each service gets its own role's credential as MOHAWK_NATS_CREDS), TLS on client
+and route links from the bus CA of `nats_tls` (MOHAWK_NATS_TLS_CA, tls:// URLs), development
 certificates from `pki_files`, and the services placed on the hosts the layout names.
 
 Every child runs as `ip netns exec <host> ...`, so it binds, dials and is reachable only inside
@@ -33,8 +34,9 @@ from nats.aio.client import Client
 
 from mohawk_common.bus import names
 from mohawk_common.bus.config import BUNDLED_MODEL_NAME
-from mohawk_common.bus.connect import CREDS_ENV
+from mohawk_common.bus.connect import CREDS_ENV, TLS_CA_ENV
 from mohawk_common.bus.nats_auth import Credential, NatsAuth, init_auth
+from mohawk_common.bus.nats_tls import NatsCa, client_context, init_ca, issue_server
 from mohawk_common.bus.server import find_nats_server
 from mohawk_pqc.pki_files import init_pki, issue_node
 from tests.multihost.netns import Lab, call_in, wait_for
@@ -73,11 +75,12 @@ class MultiHostCluster:
         self.pki_dir = data_dir / "pki"
         self.auth = NatsAuth(data_dir / "nats-auth")
         self.route_password = secrets.token_urlsafe(24)
+        self.tls_ca = NatsCa(self.pki_dir / "nats-tls")  # made in start(): init_ca
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- addresses ---------------------------------------------------------------------------
     def nats_url(self, host: str) -> str:
-        return f"nats://{self.lab.host(host).address}:{NATS_PORT}"
+        return f"tls://{self.lab.host(host).address}:{NATS_PORT}"
 
     def nats_urls(self, first: str | None = None) -> list[str]:
         """Every server's URL, `first`'s own first (a service dials its host's server first)."""
@@ -96,6 +99,7 @@ class MultiHostCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         init_pki(self.pki_dir)
         init_auth(self.auth.dir)
+        init_ca(self.pki_dir)
         for host in self.layout:
             self._start_nats(host)
         wait_for(self.jetstream_has_leader, 30, "the 3-server JetStream cluster elects a meta leader")
@@ -119,6 +123,9 @@ class MultiHostCluster:
         store = self.data_dir / f"nats-{host}"
         store.mkdir(parents=True, exist_ok=True)
         include = os.path.relpath(self.auth.conf, store)
+        tls = issue_server(self.tls_ca, store / "tls", [address])
+        client_tls = os.path.relpath(tls.client_conf, store)
+        route_tls = os.path.relpath(tls.route_conf, store)
         routes = [
             f"nats-route://route:{self.route_password}@{self.lab.host(other).address}:{ROUTE_PORT}"
             for other in self.layout
@@ -131,8 +138,10 @@ class MultiHostCluster:
             f"http: {json.dumps(f'{address}:{MONITOR_PORT}')}\n"
             f"jetstream {{ store_dir: {json.dumps(str(store / 'js'))} }}\n"
             f"include {json.dumps(include)}\n"
+            f"include {json.dumps(client_tls)}\n"
             "cluster {\n"
             "  name: mohawk\n"
+            f"  include {json.dumps(route_tls)}\n"
             f"  listen: {json.dumps(f'{address}:{ROUTE_PORT}')}\n"
             f"  authorization {{ user: route, password: {json.dumps(self.route_password)} }}\n"
             f"  routes: [{', '.join(json.dumps(r) for r in routes)}]\n"
@@ -161,7 +170,8 @@ class MultiHostCluster:
             nc = Client()
             credential = Credential.read(self.auth.creds("ops"))
             await nc.connect(self.nats_urls(), user=credential.user, password=credential.password,
-                             allow_reconnect=False, connect_timeout=2)  # fmt: skip
+                             tls=client_context(self.tls_ca.cert), allow_reconnect=False,
+                             connect_timeout=10)  # fmt: skip
             try:
                 kv = await nc.jetstream(timeout=2).key_value(names.LEADER_BUCKET)
                 return bool((await kv.get(names.LEADER_KEY)).value)
@@ -201,6 +211,7 @@ class MultiHostCluster:
             "MOHAWK_NATS_URL": self.nats_url(host),
             "MOHAWK_NATS_REPLICAS": "3",
             CREDS_ENV: str(self.auth.creds(svc.role)),
+            TLS_CA_ENV: str(self.tls_ca.cert),
             "MOHAWK_WEIGHTS": WEIGHTS,
             "TRANSFORMERS_VERBOSITY": "error",
             "TOKENIZERS_PARALLELISM": "false",

@@ -22,11 +22,15 @@ from nats.aio.client import Client
 from mohawk_common.bus import names
 from mohawk_common.bus.control import decode_json
 from mohawk_common.bus.nats_auth import Credential
+from mohawk_common.bus.nats_tls import client_context
 from mohawk_proto.v1 import bus_pb2
 from tests.multihost.hosts import MODEL
 from tests.multihost.netns import InNetns
 
 T = TypeVar("T")
+# a TLS handshake on a 2-core machine busy with three shard nodes can take seconds (nats-server
+# allows 5, `nats_tls.HANDSHAKE_TIMEOUT_S`)
+CONNECT_TIMEOUT_S = 10
 
 
 def in_ns(netns: str, coro_fn: Callable[[], Awaitable[T]], timeout_s: float) -> T:
@@ -45,8 +49,11 @@ def start_in_ns(netns: str, coro_fn: Callable[[], Awaitable[T]], timeout_s: floa
     return InNetns(netns, lambda: asyncio.run(bounded()))
 
 
-async def connect_as(servers: list[str], creds: Path | None, *, name: str) -> tuple[Client, list[Exception]]:
-    """One try at connecting, as the user of `creds` (None: anonymously), without reconnecting;
+async def connect_as(
+    servers: list[str], creds: Path | None, *, name: str, tls_ca: Path | None = None
+) -> tuple[Client, list[Exception]]:
+    """One try at connecting, as the user of `creds` (None: anonymously), over TLS trusting only
+    `tls_ca` (None: no TLS), without reconnecting;
     the client and the list the server's errors (permissions violations) are appended to as they
     come. ConnectionError with the server's words when it refuses."""
     nc = Client()
@@ -55,15 +62,15 @@ async def connect_as(servers: list[str], creds: Path | None, *, name: str) -> tu
     async def on_error(exc: Exception) -> None:
         errors.append(exc)
 
-    auth: dict[str, Any] = {}
+    auth: dict[str, Any] = {} if tls_ca is None else {"tls": client_context(tls_ca)}
     if creds is not None:
         credential = Credential.read(creds)
-        auth = {"user": credential.user, "password": credential.password}
+        auth |= {"user": credential.user, "password": credential.password}
     try:
         await nc.connect(
             servers,
             name=name,
-            connect_timeout=2,
+            connect_timeout=CONNECT_TIMEOUT_S,
             allow_reconnect=False,
             max_reconnect_attempts=0,
             error_cb=on_error,

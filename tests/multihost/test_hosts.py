@@ -66,7 +66,9 @@ def on_bus(
     """`fn(client)` with a connection as NATS role `role`, from namespace `netns`."""
 
     async def run() -> object:
-        nc, _ = await connect_as(cluster.nats_urls(), cluster.auth.creds(role), name=f"test-{role}")
+        nc, _ = await connect_as(
+            cluster.nats_urls(), cluster.auth.creds(role), name=f"test-{role}", tls_ca=cluster.tls_ca.cert
+        )
         try:
             return await fn(nc)
         finally:
@@ -85,7 +87,10 @@ def current_plan(
     async def run() -> bus_pb2.Plan | None:
         try:
             nc, _ = await connect_as(
-                servers or cluster.nats_urls(), cluster.auth.creds("ops"), name="test-ops"
+                servers or cluster.nats_urls(),
+                cluster.auth.creds("ops"),
+                name="test-ops",
+                tls_ca=cluster.tls_ca.cert,
             )
         except ConnectionError:
             return None
@@ -197,17 +202,18 @@ async def _refused(call: Awaitable[object]) -> bool:
 def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, reference: dict[str, str]) -> None:
     attacker = lab.host("attacker").netns
     servers = cluster.nats_urls()
+    # after the unplugged-host scenario the leader may keep a 2-node plan: any active one will do
     wait_for(
-        lambda: served_by(current_plan(cluster, lab.host("user").netns)) == SHARDS,
+        lambda: bool(served_by(current_plan(cluster, lab.host("user").netns))),
         120,
-        "the cluster serves on all three hosts again",
+        "a plan is active",
         poll_s=1.0,
     )
 
     # no credentials: every server refuses the connection
     async def anonymous(url: str) -> str:
         try:
-            nc, _ = await connect_as([url], None, name="attacker")
+            nc, _ = await connect_as([url], None, name="attacker", tls_ca=cluster.tls_ca.cert)
         except Exception as exc:
             return str(exc) or type(exc).__name__
         await nc.close()
@@ -217,11 +223,28 @@ def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, referen
         refusal = in_ns(attacker, lambda url=url: anonymous(url), 30)  # type: ignore[misc]
         assert "authorization" in refusal.lower(), (url, refusal)
 
+    # plaintext: every server takes TLS only (nats-py may never return from a failed TLS upgrade)
+    async def plaintext(url: str) -> str:
+        try:
+            connecting = connect_as([url], cluster.auth.creds("gateway"), name="attacker")
+            nc, _ = await asyncio.wait_for(connecting, 10)
+        except Exception as exc:
+            return str(exc) or type(exc).__name__
+        await nc.close()
+        return "connected"
+
+    for url in servers:
+        plain = url.replace("tls://", "nats://")
+        refusal = in_ns(attacker, lambda plain=plain: plaintext(plain), 30)  # type: ignore[misc]
+        assert refusal != "connected", plain
+
     # a gateway's credentials: no write to the plan key, no purge or delete of the request stream
     forged = b'{"version": 999999}'
 
     async def as_gateway() -> tuple[list[bool], list[str], list[bytes]]:
-        nc, errors = await connect_as(servers, cluster.auth.creds("gateway"), name="attacker")
+        nc, errors = await connect_as(
+            servers, cluster.auth.creds("gateway"), name="attacker", tls_ca=cluster.tls_ca.cert
+        )
         try:
             js = nc.jetstream(timeout=DENIED_WITHIN_S)
             kv = await js.key_value(names.PLAN_BUCKET)
@@ -243,7 +266,9 @@ def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, referen
     assert all(decode_json(bus_pb2.Plan, r).HasField("signed") for r in history)
 
     async def request_stream_kept() -> bool:
-        nc, _ = await connect_as(servers, cluster.auth.creds("ops"), name="test-ops")
+        nc, _ = await connect_as(
+            servers, cluster.auth.creds("ops"), name="test-ops", tls_ca=cluster.tls_ca.cert
+        )
         try:
             info = await nc.jetstream().stream_info(names.REQUESTS_STREAM)
             return info.config.num_replicas == 3
@@ -258,7 +283,9 @@ def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, referen
 
     async def replay() -> bus_pb2.Plan:
         async with step("record the plan key's history as a gateway"):
-            nc, _ = await connect_as(servers, cluster.auth.creds("gateway"), name="attacker-recorder")
+            nc, _ = await connect_as(
+                servers, cluster.auth.creds("gateway"), name="attacker-recorder", tls_ca=cluster.tls_ca.cert
+            )
             try:
                 records = await plan_history(nc)
             finally:
@@ -268,7 +295,9 @@ def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, referen
         older = [r for r, order in zip(records, orders, strict=True) if order < orders[-1]]
         assert older, f"the plan key holds no record older than the last: {orders}"
         async with step("replay the oldest record as the coordinator's NATS user"):
-            thief, _ = await connect_as(servers, cluster.auth.creds("coordinator"), name="attacker")
+            thief, _ = await connect_as(
+                servers, cluster.auth.creds("coordinator"), name="attacker", tls_ca=cluster.tls_ca.cert
+            )
             try:
                 plans = await thief.jetstream().key_value(names.PLAN_BUCKET)
                 await plans.put(names.PLAN_KEY, older[0])  # the recorded bytes, signature and all

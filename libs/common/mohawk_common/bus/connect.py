@@ -32,6 +32,11 @@ TLS_CA_ENV = "MOHAWK_NATS_TLS_CA"
 
 _FIRST_RETRY_S = 0.5
 _MAX_RETRY_S = 5.0
+# a server cut off from us (its host's link down) is given up after PING_INTERVAL_S ×
+# MAX_OUTSTANDING_PINGS, about 6 s, and the client moves to another server of the pool; nats-py's
+# defaults (2 pings 120 s apart) kept a service publishing into a dead link for minutes
+PING_INTERVAL_S = 2
+MAX_OUTSTANDING_PINGS = 3
 
 
 def credential_options(creds: str | Path | None = None) -> dict[str, Any]:
@@ -100,6 +105,8 @@ async def connect(
                 allow_reconnect=True,
                 max_reconnect_attempts=1,  # the first connect tries the pool once, then our backoff
                 reconnect_time_wait=1,
+                ping_interval=PING_INTERVAL_S,
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                 error_cb=_on_error,
                 disconnected_cb=_on_disconnected,
                 reconnected_cb=_on_reconnected,

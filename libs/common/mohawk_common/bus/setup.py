@@ -11,9 +11,13 @@ emitted, so generation continues at the next index.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import structlog
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     DiscardPolicy,
@@ -22,13 +26,16 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from mohawk_common.bus import names
 
 log = structlog.get_logger("mohawk.bus")
 
+T = TypeVar("T")
+_FORMING_ATTEMPTS = 5  # 0.5 + 1 + 2 + 4 s of waiting at most
+_FORMING_FIRST_RETRY_S = 0.5
 DUPLICATE_WINDOW_S = 120.0  # the request stream stores a request id once within this window
 
 
@@ -100,6 +107,30 @@ async def ensure_buckets(js: JetStreamContext, limits: BusLimits = BusLimits()) 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
     """Create the stream unless it exists; an existing one is adopted as the operator configured it."""
+    await _while_forming(lambda: _ensure_stream_once(js, config), config.name or "")
+
+
+async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    return await _while_forming(lambda: _ensure_bucket_once(js, config), config.bucket)
+
+
+async def _while_forming(attempt: Callable[[], Awaitable[T]], what: str) -> T:
+    """`attempt()`, again while JetStream answers busy or late: a replicated stream that several
+    services create at once answers with timeouts until its Raft group has formed."""
+    delay = _FORMING_FIRST_RETRY_S
+    for tries in range(1, _FORMING_ATTEMPTS + 1):
+        try:
+            return await attempt()
+        except (NatsTimeoutError, ServiceUnavailableError) as exc:
+            if tries == _FORMING_ATTEMPTS:
+                raise
+            log.info("jetstream busy, retrying", what=what, error=type(exc).__name__, retry_in_s=delay)
+            await asyncio.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _ensure_stream_once(js: JetStreamContext, config: StreamConfig) -> None:
     try:
         await js.stream_info(config.name or "")
         return
@@ -112,7 +143,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
         await js.stream_info(config.name or "")
 
 
-async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+async def _ensure_bucket_once(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
     try:
         return await js.key_value(config.bucket)
     except (NotFoundError, BadRequestError):

@@ -83,6 +83,7 @@ log = structlog.get_logger("mohawk.shard.head")
 _IDLE_WAIT_S = 0.5
 _DEADLINE_TICK_S = 0.25
 _DRAIN_EVERY_S = 2.0
+_PULL_RETRY_S = 0.5
 MAX_RESUMES = 3
 # a request this stage 0 cannot open yet (sealed to a key it has not adopted: a gateway saw the
 # new sealing key a moment earlier) goes back to the stream this many times before it is refused
@@ -195,7 +196,10 @@ class HeadDriver:
 
     async def stop(self) -> None:
         """Stop stepping and hand every unfinished request back to the stream for the next stage 0."""
-        await cancel_and_wait(*self._tasks)
+        try:
+            await cancel_and_wait(*self._tasks)
+        except Exception as exc:  # a loop that had died already: stopping (and the switch) go on
+            self._log.error("a stage 0 loop had failed", error=repr(exc))
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -235,6 +239,10 @@ class HeadDriver:
             try:
                 msgs = await pull.fetch(room, timeout=1.0)
             except (TimeoutError, NatsTimeoutError):
+                continue
+            except Exception as exc:  # JetStream busy (503 while a cluster re-forms), NATS away
+                self._log.warning("pulling requests failed, retrying", error=repr(exc))
+                await asyncio.sleep(_PULL_RETRY_S)
                 continue
             await self._admit_all(msgs)
 

@@ -32,11 +32,12 @@ TLS_CA_ENV = "MOHAWK_NATS_TLS_CA"
 
 _FIRST_RETRY_S = 0.5
 _MAX_RETRY_S = 5.0
-# a server cut off from us (its host's link down) is given up after PING_INTERVAL_S ×
-# MAX_OUTSTANDING_PINGS, about 6 s, and the client moves to another server of the pool; nats-py's
-# defaults (2 pings 120 s apart) kept a service publishing into a dead link for minutes
-PING_INTERVAL_S = 2
-MAX_OUTSTANDING_PINGS = 3
+# a server cut off from us (its host's link down) is given up after about PING_INTERVAL_S ×
+# (MAX_OUTSTANDING_PINGS + 1), 15 s, and the client moves to another server of the pool; nats-py's
+# defaults (2 pings 120 s apart) kept a service publishing into a dead link for minutes. Shorter
+# made busy 2-core machines drop live connections.
+PING_INTERVAL_S = 5
+MAX_OUTSTANDING_PINGS = 2
 
 
 def credential_options(creds: str | Path | None = None) -> dict[str, Any]:

@@ -34,8 +34,8 @@ _FIRST_RETRY_S = 0.5
 _MAX_RETRY_S = 5.0
 # a server cut off from us (its host's link down) is given up after about PING_INTERVAL_S ×
 # (MAX_OUTSTANDING_PINGS + 1), 15 s, and the client moves to another server of the pool; nats-py's
-# defaults (2 pings 120 s apart) kept a service publishing into a dead link for minutes. Shorter
-# made busy 2-core machines drop live connections.
+# defaults (2 pings 120 s apart) kept a service publishing into a dead link for minutes. A
+# shorter bound would also give up on live servers that a busy machine answers late.
 PING_INTERVAL_S = 5
 MAX_OUTSTANDING_PINGS = 2
 

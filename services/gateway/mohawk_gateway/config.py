@@ -22,10 +22,10 @@ class GatewaySettings(BusSettings):
     model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")
     log_level: str = Field("info", description="debug, info, warning, error, critical")
     request_timeout_s: float = Field(
-        SEALED_REQUEST_LIFETIME_S,
+        SEALED_REQUEST_LIFETIME_S,  # shard nodes keep a rotated sealing key this long
         gt=0,
-        le=SEALED_REQUEST_LIFETIME_S,  # shard nodes keep a rotated sealing key this long
-        description="longest a request may run, end to end",
+        description="longest a request may run, end to end (past the default, a request sealed "
+        "before a sealing-key rotation cannot be reopened after a failover)",
     )
     publish_timeout_s: float = Field(5.0, gt=0, description="wait for JetStream to accept a request")
     max_body_bytes: int = Field(4 * MIB, ge=1024, description="largest request body; past it: 413")

@@ -15,13 +15,12 @@ verifies, as it neither encrypts nor decrypts.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from mohawk_pqc.certificates import TrustStore
+from mohawk_pqc.certificates import TrustStore, fingerprint
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.identity import Identity
 from mohawk_pqc.signing import VerifyKey
@@ -93,7 +92,7 @@ class RecordVerifier:
         trust = self.trust
         if trust is None:  # pragma: no cover - verify() returns first
             raise AuthenticationError("untrusted", "no trust store")
-        digest = hashlib.sha256(cert.body).digest() + hashlib.sha256(cert.SerializeToString()).digest()
+        digest = fingerprint(cert)
         cached = self._signers.get(digest)
         now = self._clock()
         if cached is None or cached.crl_number != trust.crl_number or now > cached.body.not_after:

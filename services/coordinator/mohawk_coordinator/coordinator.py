@@ -274,7 +274,13 @@ class Coordinator:
         plan.version = term.version + 1
         for pipeline in plan.pipelines:
             pipeline.epoch = pipeline.epoch or plan.version  # formed by this version
-        await self._publish(term, plan)
+        try:
+            await self._publish(term, plan)
+        except BaseException:
+            # not written (the plan stream may be electing a leader after a host left): plan again
+            # next step, or this set of live nodes would never be planned for
+            term.planned_ids = None
+            raise
 
     async def _publish(self, term: _Term, plan: bus_pb2.Plan) -> None:
         if not await self.election.verify():

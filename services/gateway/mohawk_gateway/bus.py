@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
@@ -26,7 +27,8 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
-from mohawk_common.bus.control_records import RecordVerifier
+from mohawk_common.bus.control import encode_json
+from mohawk_common.bus.control_records import RecordVerifier, sign_record
 from mohawk_common.bus.plan_follower import LiveNodes, PlanFollower
 from mohawk_common.bus.requests import cancel_tag, seal_request
 from mohawk_common.bus.security import Security
@@ -185,7 +187,7 @@ class BusClient:
             try:
                 await ensure_streams(js, settings.bus_limits())
                 buckets = await ensure_buckets(js, settings.bus_limits())
-                await buckets.gateways.put(self.instance, str(os.getpid()).encode())  # before any request
+                await buckets.gateways.put(self.instance, self._presence())  # before any request
                 self._js = js
                 failures = 0
                 revocations = asyncio.create_task(self.security.follow_revocations(buckets.pki))
@@ -203,12 +205,23 @@ class BusClient:
                 level("bus setup or plan watch failed, retrying", error=str(exc) or type(exc).__name__)
                 await asyncio.sleep(_SETUP_RETRY_S)
 
+    def _presence(self) -> bytes:
+        """This process's presence record, signed by the gateway's certificate where it has one."""
+        record = bus_pb2.GatewayPresence(
+            gateway_id=self._settings.gateway_id,
+            instance=self.instance,
+            pid=os.getpid(),
+            at_ms=int(time.time() * 1000),
+        )
+        bundle = self.security.bundle
+        return encode_json(sign_record(record, bundle.identity, "presence") if bundle is not None else record)
+
     async def _keep_present(self, kv: KeyValue) -> None:
         """Refresh this process's key in the gateways bucket (TTL `gateway_ttl_s`) four times a TTL."""
         interval = self._settings.bus_limits().gateway_ttl_s / 4
         while True:
             try:
-                await kv.put(self.instance, str(os.getpid()).encode())
+                await kv.put(self.instance, self._presence())
             except (nats.errors.Error, TimeoutError) as exc:
                 log.debug("presence not refreshed", error=str(exc) or type(exc).__name__)
             await asyncio.sleep(interval)

@@ -1,11 +1,13 @@
-"""Signed control records: plans signed by the leader coordinator, heartbeats by their nodes.
+"""Signed control records: plans signed by the leader coordinator, heartbeats by their nodes, gateway
+presence by its gateway.
 
 Design. A control record travels as protobuf's canonical JSON (readable with the NATS CLI) and
 carries its own `signed` field: the signer's certificate and a hybrid signature (ECDSA P-256 +
 ML-DSA-65) over the record's deterministic binary encoding with `signed` cleared, under a label
 per kind, so a heartbeat's signature never passes for a plan's. A reader checks, in this order:
 the certificate against the operator root and the newest revocation list, the signer's role
-(plans: coordinator; heartbeats: shard) and id (the plan's `leader`, the heartbeat's `node_id`),
+(plans: coordinator; heartbeats: shard; presence: gateway) and id (the plan's `leader`, the
+heartbeat's `node_id`, the presence's `gateway_id`),
 then the signature. Every failure is one `AuthenticationError` with a reason, which the reader
 counts (`Security.reject`) and then ignores the record. A certificate that verified is cached by
 fingerprint until the revocation list changes or it expires, so a heartbeat costs one signature
@@ -26,10 +28,11 @@ from mohawk_pqc.identity import Identity
 from mohawk_pqc.signing import VerifyKey
 from mohawk_proto.v1 import bus_pb2, security_pb2
 
-RecordKind = Literal["plan", "heartbeat"]
-Record = TypeVar("Record", bus_pb2.Plan, bus_pb2.Heartbeat)
+RecordKind = Literal["plan", "heartbeat", "presence"]
+Record = TypeVar("Record", bus_pb2.Plan, bus_pb2.Heartbeat, bus_pb2.GatewayPresence)
+AnyRecord = bus_pb2.Plan | bus_pb2.Heartbeat | bus_pb2.GatewayPresence
 
-SIGNER_ROLE: dict[RecordKind, str] = {"plan": "coordinator", "heartbeat": "shard"}
+SIGNER_ROLE: dict[RecordKind, str] = {"plan": "coordinator", "heartbeat": "shard", "presence": "gateway"}
 MAX_CACHED_SIGNERS = 1024  # verified certificates kept (one per node or coordinator)
 
 
@@ -37,7 +40,7 @@ def _label(kind: RecordKind) -> bytes:
     return f"control-{kind}".encode()
 
 
-def _signed_bytes(record: bus_pb2.Plan | bus_pb2.Heartbeat) -> bytes:
+def _signed_bytes(record: AnyRecord) -> bytes:
     unsigned = type(record)()
     unsigned.CopyFrom(record)
     unsigned.ClearField("signed")
@@ -53,9 +56,13 @@ def sign_record(record: Record, identity: Identity, kind: RecordKind) -> Record:
     return record
 
 
-def claimed_signer(record: bus_pb2.Plan | bus_pb2.Heartbeat, kind: RecordKind) -> str:
-    """The id the record says signed it: the plan's leader, the heartbeat's node."""
-    return record.leader if isinstance(record, bus_pb2.Plan) else record.node_id
+def claimed_signer(record: AnyRecord, kind: RecordKind) -> str:
+    """The id the record says signed it: the plan's leader, the heartbeat's node, the gateway."""
+    if isinstance(record, bus_pb2.Plan):
+        return record.leader
+    if isinstance(record, bus_pb2.GatewayPresence):
+        return record.gateway_id
+    return record.node_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +85,7 @@ class RecordVerifier:
     def enforcing(self) -> bool:
         return self.trust is not None
 
-    def verify(self, record: bus_pb2.Plan | bus_pb2.Heartbeat, kind: RecordKind) -> None:
+    def verify(self, record: AnyRecord, kind: RecordKind) -> None:
         """Return if `record` is signed by a valid certificate of the right role and id; raise
         AuthenticationError otherwise."""
         if self.trust is None:

@@ -223,6 +223,20 @@ class Plan(_message.Message):
     signed: ControlSignature
     def __init__(self, version: _Optional[int] = ..., model: _Optional[str] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[PlanStage, _Mapping]]] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., created: _Optional[float] = ..., reasons: _Optional[_Iterable[str]] = ..., quarantined: _Optional[_Iterable[str]] = ..., pipelines: _Optional[_Iterable[_Union[PlanPipeline, _Mapping]]] = ..., spares: _Optional[_Iterable[str]] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ...) -> None: ...
 
+class GatewayPresence(_message.Message):
+    __slots__ = ("gateway_id", "instance", "pid", "at_ms", "signed")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    instance: str
+    pid: int
+    at_ms: int
+    signed: ControlSignature
+    def __init__(self, gateway_id: _Optional[str] = ..., instance: _Optional[str] = ..., pid: _Optional[int] = ..., at_ms: _Optional[int] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ...) -> None: ...
+
 class ControlSignature(_message.Message):
     __slots__ = ("signer", "signature")
     SIGNER_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from mohawk_common.bus import names
+from mohawk_common.bus.control_records import RecordVerifier
 from mohawk_common.bus.frames import KIND_RESULT, read_result_payload
 from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.bus.requests import cancel_tag, check_fresh, open_request
@@ -145,7 +146,11 @@ class HeadDriver:
         self._inflight_steps: dict[int, _InflightStep] = {}
         self.deadlines = StepDeadlines(floor_s=step_deadline_floor_s)
         self._expiries: dict[str, int] = {}  # request id -> steps expired since its last token
-        self._gateways = GatewayPresence(js)
+        self._gateways = GatewayPresence(
+            js,
+            verifier=RecordVerifier(security.bundle.trust if security.bundle is not None else None),
+            reject=lambda exc: security.reject(exc, what="gateway presence"),
+        )
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_acks: set[asyncio.Task[None]] = set()

@@ -53,7 +53,8 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
         users[service.name] = Credential.read(creds).user
         assert (directory / "nats-ca.pem").read_bytes() == ca  # MOHAWK_NATS_TLS_CA
         if service.cert_role is None:
-            assert sorted(p.name for p in directory.iterdir()) == ["nats-ca.pem", "nats.creds"]
+            assert sorted(p.name for p in directory.iterdir()) == ["nats-ca.pem", "nats.creds", "root.pub"]
+            assert (directory / "root.pub").read_bytes() == (pki / "root.pub").read_bytes()  # --trust-root
             continue
         bundle = load_bundle(directory / "pki", role=service.cert_role)  # valid now, for its role
         body = bundle.identity.body

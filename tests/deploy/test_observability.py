@@ -106,11 +106,20 @@ def test_the_profile_resolves_with_no_variable_set(compose: list[str]) -> None:
 def test_telemetry_runs_the_mohawk_image_on_loopback_9300() -> None:
     telemetry, gateway = services()["telemetry"], services()["gateway"]
     assert (telemetry["image"], telemetry["build"]) == (gateway["image"], gateway["build"])
-    assert telemetry["command"] == ["telemetry", "--host", "0.0.0.0", "--port", "9300"]
+    # it verifies plans and heartbeats against the root.pub compose-bundles puts beside its credential
+    assert telemetry["command"] == [
+        "telemetry",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "9300",
+        "--trust-root",
+        "/pki/root.pub",
+    ]
     assert telemetry["ports"] == ["127.0.0.1:9300:9300"]
     assert telemetry["restart"] == "unless-stopped"
     assert telemetry["depends_on"]["nats"]["condition"] == "service_healthy"
-    # its own NATS credential only (`mohawk pki compose-bundles`), read-only; no PKI volume
+    # its own NATS credential and root.pub only (`mohawk pki compose-bundles`), read-only; no PKI volume
     assert telemetry["volumes"] == ["${MOHAWK_BUNDLES_DIR:-./mohawk-bundles}/telemetry:/pki:ro"]
     env = env_of(telemetry)
     assert {"MOHAWK_NATS_URL", "MOHAWK_NATS_CREDS", "MOHAWK_INSECURE"} <= set(env)

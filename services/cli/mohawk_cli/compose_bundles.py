@@ -10,6 +10,7 @@ PKI, so that no container ever holds the root key.
     DIR/gateway/{pki/,nats.creds}    the gateway's, bound to the model
     DIR/shard-node/{pki/,nats.creds} the shard node's, bound to the model (it holds the sealing key)
     DIR/telemetry/nats.creds         telemetry reads the bus only
+    DIR/telemetry/root.pub           and verifies plans and heartbeats against the root (no key)
     DIR/<service>/nats-ca.pem        every service's trust in NATS: the bus CA (MOHAWK_NATS_TLS_CA)
 
 docker-compose.yml mounts DIR/<service> read-only into that service alone, as /pki. The NATS
@@ -34,6 +35,7 @@ NATS_AUTH_DIR = "nats-auth"  # under the PKI directory: the cluster's NATS users
 BUNDLE_DIR = "pki"
 CREDS_FILE = "nats.creds"
 NATS_CA_FILE = "nats-ca.pem"
+ROOT_PUBLIC_FILE = "root.pub"
 NATS_SERVICE = "nats"  # its name on the compose network: what the services' tls:// URL says
 NATS_SEEN_AT = "/etc/nats/auth"  # where docker-compose.yml mounts DIR/nats in the nats container
 
@@ -79,6 +81,8 @@ def write_compose_bundles(
                 pki, node_id(host, service.name), service.cert_role, models=(model,), days=days
             )
             shutil.copytree(bundle, target / BUNDLE_DIR)  # modes kept: node.key and seal keys 0600
+        else:  # a reader of signed control records: the root's public keys are all it needs
+            shutil.copyfile(pki / ROOT_PUBLIC_FILE, target / ROOT_PUBLIC_FILE)
         _copy_private(auth.creds(service.nats_role), target / CREDS_FILE)
         _copy_private(ca.cert, target / NATS_CA_FILE)
     return written

@@ -11,15 +11,13 @@ import numpy as np
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import check_architecture, config_from_hf
-from mohawk_common.model_store.quantized import GroupQuantized, decode_gguf_blocks
+from mohawk_common.model_store.quantized import DECODABLE_FORMATS, GroupQuantized, decode_gguf_blocks
 from mohawk_common.model_store.source import ModelSource, expected_shape, one_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from mohawk_common.model_store.gguf_file import GGUFFile, GGUFTensorInfo
-
-DECODABLE_FORMATS = frozenset({"Q4_0", "Q4_1", "Q8_0"})
 
 # Canonical name pieces -> GGUF (llama.cpp) tensor name pieces.
 _TOP_LEVEL = {

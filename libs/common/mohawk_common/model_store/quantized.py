@@ -8,7 +8,9 @@ scale `d`, minimum `m`; Q8_0 (`w = d·q`, q signed) has no minimum. The codes ar
 from the file's blocks, never re-derived from dequantized floats, so a kernel that takes codes,
 scales and minimums multiplies by exactly the file's weights. `quantize_groupwise` makes the same
 form from float weights (min/max per group, as llama.cpp's Q4_1 quantizer does) for checkpoints
-stored in fp16/bf16/fp32, or for tensors a kernel cannot run in their stored format.
+stored in fp16/bf16/fp32, or for tensors a kernel cannot run in their stored format. The 5-bit
+formats and the K-quants (Q4_K, Q5_K, Q6_K) reduce to the same form (`kquants.py`): a Q4_K
+super-block is eight groups of 32 with 4-bit codes, a Q6_K one sixteen groups of 16.
 """
 
 from __future__ import annotations
@@ -19,19 +21,22 @@ import numpy as np
 
 from mohawk_common.errors import ModelLoadError
 
-GROUP_SIZE = 32  # weights per block in every GGUF format handled here
+GROUP_SIZE = 32  # weights per block of the 32-weight formats, and the 4-bit kernel's group
 # GGUF type name -> bytes of one 32-weight block
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-FOUR_BIT_FORMATS = frozenset({"Q4_0", "Q4_1"})
+FOUR_BIT_FORMATS = frozenset({"Q4_0", "Q4_1", "Q4_K"})  # unsigned 4-bit codes in groups of 32
+# every GGUF type `decode_gguf_blocks` reads, -> its group size
+GROUP_SIZES = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "Q5_0": 32, "Q5_1": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
+DECODABLE_FORMATS = frozenset(GROUP_SIZES)
 
 
 @dataclass(frozen=True, slots=True)
 class GroupQuantized:
     """`w[n, k] = scales[n, k // group_size] · codes[n, k] + mins[n, k // group_size]`.
 
-    `codes` are uint8 in [0, 2^bits) for 4-bit formats and int8 for 8-bit ones; `mins` is None for
-    symmetric formats. `source_format` names where the codes came from (a GGUF type, or `int4`
-    when they were quantized at load).
+    `codes` are uint8 in [0, 2^bits) where there are minimums, int8 (signed: Q8_0, Q5_0's
+    `q − 16`, Q6_K's `q − 32`) where `mins` is None. `source_format` names where the codes came
+    from (a GGUF type, or `int4` when they were quantized at load).
     """
 
     codes: np.ndarray
@@ -89,15 +94,21 @@ def concat_rows(parts: list[GroupQuantized]) -> GroupQuantized:
 
 
 def decode_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> GroupQuantized:
-    """Codes, scales and minimums of a Q4_0, Q4_1 or Q8_0 tensor from its raw block bytes.
+    """Codes, scales and minimums of a tensor in one of `DECODABLE_FORMATS` from its raw blocks.
 
     `raw` is the tensor's bytes as [rows, bytes per row]; `shape` its numpy shape [N, K].
     """
-    if type_name not in _BLOCK_BYTES:
+    from mohawk_common.model_store.kquants import BLOCK_LAYOUTS, decode_5bit_or_kquant
+
+    if type_name not in DECODABLE_FORMATS:
         raise ModelLoadError(f"no groupwise decoding for GGUF type {type_name}")
     rows, cols = shape
-    if cols % GROUP_SIZE:
-        raise ModelLoadError(f"a {type_name} row of {cols} weights is not whole blocks of {GROUP_SIZE}")
+    block_weights, block_bytes = BLOCK_LAYOUTS.get(type_name, (GROUP_SIZE, _BLOCK_BYTES.get(type_name, 0)))
+    if cols % block_weights:
+        raise ModelLoadError(f"a {type_name} row of {cols} weights is not whole blocks of {block_weights}")
+    if type_name in BLOCK_LAYOUTS:
+        blocks = np.ascontiguousarray(raw).reshape(rows, cols // block_weights, block_bytes)
+        return decode_5bit_or_kquant(blocks, type_name)
     blocks = np.ascontiguousarray(raw).reshape(rows, cols // GROUP_SIZE, _BLOCK_BYTES[type_name])
     scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     if type_name == "Q8_0":

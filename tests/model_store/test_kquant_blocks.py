@@ -1,0 +1,51 @@
+"""GGUF's 5-bit and K-quant blocks read as codes, scales and minimums: exactly gguf's weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from mohawk_common.model_store.kquants import BLOCK_LAYOUTS
+from mohawk_common.model_store.quantized import GROUP_SIZES, decode_gguf_blocks
+
+# GGUF type -> byte offsets of its fp16 fields (random bytes there could be inf or NaN)
+_FP16_FIELDS = {"Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Valid blocks of `type_name` for a [rows, cols] tensor: random codes and sub-block scales,
+    finite fp16 scales; uint8 [rows, bytes a row], as a GGUF file stores them."""
+    rng = np.random.default_rng(seed)
+    block_weights, block_bytes = BLOCK_LAYOUTS[type_name]
+    num_blocks = rows * cols // block_weights
+    blocks = rng.integers(0, 256, (num_blocks, block_bytes), dtype=np.uint8)
+    for offset in _FP16_FIELDS[type_name]:
+        magnitude = rng.uniform(0.5, 2.0, num_blocks) * 2.0 ** rng.integers(-14, -4, num_blocks)
+        scale = magnitude.astype(np.float16)
+        blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(num_blocks, 2)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("type_name", sorted(BLOCK_LAYOUTS))
+def test_blocks_decode_to_what_gguf_dequantizes(type_name: str) -> None:
+    rows, cols = 12, 512
+    raw = random_blocks(type_name, rows, cols, seed=len(type_name))
+    tensor = decode_gguf_blocks(raw, type_name, (rows, cols))
+    expected = dequantize(raw, GGMLQuantizationType[type_name]).reshape(rows, cols)
+    np.testing.assert_array_equal(tensor.dequantize(), expected)
+    assert tensor.group_size == GROUP_SIZES[type_name]
+    assert tensor.scales.shape == (rows, cols // tensor.group_size)
+    if tensor.mins is None:  # signed codes centred on zero
+        assert tensor.codes.dtype == np.int8
+        assert -(1 << (tensor.bits - 1)) <= tensor.codes.min() and tensor.codes.max() < 1 << (tensor.bits - 1)
+    else:
+        assert tensor.codes.dtype == np.uint8 and tensor.codes.max() < 1 << tensor.bits
+
+
+def test_q4_k_is_four_bit_groups_of_32() -> None:
+    raw = random_blocks("Q4_K", 4, 256)
+    tensor = decode_gguf_blocks(raw, "Q4_K", (4, 256))
+    assert (tensor.bits, tensor.group_size, tensor.codes.max()) == (4, 32, 15)
+    assert tensor.mins is not None and (tensor.mins <= 0).all()  # −dmin·m

@@ -53,11 +53,13 @@ class ModelConfig(BaseModel):
         return FP32_BYTES * (attention + mlp + norms + biases + qk_norms)
 
 
-def check_architecture(model_type: object) -> Architecture:
-    """Return `model_type` if Mohawk runs it, else raise `ModelLoadError` naming it."""
+def check_architecture(model_type: object, path: Path | None = None) -> Architecture:
+    """Return `model_type` if Mohawk runs it, else raise `ModelLoadError` naming it (and `path`,
+    the file that declares it)."""
     if model_type not in SUPPORTED_ARCHITECTURES:
         supported = ", ".join(SUPPORTED_ARCHITECTURES)
-        raise ModelLoadError(f"unsupported architecture {model_type!r} (supported: {supported})")
+        where = f"{path}: " if path is not None else ""
+        raise ModelLoadError(f"{where}unsupported architecture {model_type!r} (supported: {supported})")
     return model_type  # type: ignore[return-value]
 
 

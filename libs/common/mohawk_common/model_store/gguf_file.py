@@ -56,6 +56,8 @@ class GGUFFile:
         self.path = path
         try:
             with path.open("rb") as handle:
+                if path.stat().st_size == 0:
+                    raise ValueError("not a GGUF file: it is empty")
                 self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
             self.metadata, self.tensors = _parse(self._map)
         except (OSError, ValueError, KeyError, struct.error, UnicodeDecodeError) as exc:
@@ -73,14 +75,20 @@ class _Cursor:
         self.buffer, self.pos = buffer, 0
 
     def unpack(self, fmt: str) -> int | float | bool:
+        self._need(struct.calcsize(fmt))
         (value,) = struct.unpack_from(fmt, self.buffer, self.pos)
         self.pos += struct.calcsize(fmt)
         return value
 
     def string(self) -> str:
         size = int(self.unpack("<Q"))
+        self._need(size)
         self.pos += size
         return self.buffer[self.pos - size : self.pos].decode("utf-8")
+
+    def _need(self, size: int) -> None:
+        if self.pos + size > len(self.buffer):
+            raise ValueError(f"the file is truncated: it ends at byte {len(self.buffer)}, inside its header")
 
     def value(self, value_type: int) -> MetadataValue | None:
         if value_type == _STRING:
@@ -100,8 +108,8 @@ class _Cursor:
 
 def _parse(buffer: mmap.mmap) -> tuple[dict[str, MetadataValue], dict[str, GGUFTensorInfo]]:
     cursor = _Cursor(buffer)
-    if cursor.unpack("<I") != GGUF_MAGIC:
-        raise ValueError("not a GGUF file (bad magic)")
+    if len(buffer) < 4 or cursor.unpack("<I") != GGUF_MAGIC:
+        raise ValueError(f"not a GGUF file: it starts with {bytes(buffer[:4])!r}, a GGUF file with b'GGUF'")
     version = cursor.unpack("<I")
     if version not in (2, 3):
         raise ValueError(f"unsupported GGUF version {version}")
@@ -116,15 +124,39 @@ def _parse(buffer: mmap.mmap) -> tuple[dict[str, MetadataValue], dict[str, GGUFT
     for _ in range(num_tensors):
         name = cursor.string()
         dims = [int(cursor.unpack("<Q")) for _ in range(int(cursor.unpack("<I")))]
-        tensor_type = GGMLQuantizationType(int(cursor.unpack("<I")))
+        tensor_type = _tensor_type(name, int(cursor.unpack("<I")))
         infos.append((name, tensor_type, tuple(reversed(dims)), int(cursor.unpack("<Q"))))
     alignment = int(metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
     data_start = -(-cursor.pos // alignment) * alignment
     tensors = {}
     for name, tensor_type, shape, offset in infos:
-        block_size, type_size = GGML_QUANT_SIZES[tensor_type]
-        nbytes = int(np.prod(shape, dtype=np.int64)) // block_size * type_size
-        if data_start + offset + nbytes > len(buffer):
-            raise ValueError(f"tensor {name} lies outside the file")
-        tensors[name] = GGUFTensorInfo(name, tensor_type, shape, data_start + offset, nbytes)
+        nbytes = _tensor_nbytes(name, tensor_type, shape)
+        begin, end = data_start + offset, data_start + offset + nbytes
+        if end > len(buffer):
+            raise ValueError(
+                f"the file is truncated: tensor {name} ({tensor_type.name} {list(shape)}) needs bytes "
+                f"{begin}-{end}, the file has {len(buffer)}"
+            )
+        tensors[name] = GGUFTensorInfo(name, tensor_type, shape, begin, nbytes)
     return metadata, tensors
+
+
+def _tensor_type(name: str, value: int) -> GGMLQuantizationType:
+    try:
+        return GGMLQuantizationType(value)
+    except ValueError:
+        known = ", ".join(t.name for t in GGMLQuantizationType)
+        raise ValueError(f"tensor {name} has unknown quantization type {value} (known: {known})") from None
+
+
+def _tensor_nbytes(name: str, tensor_type: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
+    """Bytes of a tensor: whole blocks of its type along its rows, or ValueError naming it."""
+    if tensor_type not in GGML_QUANT_SIZES:
+        raise ValueError(f"tensor {name} has type {tensor_type.name}, whose block size is unknown")
+    block_size, type_size = GGML_QUANT_SIZES[tensor_type]
+    if (shape[-1] if shape else 1) % block_size:
+        raise ValueError(
+            f"tensor {name} has shape {list(shape)}: its rows are not whole {tensor_type.name} "
+            f"blocks of {block_size} values"
+        )
+    return int(np.prod(shape, dtype=np.int64)) // block_size * type_size

@@ -51,6 +51,10 @@ class GGUFSource(ModelSource):
         """Read the config of a GGUF file; its tensors are only mapped when weights are loaded."""
         from transformers import AutoConfig
 
+        from mohawk_common.model_store.gguf_file import GGUFFile
+
+        # our own index first: its errors name the file and tensor where transformers' do not
+        check_architecture(GGUFFile(path).metadata.get("general.architecture"), path)
         try:
             hf_config = AutoConfig.from_pretrained(
                 str(path.parent), gguf_file=path.name, local_files_only=True
@@ -58,7 +62,7 @@ class GGUFSource(ModelSource):
         except Exception as exc:
             unsupported = re.search(r"architecture (\S+) is not supported", str(exc))
             if unsupported:
-                check_architecture(unsupported.group(1))
+                check_architecture(unsupported.group(1), path)
             raise ModelLoadError(f"cannot read GGUF file {path}: {one_line(exc)}") from exc
         model_id = getattr(hf_config, "_model_name_or_path", None) or path.stem
         return cls(path, config_from_hf(hf_config, str(model_id)), hf_config)
@@ -78,6 +82,9 @@ class GGUFSource(ModelSource):
 
     def stored_format(self, name: str) -> str:
         return self._info(self.stored_name(name)).tensor_type.name
+
+    def stored_shape(self, name: str) -> tuple[int, ...]:
+        return self._info(self.stored_name(name)).shape
 
     def read_quantized(self, name: str) -> GroupQuantized | None:
         name = self.stored_name(name)

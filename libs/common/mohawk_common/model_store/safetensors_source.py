@@ -57,7 +57,8 @@ class SafetensorsSource(ModelSource):
         """Read config.json and the safetensors headers of `directory`; no tensor data is read."""
         from transformers import AutoConfig
 
-        check_architecture(_read_json(directory / "config.json").get("model_type"))
+        config_file = directory / "config.json"
+        check_architecture(_read_json(config_file).get("model_type"), config_file)
         try:
             hf_config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
         except Exception as exc:
@@ -76,6 +77,9 @@ class SafetensorsSource(ModelSource):
 
     def stored_format(self, name: str) -> str:
         return self._entry(self.stored_name(name)).dtype
+
+    def stored_shape(self, name: str) -> tuple[int, ...]:
+        return self._entry(self.stored_name(name)).shape
 
     def _read_tensor(self, name: str) -> np.ndarray:
         return read_tensor(self._entry(name))

@@ -85,6 +85,25 @@ class ModelSource(ABC):
         """How the file stores a tensor: a GGUF type name (`Q4_1`, `Q8_0`, `F16`, ...) or a dtype."""
         return "F32"
 
+    def stored_shape(self, name: str) -> tuple[int, ...] | None:
+        """A tensor's shape as the file's index states it (HF orientation), or None where the
+        source has no index to read it from; ModelLoadError when the file lacks the tensor."""
+        return None
+
+    def check_tensors(self) -> None:
+        """Every tensor the config implies is in the file, with the shape it implies, judged from
+        the file's index alone (no tensor is read); else a `ModelLoadError` naming the file, the
+        tensor and the shape expected."""
+        config = self.config
+        for name in weight_names(config, 0, config.num_layers, embedding=True, head=True):
+            shape = self.stored_shape(name)
+            expected = expected_shape(config, self.stored_name(name))
+            if shape is not None and tuple(shape) != expected:
+                raise ModelLoadError(
+                    f"tensor {self.stored_name(name)} of {self.path} has shape {list(shape)}, "
+                    f"the config implies {list(expected)}"
+                )
+
     def read_quantized(self, name: str) -> GroupQuantized | None:
         """A tensor's own groupwise codes when the file stores it in a format `quantized.py` decodes
         (Q4_0, Q4_1, Q8_0), else None. Rows are in HF orientation, as `read_tensor` gives them."""

@@ -91,6 +91,7 @@ _SERVICES = [
     ("tenant", "mohawk_cli.tenant", "tenants, their API keys and limits (in Redis): add, ls, rm"),
     ("telemetry", "mohawk_telemetry.main", "run the telemetry service: the cluster's /metrics and dashboard"),
     ("bus", "mohawk_cli.bus", "inspect the bus without the nats CLI: streams, consumers, kv, sub, server"),
+    ("model", "mohawk_cli.model_inspect", "inspect a model file: stored types, kernels per backend, memory"),
 ]
 
 

@@ -249,3 +249,42 @@ def test_bundled_smollm2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "(RescoredHead)" in backends["torch cuda"]["lm head (tied)"]["held"]
     assert backends["mlx"]["layer matmul weights"]["held"] == "4-bit from Q4_1"
     assert backends["mlx"]["embedding + lm head (tied)"]["held"] == "8-bit from Q8_0"
+
+
+def test_safetensors_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A bf16 Qwen2 directory (q/k/v biases): dense everywhere under native, its bytes those of the
+    stage the loader builds; a misshapen tensor in its header is one line."""
+    import torch
+
+    from tests.model_store.test_store_safetensors import save_tiny_model
+
+    save_tiny_model(tmp_path, "qwen2", num_kv_heads=2, tied=False, dtype=torch.bfloat16)
+    code, out, err = mohawk_in_process(capsys, "model", "inspect", str(tmp_path), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["file_format"], report["architecture"], report["num_layers"]) == (
+        "safetensors",
+        "qwen2",
+        4,
+    )
+    assert [(s["format"], s["num_tensors"]) for s in report["stored"]] == [("BF16", 4 * 12 + 3)]
+    cpu = {g["part"]: g for g in report["backends"][0]["groups"]}
+    assert (cpu["layer matmuls"]["held"], cpu["layer matmuls"]["num"]) == ("float32", 16)
+    assert cpu["norms and biases"]["num"] == 4 * 5 + 1
+    stage = make_backend("torch", open_model(tmp_path), 0, 4, device="cpu", dtype="auto", weights="native")
+    assert report["memory"][0]["stages"][0]["total"] == stage.weight_bytes
+    int4 = inspect_model(open_model(tmp_path), weights="int4", stage_layers=2)
+    assert [(s.start, s.end) for s in int4.memory[0].stages] == [(0, 2), (2, 4)]
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.layers.2.mlp.down_proj.weight"] = tensors["model.layers.2.mlp.down_proj.weight"][
+        :, :64
+    ].contiguous()
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    code, _, err = mohawk_in_process(capsys, "model", "inspect", str(tmp_path))
+    assert code == 2 and err.count("\n") == 1
+    assert (
+        f"tensor layers.2.mlp.down_proj.weight of {tmp_path} has shape [64, 64], the config implies [64, 96]"
+        in err
+    )

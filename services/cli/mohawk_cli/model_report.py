@@ -31,6 +31,7 @@ from mohawk_shard.model.footprint import (
     stage_weight_bytes,
 )
 from mohawk_shard.model.weight_formats import (
+    DENSE,
     FLOAT_FORMATS,
     GROUPWISE_TABLES,
     LAYER_MATMULS,
@@ -264,12 +265,12 @@ def _held_groups(groups: Counter[tuple[str, str, str | None]]) -> list[HeldGroup
 
 
 def _matmul_label(held: MatmulFormat, dtype: str) -> str:
-    return held.label if held.is_int4 else dtype
+    return dtype if held.held == DENSE else held.label
 
 
 def _dequantized(held: MatmulFormat, weights: str) -> str | None:
     """Why a matmul stored quantized is held in floats, or None when it is not."""
-    if held.is_int4 or all(f in FLOAT_FORMATS for f in held.stored):
+    if held.held != DENSE or all(f in FLOAT_FORMATS for f in held.stored):
         return None
     if held.fallback is None:
         return f"--weights {weights} holds every matmul dense"

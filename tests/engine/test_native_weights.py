@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import structlog
 import torch
 from gguf import GGMLQuantizationType
 
@@ -19,6 +18,7 @@ from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model import quantized_layers
+from mohawk_shard.model.groupwise_linear import GroupwiseLinear
 from mohawk_shard.model.quantized_layers import (
     DENSE_MIN_ROWS,
     DENSE_ROW_MULTIPLE,
@@ -128,16 +128,21 @@ def test_tiny_q4_1_gguf_runs_4bit_close_to_the_fp32_path(tmp_path: Path) -> None
     assert (a - b).abs().max() < 0.05 * b.abs().max()
 
 
-def test_q8_0_layers_fall_back_dense_and_say_so(tmp_path: Path) -> None:
+def test_q8_0_layers_run_as_int8_groupwise_codes(tmp_path: Path) -> None:
     source = _tiny(tmp_path, Q8_0)
-    with structlog.testing.capture_logs() as logs:
-        backend = make_backend("torch", source, 0, NUM_LAYERS, device="cpu", weights="native")
-    assert any(e["event"].startswith("weight format has no kernel") for e in logs)
+    backend: Any = make_backend("torch", source, 0, NUM_LAYERS, device="cpu", weights="native")
+    assert not backend.formats.fallbacks
+    assert len(_modules(backend, GroupwiseLinear)) == 4 * NUM_LAYERS  # q/k/v, o, gate/up, down
     assert len(_modules(backend, Int4Linear)) == 1  # only the Q8_0 LM head, ranked 4-bit with a shortlist
     assert isinstance(
         backend.model.lm_head, SplitQ8Head | RescoredHead
     )  # split where the CPU packing is known
     assert isinstance(backend.model.embed_tokens, GroupwiseEmbedding)
+    dense = make_backend("torch", source, 0, NUM_LAYERS, device="cpu", weights="fp32")
+    a, b = _logits(backend, [3, 17, 99, 5, 64, 2, 110, 7]), _logits(dense, [3, 17, 99, 5, 64, 2, 110, 7])
+    # the layers multiply by the file's exact weights; the head is exact on its shortlist only
+    top = b.topk(8, dim=-1).indices
+    torch.testing.assert_close(a.gather(-1, top), b.gather(-1, top), atol=1e-3, rtol=1e-4)
 
 
 def test_int4_mode_quantizes_a_float_checkpoint(tmp_path: Path) -> None:

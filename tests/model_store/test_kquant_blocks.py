@@ -11,18 +11,29 @@ from mohawk_common.model_store.kquants import BLOCK_LAYOUTS
 from mohawk_common.model_store.quantized import GROUP_SIZES, decode_gguf_blocks
 
 # GGUF type -> byte offsets of its fp16 fields (random bytes there could be inf or NaN)
-_FP16_FIELDS = {"Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+_FP16_FIELDS = {
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "Q2_K": (80, 82),
+}
+UNDECODED_LAYOUTS = {"Q2_K": (256, 84)}  # a format with no groupwise decoding, for fallback tests
 
 
-def random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+def random_blocks(
+    type_name: str, rows: int, cols: int, seed: int = 0, exponents: tuple[int, int] = (-14, -4)
+) -> np.ndarray:
     """Valid blocks of `type_name` for a [rows, cols] tensor: random codes and sub-block scales,
-    finite fp16 scales; uint8 [rows, bytes a row], as a GGUF file stores them."""
+    finite fp16 scales of 2^`exponents[0]` up to 2^`exponents[1]`; uint8 [rows, bytes a row], as
+    a GGUF file stores them."""
     rng = np.random.default_rng(seed)
-    block_weights, block_bytes = BLOCK_LAYOUTS[type_name]
+    block_weights, block_bytes = (BLOCK_LAYOUTS | UNDECODED_LAYOUTS)[type_name]
     num_blocks = rows * cols // block_weights
     blocks = rng.integers(0, 256, (num_blocks, block_bytes), dtype=np.uint8)
     for offset in _FP16_FIELDS[type_name]:
-        magnitude = rng.uniform(0.5, 2.0, num_blocks) * 2.0 ** rng.integers(-14, -4, num_blocks)
+        magnitude = rng.uniform(0.5, 2.0, num_blocks) * 2.0 ** rng.integers(*exponents, num_blocks)
         scale = magnitude.astype(np.float16)
         blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(num_blocks, 2)
     return blocks.reshape(rows, -1)

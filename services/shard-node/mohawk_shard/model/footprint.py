@@ -5,7 +5,8 @@ A decoder layer's bytes are measured on the one-layer backend the node builds to
 built there, so they are computed here from the model's shape and from the formats a torch stage
 holds them in, as `weight_formats.py` decides them for the loader: a groupwise token table is
 `GroupwiseEmbedding`'s codes and fp32 scales (and minimums), a 4-bit head `Int4Linear`'s packed
-codes and bf16 (scale, zero) pairs, a rescored head adds its Q8_0 table, and a split head (CPU) is
+codes and bf16 (scale, zero) pairs, a 5-, 6- or 8-bit head (Q4_K_M's Q6_K output) `GroupwiseLinear`'s
+int8 codes and fp32 scales (and minimums), a rescored head adds its Q8_0 table, and a split head (CPU) is
 the packed high nibbles, the low nibbles and fp16 scales, which a tied first stage shares. Pure
 functions: no array library.
 """
@@ -16,10 +17,14 @@ from collections import Counter
 from dataclasses import dataclass
 
 from mohawk_common.model_store import ModelSource
-from mohawk_common.model_store.quantized import GROUP_SIZE
+from mohawk_common.model_store.quantized import GROUP_SIZE, GROUP_SIZES
 from mohawk_common.model_store.source import LM_HEAD
 from mohawk_shard.model.weight_formats import (
+    DENSE,
+    GROUPWISE,
     INT4,
+    SIGNED_FORMATS,
+    MatmulFormat,
     TableFormat,
     embedding_format,
     head_is_rescored,
@@ -79,8 +84,8 @@ def stage_weight_bytes(
     dense = rows * columns * element
     table = embedding_format(source, weights)
     embedding = dense if table is None else groupwise_table_bytes(table, rows, columns)
-    four_bit = matmul_format(source, [LM_HEAD], weights, is_head=True).is_int4
-    head = columns * element + (int4_matmul_bytes(rows, columns) if four_bit else dense)
+    held = matmul_format(source, [LM_HEAD], weights, is_head=True)
+    head = columns * element + matmul_bytes(held, [rows], columns, element)
     shared = 0
     if head_is_split(source, weights, device.split(":")[0]):
         head = columns * element + split_head_bytes(rows, columns)
@@ -89,15 +94,42 @@ def stage_weight_bytes(
         exact = groupwise_table_bytes(_Q8_0_TABLE, rows, columns)
         head += exact
         shared = exact if config.tie_word_embeddings else 0
-    elif config.tie_word_embeddings and table is None and not four_bit:
+    elif config.tie_word_embeddings and table is None and held.held == DENSE:
         shared = dense  # the stage's embedding and head are one parameter
     return StageWeightBytes(embedding=embedding, head=head, shared=shared)
 
 
+def matmul_bytes(held: MatmulFormat, part_rows: list[int], columns: int, element: int) -> int:
+    """Bytes of a (fused) matmul held as `held` decides, its parts [`part_rows`[i], `columns`]:
+    one `Int4Linear`, `GroupwiseLinear` or dense matrix, or a `ConcatLinear` of one per run."""
+    if held.is_int4:
+        return int4_matmul_bytes(sum(part_rows), columns)
+    if held.held == DENSE:
+        return sum(part_rows) * columns * element
+    total = 0
+    for kind, indices in held.runs:
+        rows = sum(part_rows[i] for i in indices)
+        stored = held.stored[indices[0]]
+        if kind == GROUPWISE:
+            has_mins = stored not in SIGNED_FORMATS
+            total += groupwise_matmul_bytes(rows, columns, GROUP_SIZES[stored], has_mins=has_mins)
+        else:
+            total += int4_matmul_bytes(rows, columns)
+    return total
+
+
 def groupwise_table_bytes(table: TableFormat, rows: int, columns: int) -> int:
-    """`GroupwiseEmbedding`: one byte a code (int8 or uint8), fp32 scales (and minimums) per group."""
-    groups = rows * (columns // GROUP_SIZE)
-    return rows * columns + groups * _SCALE_BYTES * (2 if table.has_mins else 1)
+    """`GroupwiseEmbedding`: 4-bit codes two a byte, wider ones one a byte (int8 or uint8), fp32
+    scales (and minimums) per group."""
+    codes = rows * columns // 2 if table.bits == 4 and table.has_mins and columns % 2 == 0 else rows * columns
+    groups = rows * (columns // table.group_size)
+    return codes + groups * _SCALE_BYTES * (2 if table.has_mins else 1)
+
+
+def groupwise_matmul_bytes(rows: int, columns: int, group_size: int, *, has_mins: bool) -> int:
+    """`GroupwiseLinear`: a byte a code, fp32 scales (and minimums) per group."""
+    groups = rows * (columns // group_size)
+    return rows * columns + groups * _SCALE_BYTES * (2 if has_mins else 1)
 
 
 def split_head_bytes(rows: int, columns: int) -> int:
@@ -112,13 +144,18 @@ def int4_matmul_bytes(rows: int, columns: int) -> int:
 
 def weights_format(source: ModelSource, weights: str, dtype: str) -> str:
     """The format most of a torch stage's decoder matmuls are held in, for operators:
-    `int4 (Q4_1)` for a file's own 4-bit codes, `int4 (regrouped from F32)`, or the compute dtype."""
+    `int4 (Q4_1)` for a file's own 4-bit codes, `int4 (regrouped from F32)`, `int8 groupwise from
+    Q6_K`, `int4 from Q4_K + int8 groupwise from Q6_K` (a split fused matmul), or the compute dtype."""
     counts: Counter[str] = Counter()
     for layer in range(source.config.num_layers):
         for held in layer_matmul_formats(source, layer, weights).values():
-            if not held.is_int4:
+            stored = "+".join(sorted(set(held.stored)))
+            if not held.is_quantized:
                 counts[dtype] += 1
+            elif held.held == INT4:
+                counts[f"int4 ({stored})"] += 1
+            elif held.is_int4:
+                counts[f"int4 (regrouped from {stored})"] += 1
             else:
-                stored = "+".join(sorted(set(held.stored)))
-                counts[f"int4 ({stored})" if held.held == INT4 else f"int4 (regrouped from {stored})"] += 1
+                counts[held.label] += 1
     return counts.most_common(1)[0][0] if counts else dtype

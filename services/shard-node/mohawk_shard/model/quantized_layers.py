@@ -20,8 +20,8 @@ meets, and torch's caches keep up to 1,024 of them (`native_caches.py` bounds th
 whose steps take every count from 96 to 512 rows grew by hundreds of MiB; padded, a 512-token step
 budget meets 14 counts, whose kernels stay cached (the padded rows cost less than
 recompiling, and the real rows come out bit for bit the same: `python bench/native_caches.py`).
-`GroupwiseEmbedding` keeps a token table's codes (int8 for Q8_0, uint8 for 4-bit) and dequantizes
-only the rows a step looks up.
+`GroupwiseEmbedding` keeps a token table's codes (4-bit ones two a byte, wider ones one a byte) and
+dequantizes only the rows a step looks up.
 """
 
 from __future__ import annotations
@@ -165,7 +165,9 @@ class GroupwiseEmbedding(nn.Module):
         self.group_size = table.group_size
         self.dtype = dtype
         self.source_format = table.source_format
-        self.register_buffer("codes", torch.from_numpy(np.ascontiguousarray(table.codes)).to(device))
+        self.packed = table.bits == 4 and table.codes.dtype == np.uint8 and self.embedding_dim % 2 == 0
+        codes = table.codes[:, ::2] | table.codes[:, 1::2] << 4 if self.packed else table.codes
+        self.register_buffer("codes", torch.from_numpy(np.ascontiguousarray(codes)).to(device))
         self.register_buffer("scales", torch.from_numpy(table.scales).to(device))
         mins = torch.from_numpy(table.mins).to(device) if table.mins is not None else None
         self.register_buffer("mins", mins)
@@ -176,7 +178,10 @@ class GroupwiseEmbedding(nn.Module):
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """float32 rows of `token_ids` (any shape) -> [..., embedding_dim]."""
         flat = token_ids.reshape(-1)
-        codes = self.codes.index_select(0, flat).float()
+        codes = self.codes.index_select(0, flat)
+        if self.packed:  # even columns in the low nibbles, odd in the high
+            codes = torch.stack((codes & 15, codes >> 4), dim=-1).view(-1, self.embedding_dim)
+        codes = codes.float()
         groups = codes.view(-1, self.embedding_dim // self.group_size, self.group_size)
         out = groups * self.scales.index_select(0, flat).unsqueeze(-1)
         if self.mins is not None:

@@ -4,11 +4,17 @@ Design. The torch loader (`weight_loading.py`) builds what these functions decid
 heartbeat's byte counts (`footprint.py`) are computed from the same decisions, so the bytes a node
 reports cannot drift from the bytes it holds. A decision needs only `source.stored_format` and the
 model's shape: no tensor is read and no array library is imported. The rules, per weight mode:
-`native` runs a matmul whose parts are all stored Q4_0/Q4_1 as 4-bit codes, re-groups a Q8_0 LM
-head to 4 bits (kept exact on a shortlist by the Q8_0 table, `RescoredHead`), and keeps the rest
-dense; `int4` runs every matmul 4-bit, re-grouping what the file stores otherwise; `bf16`/`fp32`
-keep everything dense. A token table stored Q8_0/Q4_x stays groupwise under `native` and `int4`,
-and `int4` re-groups a float one to 8 bits.
+`native` holds each part of a matmul in the file's own codes: Q4_0/Q4_1/Q4_K as 4-bit codes
+(`int4`, `Int4Linear`), Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 as int8 codes with the file's group scales
+(`int8 groupwise`, `GroupwiseLinear`), never fewer bits than the file stores; it re-groups a Q8_0
+LM head to 4 bits (kept exact on a shortlist by the Q8_0 table, `RescoredHead`), and keeps float
+tensors dense. A fused matmul whose parts differ in how they are held (q/k Q4_K, v Q6_K, as
+Q4_K_M files do) is split (`ConcatLinear`): each run of consecutive parts held alike is one
+module, so every part keeps its own format's bytes (holding all at the widest would cost Q4_K parts
+1.25 instead of 0.625 bytes a weight); a fused matmul with a float part stays dense whole.
+`int4` runs every matmul 4-bit, re-grouping what the file stores otherwise (a choice the operator
+makes); `bf16`/`fp32` keep everything dense. A token table stored in any decodable format stays
+groupwise under `native` and `int4`, and `int4` re-groups a float one to 8 bits.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import get_args
 
 from mohawk_common.errors import ConfigError
 from mohawk_common.model_store import ModelSource
-from mohawk_common.model_store.quantized import FOUR_BIT_FORMATS, GROUP_SIZE
+from mohawk_common.model_store.quantized import DECODABLE_FORMATS, FOUR_BIT_FORMATS, GROUP_SIZE, GROUP_SIZES
 from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, expected_shape
 from mohawk_shard.config import WeightsMode
 
@@ -27,7 +33,9 @@ WEIGHT_MODES: tuple[str, ...] = get_args(WeightsMode)
 QUANTIZING_MODES = ("native", "int4")
 _MODE_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # weight modes that fix the compute dtype
 FLOAT_FORMATS = frozenset({"F32", "F16", "BF16", "F64"})
-GROUPWISE_TABLES = frozenset({"Q4_0", "Q4_1", "Q8_0"})
+GROUPWISE_TABLES = DECODABLE_FORMATS
+GROUPWISE_FORMATS = DECODABLE_FORMATS - FOUR_BIT_FORMATS  # held as int8 codes under `native`
+SIGNED_FORMATS = frozenset({"Q8_0", "Q5_0", "Q6_K"})  # decoded with signed codes and no minimums
 # module path inside a decoder layer -> the canonical tensors fused into it
 LAYER_MATMULS = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -35,37 +43,67 @@ LAYER_MATMULS = {
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
     "mlp.down_proj": ("mlp.down_proj",),
 }
-INT4, REGROUPED, DENSE = "int4", "int4 regrouped", "dense"
+INT4, REGROUPED, GROUPWISE, DENSE = "int4", "int4 regrouped", "int8 groupwise", "dense"
+SPLIT = "split"  # a fused matmul whose parts are held differently: see `MatmulFormat.runs`
 
 
 @dataclass(frozen=True, slots=True)
 class MatmulFormat:
     """How one (fused) matmul is held: `int4` from the file's own 4-bit codes, `int4 regrouped`
-    from other weights, or `dense` in the compute dtype. `fallback` says why a tensor stored
-    quantized stays dense (the loader logs it)."""
+    from other weights, `int8 groupwise` from the file's 5-, 6- or 8-bit codes, `split` when its
+    parts are held differently (`parts_held`, one entry a part), or `dense` in the compute dtype.
+    `fallback` says why a tensor stored quantized stays dense (the loader logs it)."""
 
     held: str
     stored: tuple[str, ...]
     fallback: str | None = None
+    parts_held: tuple[str, ...] = ()
 
     @property
     def is_int4(self) -> bool:
+        return self.held in (INT4, REGROUPED)
+
+    @property
+    def is_quantized(self) -> bool:
         return self.held != DENSE
 
     @property
+    def runs(self) -> list[tuple[str, list[int]]]:
+        """Consecutive parts held alike (int8 groupwise parts: of one stored format, so codes,
+        bits and groups agree): (held, part indices) each; one module a run."""
+        runs: list[tuple[str, list[int]]] = []
+        previous: tuple[str, str] | None = None
+        for index, (held, stored) in enumerate(zip(self.parts_held, self.stored, strict=True)):
+            key = (held, stored if held == GROUPWISE else "")
+            if key != previous:
+                runs.append((held, []))
+                previous = key
+            runs[-1][1].append(index)
+        return runs
+
+    @property
     def label(self) -> str:
-        """`int4 from Q4_1`, `int4 regrouped from F32`, or `dense`: what the stage's report counts."""
-        return self.held if self.held == DENSE else f"{self.held} from {'+'.join(sorted(set(self.stored)))}"
+        """`int4 from Q4_1`, `int4 regrouped from F32`, `int8 groupwise from Q6_K`, `int4 from Q4_K
+        + int8 groupwise from Q6_K` or `dense`: what the stage's report counts."""
+        if self.held == DENSE:
+            return DENSE
+        labels = []
+        for held, indices in self.runs:
+            label = f"{held} from {'+'.join(sorted({self.stored[i] for i in indices}))}"
+            if label not in labels:
+                labels.append(label)
+        return " + ".join(labels)
 
 
 @dataclass(frozen=True, slots=True)
 class TableFormat:
     """A token table held groupwise (`GroupwiseEmbedding`): `bits`-bit codes, fp32 scales and, when
-    `has_mins`, fp32 minimums per group; `from_file` when the codes are the file's own."""
+    `has_mins`, fp32 minimums per group of `group_size`; `from_file` when the codes are the file's."""
 
     bits: int
     has_mins: bool
     from_file: bool
+    group_size: int = GROUP_SIZE
 
 
 def weights_dtype(weights: str, dtype: str) -> str:
@@ -87,9 +125,14 @@ def matmul_format(source: ModelSource, names: Sequence[str], weights: str, *, is
         reason = f"{names[0]}: {in_features} inputs are not whole groups of {GROUP_SIZE}"
         return MatmulFormat(DENSE, formats, reason)
     if all(f in FOUR_BIT_FORMATS for f in formats):
-        return MatmulFormat(INT4, formats)
+        return MatmulFormat(INT4, formats, parts_held=(INT4,) * len(formats))
     if weights == "int4" or (is_head and set(formats) == {"Q8_0"}):
-        return MatmulFormat(REGROUPED, formats)
+        parts = tuple(INT4 if f in FOUR_BIT_FORMATS else REGROUPED for f in formats)
+        return MatmulFormat(REGROUPED, formats, parts_held=parts)
+    if all(f in DECODABLE_FORMATS for f in formats):
+        parts = tuple(INT4 if f in FOUR_BIT_FORMATS else GROUPWISE for f in formats)
+        held = parts[0] if len(set(parts)) == 1 else SPLIT
+        return MatmulFormat(held, formats, parts_held=parts)
     if any(f not in FLOAT_FORMATS for f in formats):
         return MatmulFormat(DENSE, formats, f"{', '.join(names)} stored as {'/'.join(formats)}")
     return MatmulFormat(DENSE, formats)
@@ -109,7 +152,9 @@ def embedding_format(source: ModelSource, weights: str) -> TableFormat | None:
         return None
     stored = source.stored_format(EMBEDDING)
     if stored in GROUPWISE_TABLES:
-        return TableFormat(bits=8 if stored == "Q8_0" else 4, has_mins=stored != "Q8_0", from_file=True)
+        bits = 8 if stored == "Q8_0" else 4 if stored in FOUR_BIT_FORMATS else 6 if stored == "Q6_K" else 5
+        has_mins = stored not in SIGNED_FORMATS
+        return TableFormat(bits, has_mins, from_file=True, group_size=GROUP_SIZES[stored])
     if weights == "int4":
         return TableFormat(bits=8, has_mins=True, from_file=False)
     return None

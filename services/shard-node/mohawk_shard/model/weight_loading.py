@@ -2,19 +2,23 @@
 
 Design. The stage is built on the meta device, so no weight memory exists before a format is
 chosen. Then each matmul of the stage (fused q/k/v, o, fused gate/up, down, LM head) is decided
-on its own: with `native`, tensors the file stores as Q4_0/Q4_1 become `Int4Linear`s built from
-the file's own codes (the same weights as the fp32 path); a Q8_0 LM head (SmolLM2's tied
+on its own: with `native`, tensors the file stores as Q4_0/Q4_1/Q4_K become `Int4Linear`s built
+from the file's own codes (the same weights as the fp32 path), and Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 ones
+`GroupwiseLinear`s over the file's codes as int8 (`groupwise_linear.py`); a fused matmul whose
+parts are held differently (Q4_K_M's q/k Q4_K with v Q6_K) is a `ConcatLinear` of one module per
+run of parts held alike; a Q8_0 LM head (SmolLM2's tied
 embedding) is ranked 4-bit, the fastest choice measured (1.6 ms a batch-1 head against
 4.8 ms fp32 and 6.2 ms bf16, 1 thread, `bench/int4_kernels.py`), and its best logits are
 recomputed from the Q8_0 rows, which keeps greedy answers (tests/engine): on CPU both come from
 one copy of the table split into nibbles (`SplitQ8Head`, which a tied first stage also looks its
-embeddings up in), elsewhere from a re-grouped 4-bit copy beside the Q8_0 rows (`RescoredHead`); anything
-else (float tensors, Q8_0 layers, K-quants, a fused matmul whose parts differ) stays dense in the
-compute dtype, and the log says which tensors fell back and why. With `int4` every matmul is
-4-bit, quantized at load where the file holds something else; `bf16`/`fp32` are dense. A token
-table stored groupwise (Q8_0, Q4_x) stays so (`GroupwiseEmbedding`); with `int4`, a float one is
-re-grouped to 8 bits. What is left on meta (norms, dense matrices) is then allocated and read.
-The decisions themselves are `weight_formats.py`'s, which the heartbeat's byte counts share.
+embeddings up in), elsewhere from a re-grouped 4-bit copy beside the Q8_0 rows (`RescoredHead`);
+anything else (float tensors, formats with no decoder, a fused matmul with a float part) stays
+dense in the compute dtype, and the log says which tensors fell back and why. With `int4`
+every matmul is 4-bit, quantized at load where the file holds something else; `bf16`/`fp32` are
+dense. A token table stored in a decodable format (Q8_0, Q4_x, Q5_x, K-quants) stays so
+(`GroupwiseEmbedding`); with `int4`, a float one is re-grouped to 8 bits. What is left on meta
+(norms, dense matrices) is then allocated and read. The decisions themselves are
+`weight_formats.py`'s, which the heartbeat's byte counts share.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from mohawk_common.model_store.quantized import (
     quantize_groupwise,
 )
 from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, weight_names
+from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear
 from mohawk_shard.model.linear import Linear, prefers_transposed
 from mohawk_shard.model.llama import LlamaStage
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear, RescoredHead
@@ -44,6 +49,7 @@ from mohawk_shard.model.split_head import SplitHeadEmbedding, SplitQ8Head, split
 from mohawk_shard.model.weight_formats import (
     INT4,
     LAYER_MATMULS,
+    MatmulFormat,
     embedding_format,
     head_is_rescored,
     head_is_split,
@@ -94,10 +100,10 @@ def _quantize_matmuls(
     for offset, layer in enumerate(model.layers):
         for path, parts in LAYER_MATMULS.items():
             names = [f"layers.{model.start + offset}.{p}.weight" for p in parts]
-            quantized = _four_bit(source, names, weights, is_head=False, report=report)
-            if quantized is not None:
+            held = _decided(source, names, weights, is_head=False, report=report)
+            if held is not None:
                 bias = _fused_bias(source, model, names)
-                layer.set_submodule(path, Int4Linear(quantized, device, bias))
+                layer.set_submodule(path, _held_matmul(source, names, held, device, bias))
 
 
 def _quantize_head(
@@ -110,49 +116,64 @@ def _quantize_head(
 ) -> None:
     if model.lm_head is None:
         return
+    held = _decided(source, [LM_HEAD], weights, is_head=True, report=report)
+    if held is None:
+        return
     if head_is_split(source, weights, device.type):
         table = _stored(source, LM_HEAD)
         block = split_head_block(table, device)
         if block is None:
             log.warning("this CPU's int4 packing is not one the split head reads: head kept twice")
         else:
-            _four_bit(source, [LM_HEAD], weights, is_head=True, report=report, read=False)
             model.lm_head = SplitQ8Head(table, device, block)
             if source.config.tie_word_embeddings and model.embed_tokens is not None:
                 model.embed_tokens = SplitHeadEmbedding(model.lm_head, dtype)  # one table, not two
             return
-    quantized = _four_bit(source, [LM_HEAD], weights, is_head=True, report=report)
-    if quantized is None:
-        return
-    head = Int4Linear(quantized, device)
     if head_is_rescored(source, weights):
+        head = Int4Linear(_four_bit(source, [LM_HEAD], held), device)
         shared = model.embed_tokens if source.config.tie_word_embeddings else None
         if not isinstance(shared, GroupwiseEmbedding):  # the stage holds no tied table to share
             shared = GroupwiseEmbedding(_stored(source, LM_HEAD), device, dtype)
         model.lm_head = RescoredHead(head, shared)
     else:
-        model.lm_head = head
+        model.lm_head = _held_matmul(source, [LM_HEAD], held, device, None)
 
 
-def _four_bit(
-    source: ModelSource,
-    names: list[str],
-    weights: str,
-    *,
-    is_head: bool,
-    report: FormatReport,
-    read: bool = True,
-) -> GroupQuantized | None:
-    """4-bit groups for the fused matmul of `names`, or None when it stays dense (or, `read`
-    False, once the format is counted)."""
+def _decided(
+    source: ModelSource, names: list[str], weights: str, *, is_head: bool, report: FormatReport
+) -> MatmulFormat | None:
+    """How the fused matmul of `names` is held, counted in `report`; None when it stays dense."""
     held = matmul_format(source, names, weights, is_head=is_head)
     if held.fallback is not None:
         report.fallbacks.append(held.fallback)
-    if not held.is_int4:
+    if not held.is_quantized:
         return None
     report.counts[held.label] += 1
-    if not read:
-        return None
+    return held
+
+
+def _held_matmul(
+    source: ModelSource, names: list[str], held: MatmulFormat, device: torch.device, bias: torch.Tensor | None
+) -> nn.Module:
+    """The module running the fused matmul of `names` as `held` says: one `Int4Linear` or
+    `GroupwiseLinear`, or a `ConcatLinear` of one per run of parts held alike."""
+    if held.is_int4:
+        return Int4Linear(_four_bit(source, names, held), device, bias)
+    runs = [(kind, concat_rows([_stored(source, names[i]) for i in indices])) for kind, indices in held.runs]
+    if len(runs) == 1:
+        return _run_module(*runs[0], device, bias)
+    parts = [_run_module(kind, tensor, device, None) for kind, tensor in runs]
+    return ConcatLinear(parts, None if bias is None else bias.to(device))
+
+
+def _run_module(
+    kind: str, tensor: GroupQuantized, device: torch.device, bias: torch.Tensor | None
+) -> nn.Module:
+    return Int4Linear(tensor, device, bias) if kind == INT4 else GroupwiseLinear(tensor, device, bias)
+
+
+def _four_bit(source: ModelSource, names: list[str], held: MatmulFormat) -> GroupQuantized:
+    """4-bit groups for the fused matmul of `names`: the file's own codes, or re-grouped."""
     if held.held == INT4:
         return concat_rows([_stored(source, n) for n in names])
     parts = [
@@ -165,7 +186,7 @@ def _four_bit(
 def _stored(source: ModelSource, name: str) -> GroupQuantized:
     tensor = source.read_quantized(name)
     if tensor is None:
-        raise ModelLoadError(f"{source.path}: {name} is stored 4-bit but its blocks cannot be read")
+        raise ModelLoadError(f"{source.path}: {name} is stored quantized but its blocks cannot be read")
     return tensor
 
 

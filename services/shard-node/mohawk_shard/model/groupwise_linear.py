@@ -1,0 +1,100 @@
+"""Matmuls over GGUF's 5-, 6- and 8-bit codes as stored: `GroupwiseLinear` and `ConcatLinear`.
+
+Design. Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 have no torch kernel: tinygemm takes 4-bit codes in
+groups of 32 or more (Q6_K's groups are 16), and `_weight_int8pack_mm` one scale per output row,
+so either would mean requantizing the file's weights. `GroupwiseLinear` holds the codes as int8
+(one byte a weight) with the file's fp32 scales (and minimums) per group, and for each call unpacks
+`UNPACK_ELEMENTS` weights at a time, `scale · code + minimum` in the activations' dtype, into one
+reused buffer that stays in cache, multiplying each slice of output rows as it goes: the weights
+are exactly the file's, and no dense copy outlives the call. Measured on this repository's 2-core
+AMD EPYC (AVX2, no native bf16), torch 2.13, 1 thread, 5632 × 2048 (`python
+bench/kquant_kernels.py`): a batch-1 call takes 5.5 ms in groups of 16 and 6.5 ms in groups of
+32 against 2.8 ms dense fp32, 2.1 ms for the 4-bit kernel (Q4_K), 3.7 ms for a 5- or 8-bit code
+split into two 4-bit kernels (`lo + 16·hi`, groups of 32 only) and 61 ms unpacking the whole matrix
+at once (its 46 MB of fp32 are faulted in again every call); a 512-row prefill takes 262–277 ms
+against 251 ms dense fp32, 447 ms for the 4-bit kernel and 999 ms for the split pair, this CPU
+lacking native bf16. Held: 1.25 bytes a weight (groups of 16 with scales, or of 32 with scales
+and minimums) against 4 dense fp32 and the file's 0.69 (Q5_x) to 1.06 (Q8_0). So decode pays
+about 2× a dense fp32 matmul on these tensors for a third of the memory; in a Q4_K_M file they
+are the minority (attn_v and ffn_down of some layers, the LM head). `ConcatLinear` runs a fused
+matmul whose parts the file stores in different formats (q/k Q4_K with v Q6_K): each run of
+parts sharing a format is one module, and the outputs are concatenated, so every part is held at
+its own format rather than the widest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from mohawk_common.model_store.quantized import GroupQuantized
+
+UNPACK_ELEMENTS = 1 << 18  # weights unpacked at a time on CPU: 1 MiB of fp32, which stays in L2
+
+
+class GroupwiseLinear(nn.Module):
+    """y = x·Wᵀ (+ b), W = scales · codes + mins per group, codes held as int8."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor | None
+
+    def __init__(self, weight: GroupQuantized, device: torch.device, bias: torch.Tensor | None = None):
+        super().__init__()
+        signed = weight.codes.dtype == np.int8
+        if weight.bits > (8 if signed else 7):
+            raise ValueError(f"{weight.bits}-bit unsigned codes do not fit int8")
+        self.out_features, self.in_features = weight.shape
+        self.group_size = weight.group_size
+        self.source_format = weight.source_format
+        codes = np.ascontiguousarray(weight.codes).view(np.int8)  # unsigned codes below 128 keep their value
+        self.register_buffer("codes", torch.from_numpy(codes).to(device))
+        self.register_buffer("scales", torch.from_numpy(weight.scales).to(device=device, dtype=torch.float32))
+        mins = None if weight.mins is None else torch.from_numpy(weight.mins).to(device, torch.float32)
+        self.register_buffer("mins", mins)
+        on_cpu = device.type == "cpu"
+        self.chunk_rows = max(1, UNPACK_ELEMENTS // self.in_features) if on_cpu else self.out_features
+        self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        groups = self.in_features // self.group_size
+        chunk = min(self.chunk_rows, self.out_features)
+        buffer = torch.empty(chunk, groups, self.group_size, dtype=x.dtype, device=x.device)
+        out_t = torch.empty(self.out_features, flat.shape[0], dtype=x.dtype, device=x.device)
+        codes = self.codes.view(self.out_features, groups, self.group_size)
+        for first in range(0, self.out_features, chunk):
+            last = min(first + chunk, self.out_features)
+            weight = buffer[: last - first]
+            torch.mul(codes[first:last], self.scales[first:last, :, None], out=weight)
+            if self.mins is not None:
+                weight.add_(self.mins[first:last, :, None])
+            torch.mm(weight.view(last - first, self.in_features), flat.t(), out=out_t[first:last])
+        y = out_t.t().contiguous().reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The fp32 weight [out, in] this layer multiplies by (for tests and checks)."""
+        groups = self.codes.view(self.out_features, -1, self.group_size).float() * self.scales[..., None]
+        if self.mins is not None:
+            groups = groups + self.mins[..., None]
+        return groups.view(self.out_features, self.in_features)
+
+    def extra_repr(self) -> str:
+        shape = f"in={self.in_features}, out={self.out_features}, group={self.group_size}"
+        return f"{shape} ({self.source_format}, int8 codes)"
+
+
+class ConcatLinear(nn.Module):
+    """A fused matmul held as parts in their own formats: y = [part₁(x), part₂(x), …] (+ b)."""
+
+    def __init__(self, parts: list[nn.Module], bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        self.source_format = " + ".join(str(getattr(p, "source_format", "?")) for p in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([part(x) for part in self.parts], dim=-1)
+        return y if self.bias is None else y + self.bias.to(y.dtype)

@@ -12,9 +12,14 @@ its scale so that the group's value of largest magnitude is exact, not its minim
 SmolLM2's Q4_1 layers: a max abs error of 0.086, 4% of the largest weight). Only weights with no
 GGUF blocks to copy (`int4` on a safetensors file, or on float or 8-bit layers of a GGUF file) go
 through `mx.quantize`. The blocks come from the model store (`source.read_quantized`: codes,
-scales and minimums, rows already in HF order), and the formats from `source.stored_format`. Any
-other quantized GGUF type (K-quants, …) has no kernel here: its dequantized values are held in the
-compute dtype, and the stage says so in its log.
+scales and minimums, rows already in HF order), and the formats from `source.stored_format`.
+MLX holds `bits` in 2, 3, 4, 6 or 8 and groups of 32, 64 or 128, so of the other GGUF types:
+Q4_K is eight groups of 32 with 4-bit codes, scale `d·sc` and bias `−dmin·m`: held 4-bit, exactly;
+Q5_0, Q5_1 and Q5_K have groups of 32 with 5-bit codes, which MLX has no width for: held 8-bit,
+exactly (the same scale and bias, the codes zero-extended: more bits than the file, never fewer);
+Q6_K's groups are 16 weights, which no MLX group size holds (a group of 32 would need one scale
+for two of its sub-blocks): like any other type with no exact form here, it is held dequantized in
+the compute dtype, and the stage says so in its log.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ from mohawk_common.model_store.source import EMBEDDING, LM_HEAD
 from mohawk_shard.model.weight_formats import FLOAT_FORMATS
 
 # one MLX group is one GGUF block (GROUP_SIZE weights)
-# stored formats MLX holds exactly, and the bits it holds them in
-_EXACT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+# stored formats MLX holds exactly, and the bits it holds them in (Q5_x's 5-bit codes in 8 bits)
+_EXACT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q8_0": 8}
 
 
 @dataclass(frozen=True)
@@ -88,14 +93,15 @@ def quantize_weight(source: ModelSource, name: str, bits: int, dtype: mx.Dtype) 
 
 
 def from_stored(source: ModelSource, name: str, dtype: mx.Dtype) -> QuantizedWeight:
-    """A Q4_0/Q4_1/Q8_0 tensor of the file as MLX affine groups of 32, exactly."""
+    """A tensor of the file in one of `_EXACT_BITS`' formats as MLX affine groups of 32, exactly."""
     tensor = source.read_quantized(name)
     if tensor is None:
         raise ModelLoadError(f"{source.path}: {name} is stored groupwise but its blocks cannot be read")
+    bits = _EXACT_BITS[tensor.source_format]
     values, scales, biases = affine_groups(tensor)
     return QuantizedWeight(
-        tensor.bits,
-        mx.array(pack(values, tensor.bits)),
+        bits,
+        mx.array(pack(values, bits)),
         mx.array(scales).astype(dtype),
         mx.array(biases).astype(dtype),
     )
@@ -103,8 +109,8 @@ def from_stored(source: ModelSource, name: str, dtype: mx.Dtype) -> QuantizedWei
 
 def affine_groups(tensor: GroupQuantized) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(unsigned integers [rows, columns], scales, biases [rows, groups]) with w = scale·q + bias:
-    4-bit codes are unsigned already, bias the minimum; Q8_0's signed codes q become q + 128, with
-    bias −128·scale."""
+    codes with minimums are unsigned already, bias the minimum; signed codes q (Q8_0, Q5_0)
+    become q + 128, with bias −128·scale."""
     if tensor.mins is not None:
         return tensor.codes.astype(np.uint8), tensor.scales, tensor.mins
     if tensor.codes.dtype != np.int8:

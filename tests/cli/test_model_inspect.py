@@ -288,3 +288,22 @@ def test_safetensors_directory(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         f"tensor layers.2.mlp.down_proj.weight of {tmp_path} has shape [64, 64], the config implies [64, 96]"
         in err
     )
+
+
+def test_q4_k_m_style_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Q4_K layers with wider Q6_K/Q5_0 parts (as Q4_K_M files): each part in its own format, and
+    the bytes those of the stage the loader builds."""
+    from tests.shard.model.test_kquant_native import NUM_LAYERS as KQUANT_LAYERS
+    from tests.shard.model.test_kquant_native import write_kquant_gguf
+
+    path = tmp_path / "tiny-q4_k_m.gguf"
+    write_kquant_gguf(path)
+    code, out, err = mohawk_in_process(capsys, "model", "inspect", str(path), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    cpu = report["backends"][0]["groups"]
+    held = {g["held"] for g in cpu if g["part"] == "layer matmuls"}
+    assert "int4 from Q4_K + int8 groupwise from Q6_K" in held and "int4 from Q4_K" in held
+    assert all(g["dequantized"] is None for g in cpu)
+    stage = make_backend("torch", open_model(path), 0, KQUANT_LAYERS, device="cpu", dtype="auto")
+    assert report["memory"][0]["stages"][0]["total"] == stage.weight_bytes

@@ -4,8 +4,8 @@ Design. Nothing here chooses a format. Each torch matmul and token table is held
 `weight_formats.py` decides from the file alone (the loader builds those decisions), the bytes of
 a stage's embedding and head are `footprint.py`'s (the numbers a node's heartbeat gives the
 planner), and MLX's choice per weight is `mlx_quant.chosen_bits`. A decoder layer's bytes, which a
-node measures on the one-layer stage it times, are summed from the same decisions: a 4-bit matmul
-is `int4_matmul_bytes`, a dense one rows x columns in the compute dtype, norms and biases dense. The
+node measures on the one-layer stage it times, are summed from the same decisions: each matmul is
+`footprint.matmul_bytes` of the format it is held in, norms and biases dense in the compute dtype. The
 stored types and bytes come from the file's own index (GGUF: `GGUFFile`; safetensors: its
 headers), so no tensor is read: a report on a 70B file costs what one on SmolLM2 does.
 """
@@ -27,7 +27,7 @@ from mohawk_common.model_store.source import EMBEDDING, FINAL_NORM, LM_HEAD, exp
 from mohawk_shard.model.footprint import (
     ELEMENT_BYTES,
     compute_dtype,
-    int4_matmul_bytes,
+    matmul_bytes,
     stage_weight_bytes,
 )
 from mohawk_shard.model.weight_formats import (
@@ -253,9 +253,8 @@ def layer_weight_bytes(source: ModelSource, layer: int, weights: str, dtype: str
     for path, held in layer_matmul_formats(source, layer, weights).items():
         names = [f"layers.{layer}.{part}.weight" for part in LAYER_MATMULS[path]]
         fused.update(names)
-        rows = sum(expected_shape(config, name)[0] for name in names)
-        columns = expected_shape(config, names[0])[1]
-        total += int4_matmul_bytes(rows, columns) if held.is_int4 else rows * columns * element
+        part_rows = [expected_shape(config, name)[0] for name in names]
+        total += matmul_bytes(held, part_rows, expected_shape(config, names[0])[1], element)
     rest = [name for name in layer_names(config, layer) if name not in fused]
     return total + sum(math.prod(expected_shape(config, name)) * element for name in rest)
 

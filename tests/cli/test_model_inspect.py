@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
 
 from mohawk_cli.model_report import inspect_model, layer_weight_bytes
 from mohawk_common.model_store import open_model
@@ -69,8 +70,8 @@ def test_stages_of_fewer_layers(capsys: pytest.CaptureFixture[str], q4_1: Path) 
     ]
 
 
-def write_iq4_nl_layers(path: Path) -> None:
-    """Layer matmuls stored IQ4_NL (random bytes: inspect reads none), a Q8_0 tied token table."""
+def write_raw_layers(path: Path, kind: GGMLQuantizationType = GGMLQuantizationType.IQ4_NL) -> None:
+    """Layer matmuls stored as `kind` (random bytes: inspect reads none), a Q8_0 tied token table."""
     import gguf
     from gguf.quants import quantize
 
@@ -78,6 +79,7 @@ def write_iq4_nl_layers(path: Path) -> None:
     for key, value in TINY_METADATA.items():
         getattr(writer, f"add_{key}")(value)
     rng = np.random.default_rng(0)
+    block, size = GGML_QUANT_SIZES[kind]
     for name, array in random_llama_state(untied=False).items():
         if name == "embed_tokens.weight":
             writer.add_tensor(
@@ -86,8 +88,8 @@ def write_iq4_nl_layers(path: Path) -> None:
                 raw_dtype=GGMLQuantizationType.Q8_0,
             )
         elif array.ndim == 2:
-            blocks = rng.integers(0, 255, (array.shape[0], array.shape[1] // 32 * 18), dtype=np.uint8)
-            writer.add_tensor(gguf_tensor_name(name), blocks, raw_dtype=GGMLQuantizationType.IQ4_NL)
+            blocks = rng.integers(0, 255, (array.shape[0], array.shape[1] // block * size), dtype=np.uint8)
+            writer.add_tensor(gguf_tensor_name(name), blocks, raw_dtype=kind)
         else:
             writer.add_tensor(gguf_tensor_name(name), array)
     writer.write_header_to_file()
@@ -113,7 +115,7 @@ def test_what_has_no_kernel_is_dequantized_and_says_why(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     path = tmp_path / "iq4_nl.gguf"
-    write_iq4_nl_layers(path)
+    write_raw_layers(path)
     code, out, err = mohawk_in_process(capsys, "model", "inspect", str(path), "--json")
     assert code == 0, err
     backends = {b["backend"]: b for b in json.loads(out)["backends"]}
@@ -307,3 +309,18 @@ def test_q4_k_m_style_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     assert all(g["dequantized"] is None for g in cpu)
     stage = make_backend("torch", open_model(path), 0, KQUANT_LAYERS, device="cpu", dtype="auto")
     assert report["memory"][0]["stages"][0]["total"] == stage.weight_bytes
+
+
+def test_a_type_nothing_decodes_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "q8_1.gguf"
+    write_raw_layers(path, GGMLQuantizationType.Q8_1)
+    code, out, err = mohawk_in_process(capsys, "model", "inspect", str(path))
+    assert code == 2 and not out and err.count("\n") == 1
+    assert (
+        f"{path}: tensor blk." in err
+        and "is stored as Q8_1, which neither Mohawk nor the gguf package can decode" in err
+    )
+    code, out, err = mohawk_in_process(capsys, "generate", "--prompt", "hi", "--model", str(path))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err
+    assert f"of {path}: Dequantization for Q8_1 is not yet implemented" in lines[0]

@@ -20,8 +20,8 @@ from types import ModuleType
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import GGUFSource, ModelSource, SafetensorsSource
-from mohawk_common.model_store.gguf_file import GGUFFile
-from mohawk_common.model_store.quantized import GROUP_SIZE
+from mohawk_common.model_store.gguf_file import GGUFFile, can_dequantize
+from mohawk_common.model_store.quantized import DECODABLE_FORMATS, GROUP_SIZE
 from mohawk_common.model_store.safetensors_source import read_header, weight_files
 from mohawk_common.model_store.source import EMBEDDING, FINAL_NORM, LM_HEAD, expected_shape, layer_names
 from mohawk_shard.model.footprint import (
@@ -163,6 +163,12 @@ def stored_types(source: ModelSource) -> tuple[str, int, list[StoredType]]:
     """The file's format, its bytes, and its tensors grouped by stored type (largest first)."""
     if isinstance(source, GGUFSource):
         index = GGUFFile(source.path)
+        for info in index.tensors.values():
+            if info.tensor_type.name not in DECODABLE_FORMATS and not can_dequantize(info.tensor_type):
+                raise ModelLoadError(
+                    f"{source.path}: tensor {info.name} is stored as {info.tensor_type.name}, which "
+                    "neither Mohawk nor the gguf package can decode"
+                )
         tensors = [(info.tensor_type.name, info.nbytes) for info in index.tensors.values()]
         file_format, file_bytes = "GGUF", source.path.stat().st_size
     elif isinstance(source, SafetensorsSource):

@@ -10,6 +10,7 @@ and string values, skipping arrays, and slicing tensor bytes out of one `mmap` o
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 from dataclasses import dataclass
@@ -68,6 +69,19 @@ class GGUFFile:
         data = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.offset)
         rows = int(np.prod(info.shape[:-1], dtype=np.int64))
         return data.reshape(rows, info.nbytes // max(rows, 1))
+
+
+@functools.cache
+def can_dequantize(tensor_type: GGMLQuantizationType) -> bool:
+    """Whether the `gguf` package dequantizes `tensor_type` (it names some types it cannot read,
+    Q8_1 and Q8_K say): tried on one block of zeros."""
+    from gguf.quants import dequantize
+
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[tensor_type][1]), dtype=np.uint8), tensor_type)
+    except NotImplementedError:
+        return False
+    return True
 
 
 class _Cursor:

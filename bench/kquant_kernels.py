@@ -18,6 +18,7 @@ median and spread (min–max) of `--runs` calls in ms, and the held bytes per we
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -118,7 +119,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"torch {torch.__version__}, {args.threads} thread(s), median (min–max) of {args.runs}")
+    print(f"{os.cpu_count()} CPUs, load average {load} (other work on the machine skews the figures)")
     with torch.inference_mode():
         for out_features, in_features in SHAPES:
             for num_rows in ROWS:

@@ -6,20 +6,23 @@ so either would mean requantizing the file's weights. `GroupwiseLinear` holds th
 (one byte a weight) with the file's fp32 scales (and minimums) per group, and for each call unpacks
 `UNPACK_ELEMENTS` weights at a time, `scale · code + minimum` in the activations' dtype, into one
 reused buffer that stays in cache, multiplying each slice of output rows as it goes: the weights
-are exactly the file's, and no dense copy outlives the call. Measured on this repository's 2-core
-AMD EPYC (AVX2, no native bf16), torch 2.13, 1 thread, 5632 × 2048 (`python
-bench/kquant_kernels.py`): a batch-1 call takes 5.5 ms in groups of 16 and 6.5 ms in groups of
-32 against 2.8 ms dense fp32, 2.1 ms for the 4-bit kernel (Q4_K), 3.7 ms for a 5- or 8-bit code
-split into two 4-bit kernels (`lo + 16·hi`, groups of 32 only) and 61 ms unpacking the whole matrix
-at once (its 46 MB of fp32 are faulted in again every call); a 512-row prefill takes 262–277 ms
-against 251 ms dense fp32, 447 ms for the 4-bit kernel and 999 ms for the split pair, this CPU
-lacking native bf16. Held: 1.25 bytes a weight (groups of 16 with scales, or of 32 with scales
-and minimums) against 4 dense fp32 and the file's 0.69 (Q5_x) to 1.06 (Q8_0). So decode pays
-about 2× a dense fp32 matmul on these tensors for a third of the memory; in a Q4_K_M file they
-are the minority (attn_v and ffn_down of some layers, the LM head). `ConcatLinear` runs a fused
-matmul whose parts the file stores in different formats (q/k Q4_K with v Q6_K): each run of
-parts sharing a format is one module, and the outputs are concatenated, so every part is held at
-its own format rather than the widest.
+are exactly the file's, and no dense copy outlives the call. Printed by `python
+bench/kquant_kernels.py --runs 15` (torch 2.13, 1 thread, this project's 2-core AMD EPYC with AVX2
+and no native bf16, load average 7–10 from other work; median (fastest) of one 5632 × 2048 call):
+batch 1 takes 12.3 (6.4) ms in groups of 16 and 13.8 (8.9) ms in groups of 32 with minimums,
+against 3.8 (3.0) ms dense fp32, 1.9 (1.9) ms for the 4-bit kernel (Q4_K), 8.4 (3.8) ms for a 5-
+or 8-bit code split into two 4-bit kernels (`lo + 16·hi`, groups of 32 only) and 77 (50) ms
+unpacking the whole matrix at once (its fresh 46 MB buffer is faulted in every call); 512 rows
+take 450–622 ms against 404 ms dense fp32, 767 ms for the 4-bit kernel and 2,043 ms for the split
+pair. Held: 1.125 bytes a weight (Q5_0, Q8_0: groups of 32 with a scale) or 1.25 (Q6_K's groups
+of 16, or Q5_1/Q5_K's scale and minimum per 32) against 4 for dense fp32 and the file's 0.69
+(Q5_x) to 1.06 (Q8_0). So decode pays two to three times a dense fp32 matmul on these tensors for
+under a third of the memory, and prefill 1.1–1.5 times; in a Q4_K_M file they are the minority
+(attn_v and ffn_down of some layers, the LM head). On an H200 (torch 2.11, bf16,
+`bench/kquant_cuda.py`) the same call takes 0.106 ms at batch 1 against 0.033 ms dense bf16.
+`ConcatLinear` runs a fused matmul whose parts the file stores in different formats (q/k Q4_K with
+v Q6_K): each run of parts sharing a format is one module, and the outputs are concatenated, so
+every part is held at its own format rather than the widest.
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ QUANTIZING_MODES = ("native", "int4")
 _MODE_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # weight modes that fix the compute dtype
 FLOAT_FORMATS = frozenset({"F32", "F16", "BF16", "F64"})
 GROUPWISE_TABLES = DECODABLE_FORMATS
-GROUPWISE_FORMATS = DECODABLE_FORMATS - FOUR_BIT_FORMATS  # held as int8 codes under `native`
 SIGNED_FORMATS = frozenset({"Q8_0", "Q5_0", "Q6_K"})  # decoded with signed codes and no minimums
 # module path inside a decoder layer -> the canonical tensors fused into it
 LAYER_MATMULS = {

@@ -1,0 +1,86 @@
+"""K-quants on CUDA: Q4_K through `Int4Linear` and Q6_K/Q5_K/Q5_0/Q5_1 through `GroupwiseLinear` with
+bf16 activations, against the decoded weights in fp64; then one 5632 × 2048 matmul timed (1 and
+512 rows) as dense bf16, Q4_K and Q6_K. Random valid blocks, no model file.
+
+Runs on a GPU machine's bare torch image, without the project's dependencies: the two packages'
+`__init__` files (which import pydantic, transformers, …) are skipped by registering the packages
+as bare namespaces, and only the numpy/torch modules below are imported.
+`python3 bench/kquant_cuda.py [cuda|cpu]` from the repository root.
+"""
+
+import statistics
+import sys
+import time
+import types
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def stub(name: str, path: str) -> None:
+    module = types.ModuleType(name)
+    module.__path__ = [path]
+    sys.modules[name] = module
+
+
+stub("mohawk_common", "libs/common/mohawk_common")
+stub("mohawk_common.model_store", "libs/common/mohawk_common/model_store")
+stub("mohawk_shard", "services/shard-node/mohawk_shard")
+stub("mohawk_shard.model", "services/shard-node/mohawk_shard/model")
+from mohawk_common.model_store.kquants import BLOCK_LAYOUTS  # noqa: E402
+from mohawk_common.model_store.quantized import decode_gguf_blocks  # noqa: E402
+from mohawk_shard.model.groupwise_linear import GroupwiseLinear  # noqa: E402
+from mohawk_shard.model.quantized_layers import Int4Linear  # noqa: E402
+
+FP16 = {"Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+device = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cuda")
+
+
+def blocks(type_name, rows, cols, seed=0):
+    rng = np.random.default_rng(seed)
+    per, size = BLOCK_LAYOUTS[type_name]
+    n = rows * cols // per
+    raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
+    for off in FP16[type_name]:
+        d = (rng.uniform(0.5, 2, n) * 2.0 ** rng.integers(-13, -11, n)).astype(np.float16)
+        raw[:, off : off + 2] = d.view(np.uint8).reshape(n, 2)
+    return decode_gguf_blocks(raw.reshape(rows, -1), type_name, (rows, cols))
+
+
+def layer_for(weight):
+    return Int4Linear(weight, device) if weight.source_format == "Q4_K" else GroupwiseLinear(weight, device)
+
+
+print(torch.__version__, torch.cuda.get_device_name() if device.type == "cuda" else "cpu")
+with torch.inference_mode():
+    for fmt in ("Q4_K", "Q6_K", "Q5_K", "Q5_0", "Q5_1"):
+        w = blocks(fmt, 512, 1024, seed=len(fmt))
+        x = torch.randn(7, 1024, dtype=torch.float64)
+        ref = x @ torch.from_numpy(w.dequantize()).double().t()
+        y = layer_for(w)(x.to(device=device, dtype=torch.bfloat16)).double().cpu()
+        print(f"{fmt}: max |y - ref| / max |ref| = {((y - ref).abs().max() / ref.abs().max()).item():.2e}")
+
+    def timed(fn, runs=50):
+        for _ in range(5):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        return f"{statistics.median(times):.3f} ms ({min(times):.3f}-{max(times):.3f})"
+
+    q4k, q6k = blocks("Q4_K", 5632, 2048), blocks("Q6_K", 5632, 2048, seed=1)
+    int4, grouped = layer_for(q4k), layer_for(q6k)
+    dense = torch.from_numpy(q6k.dequantize()).to(device=device, dtype=torch.bfloat16)
+    for rows in (1, 512):
+        x = torch.randn(rows, 2048, device=device, dtype=torch.bfloat16)
+        print(f"[5632 x 2048], {rows} row(s), bf16, median (min-max) of 50:")
+        print(f"  dense bf16 (2 B/w)                  {timed(lambda x=x: F.linear(x, dense))}")
+        print(f"  Int4Linear Q4_K (0.625 B/w)         {timed(lambda x=x: int4(x))}")
+        print(f"  GroupwiseLinear Q6_K g16 (1.25 B/w) {timed(lambda x=x: grouped(x))}")

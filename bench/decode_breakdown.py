@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch
 import torch.nn.functional as F
 
-import mohawk_shard.model.llama as llama
+import mohawk_shard.model.blocks as model_blocks
 from mohawk_common.logging import configure_logging
 from mohawk_common.model_store import open_model
 from mohawk_shard.backends.batch import ForwardBatch
@@ -50,14 +50,16 @@ def forward_breakdown(backend: TorchBackend) -> None:
     decode = ForwardBatch.build([([5], CONTEXT, blocks, True)], 16)
     step = lambda: backend.forward(decode, None)  # noqa: E731
     print("decode forward:", timed(step))
-    matmul, attention = Int4Linear.forward, llama.paged_attention
+    matmul, attention = Int4Linear.forward, model_blocks.paged_attention
     try:
         Int4Linear.forward = lambda self, x: x.new_zeros(*x.shape[:-1], self.out_features)  # type: ignore[method-assign]
         print("  without the 4-bit matmuls:", timed(step))
-        llama.paged_attention = lambda q, k, v, cache, meta: q.new_zeros(q.shape[0], q.shape[1] * q.shape[2])  # type: ignore[assignment]
+        model_blocks.paged_attention = lambda q, k, v, cache, meta, options=None: q.new_zeros(
+            q.shape[0], q.shape[1] * q.shape[2]
+        )  # type: ignore[assignment]
         print("  without matmuls and attention:", timed(step))
     finally:
-        Int4Linear.forward, llama.paged_attention = matmul, attention  # type: ignore[method-assign]
+        Int4Linear.forward, model_blocks.paged_attention = matmul, attention  # type: ignore[method-assign]
 
 
 def post_attention_breakdown(backend: TorchBackend) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -10,7 +11,8 @@ from pydantic import BaseModel, ConfigDict
 
 from mohawk_common.errors import ModelLoadError
 
-Architecture = Literal["llama", "mistral", "qwen2", "qwen3"]
+Architecture = Literal["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"]
+Activation = Literal["silu", "gelu_tanh"]
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
 DEFAULT_ROPE_THETA = 10000.0
 FP32_BYTES = 4
@@ -40,6 +42,32 @@ class ModelConfig(BaseModel):
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
+    # layer indices the sliding window applies to; None: every layer (Mistral, Phi-3)
+    sliding_layers: tuple[int, ...] | None = None
+    partial_rotary_factor: float = 1.0
+    hidden_activation: Activation = "silu"
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    rope_local_theta: float | None = None  # sliding layers' rotary base when it differs (Gemma 3)
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that are rotated (all, unless partial rotary)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer `layer`, or None when it attends to all its context."""
+        if self.sliding_window is None or (
+            self.sliding_layers is not None and layer not in self.sliding_layers
+        ):
+            return None
+        return self.sliding_window
+
+    @property
+    def num_layer_norms(self) -> int:
+        """Hidden-size norms per decoder layer: Gemma adds one after attention and one after the MLP."""
+        return 4 if self.architecture in ("gemma2", "gemma3_text") else 2
 
     @property
     def weight_bytes_per_layer(self) -> int:
@@ -47,7 +75,7 @@ class ModelConfig(BaseModel):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attention = self.hidden_size * (2 * q_size + 2 * kv_size)
         mlp = 3 * self.hidden_size * self.intermediate_size
-        norms = 2 * self.hidden_size
+        norms = self.num_layer_norms * self.hidden_size
         biases = q_size + 2 * kv_size if self.attention_bias else 0
         qk_norms = 2 * self.head_dim if self.qk_norm else 0
         return FP32_BYTES * (attention + mlp + norms + biases + qk_norms)
@@ -69,7 +97,9 @@ def config_from_hf(hf_config: Any, model_id: str, extra_eos_token_ids: tuple[int
     _reject_unsupported_biases(hf_config, architecture)
     num_heads = int(hf_config.num_attention_heads)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
-    rope_theta, rope_scaling = _rope(hf_config)
+    rope = read_rope(hf_config, architecture)
+    window, sliding_layers = _sliding_window(hf_config, architecture)
+    gemma = architecture in ("gemma2", "gemma3_text")
     return ModelConfig(
         model_id=model_id,
         architecture=architecture,
@@ -81,15 +111,22 @@ def config_from_hf(hf_config: Any, model_id: str, extra_eos_token_ids: tuple[int
         head_dim=head_dim,
         vocab_size=hf_config.vocab_size,
         rms_norm_eps=hf_config.rms_norm_eps,
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
-        max_position_embeddings=hf_config.max_position_embeddings,
+        rope_theta=rope.theta,
+        rope_scaling=rope.scaling,
+        max_position_embeddings=rope.max_positions or hf_config.max_position_embeddings,
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         attention_bias=architecture == "qwen2",
-        qk_norm=architecture == "qwen3",
+        qk_norm=architecture in ("qwen3", "gemma3_text"),
         bos_token_id=getattr(hf_config, "bos_token_id", None),
         eos_token_ids=_merge_ids(getattr(hf_config, "eos_token_id", None), extra_eos_token_ids),
-        sliding_window=_sliding_window(hf_config),
+        sliding_window=window,
+        sliding_layers=sliding_layers,
+        partial_rotary_factor=rope.partial_rotary_factor,
+        hidden_activation=_activation(hf_config, architecture),
+        query_pre_attn_scalar=getattr(hf_config, "query_pre_attn_scalar", None) if gemma else None,
+        attn_logit_softcapping=getattr(hf_config, "attn_logit_softcapping", None) if gemma else None,
+        final_logit_softcapping=getattr(hf_config, "final_logit_softcapping", None) if gemma else None,
+        rope_local_theta=rope.local_theta,
     )
 
 
@@ -114,20 +151,82 @@ def _reject_unsupported_biases(hf_config: Any, architecture: Architecture) -> No
         raise ModelLoadError(f"unsupported {architecture} variant: mlp_bias=true")
 
 
-def _rope(hf_config: Any) -> tuple[float, dict[str, Any] | None]:
+def _activation(hf_config: Any, architecture: Architecture) -> Activation:
+    # Gemma names it hidden_activation (hidden_act in older configs); the rest hidden_act
+    name = getattr(hf_config, "hidden_activation", None) or getattr(hf_config, "hidden_act", None) or "silu"
+    wanted = "gelu_tanh" if architecture in ("gemma2", "gemma3_text") else "silu"
+    if _ACTIVATIONS.get(name) != wanted:
+        raise ModelLoadError(f"unsupported {architecture} variant: activation {name!r}")
+    return wanted
+
+
+_ACTIVATIONS: dict[str, Activation] = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+@dataclass(frozen=True, slots=True)
+class RopeSettings:
+    """What `ModelConfig` keeps of a config's rotary settings."""
+
+    theta: float
+    scaling: dict[str, Any] | None
+    partial_rotary_factor: float = 1.0
+    local_theta: float | None = None
+    max_positions: int | None = None  # a cap on the context below max_position_embeddings
+
+
+def read_rope(hf_config: Any, architecture: Architecture) -> RopeSettings:
+    """Rotary settings; raises ModelLoadError for a variant Mohawk would compute wrong."""
     # transformers 5 keeps RoPE settings in `rope_parameters`; older configs in rope_theta/rope_scaling.
     params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
     params = dict(params)
+    local_theta = None
+    if "full_attention" in params:  # one set per layer type (Gemma 3)
+        local = dict(params.get("sliding_attention") or {})
+        if local.get("rope_type", "default") != "default":
+            raise ModelLoadError(f"unsupported {architecture} variant: scaled rope on sliding layers")
+        local_theta = float(local.get("rope_theta") or DEFAULT_ROPE_THETA)
+        params = dict(params["full_attention"] or {})
     theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or DEFAULT_ROPE_THETA
     rope_type = params.get("rope_type", params.get("type", "default"))
-    return float(theta), (params if rope_type != "default" else None)
+    factor = float(
+        params.get("partial_rotary_factor") or getattr(hf_config, "partial_rotary_factor", 1.0) or 1.0
+    )
+    scaling = params if rope_type != "default" else None
+    cap = None
+    if rope_type in ("longrope", "su"):
+        # Hugging Face switches every position to the long factors once a sequence passes the
+        # pretraining length (and keeps earlier keys rotated by the short ones): up to that
+        # length the short factors are exact, so the context stops there
+        cap = params.get("original_max_position_embeddings") or getattr(
+            hf_config, "original_max_position_embeddings", None
+        )
+        if cap is None:
+            raise ModelLoadError(
+                f"unsupported {architecture} variant: longrope without original_max_position_embeddings"
+            )
+        cap = min(int(cap), int(hf_config.max_position_embeddings))
+    elif rope_type not in _ROPE_TYPES:
+        raise ModelLoadError(f"unsupported {architecture} variant: rope_type {rope_type!r}")
+    return RopeSettings(float(theta), scaling, factor, local_theta, cap)
 
 
-def _sliding_window(hf_config: Any) -> int | None:
+# `dynamic` rescales with the sequence length, which one fixed table cannot follow
+_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+
+
+def _sliding_window(hf_config: Any, architecture: Architecture) -> tuple[int | None, tuple[int, ...] | None]:
+    """The window and the layers it applies to (None: all layers), as Hugging Face applies them."""
     window = getattr(hf_config, "sliding_window", None)
     if window is None or not getattr(hf_config, "use_sliding_window", True):
-        return None
-    return int(window)
+        return None, None
+    if getattr(hf_config, "use_bidirectional_attention", False):
+        raise ModelLoadError(f"unsupported {architecture} variant: use_bidirectional_attention=true")
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is None and architecture in ("gemma2", "gemma3_text"):
+        raise ModelLoadError(f"{architecture} config without layer_types: cannot tell sliding layers")
+    if layer_types is None:
+        return int(window), None
+    return int(window), tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
 
 
 def _merge_ids(first: object, more: tuple[int, ...]) -> tuple[int, ...]:

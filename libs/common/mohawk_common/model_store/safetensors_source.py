@@ -76,7 +76,7 @@ class SafetensorsSource(ModelSource):
         return entry
 
     def stored_format(self, name: str) -> str:
-        return self._entry(self.stored_name(name)).dtype
+        return self._entry(self.file_tensor(name)[0]).dtype
 
     def stored_shape(self, name: str) -> tuple[int, ...]:
         return self._entry(self.stored_name(name)).shape

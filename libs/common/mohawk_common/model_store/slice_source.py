@@ -80,6 +80,8 @@ def slice_weights(
 class SliceSource(ModelSource):
     """The layers, config and tokenizer carried by one verified slice package."""
 
+    stores_fused = False  # a package holds canonical tensors, already split
+
     def __init__(
         self,
         manifest: Mapping[str, Any],

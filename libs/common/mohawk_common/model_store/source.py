@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,9 @@ class ModelSource(ABC):
     path: Path
     config: ModelConfig
     hf_config: PretrainedConfig
+    # whether the files hold the checkpoint's own fused tensors (`fused_part`); a slice package
+    # holds the canonical ones
+    stores_fused = True
 
     def __init__(self, path: Path, config: ModelConfig, hf_config: PretrainedConfig) -> None:
         self.path = path
@@ -77,6 +81,12 @@ class ModelSource(ABC):
         """The canonical name a tensor is read from: a tied model's LM head is its embedding matrix."""
         return EMBEDDING if name == LM_HEAD and self.config.tie_word_embeddings else name
 
+    def file_tensor(self, name: str) -> tuple[str, FusedPart | None]:
+        """The canonical name the file keeps `name` under, and the rows to take when that is fused."""
+        name = self.stored_name(name)
+        part = fused_part(self.config, name) if self.stores_fused else None
+        return (name, None) if part is None else (part.name, part)
+
     def read_tensor(self, name: str) -> np.ndarray:
         """One tensor by canonical name: float32, C-contiguous, in HF orientation, shape checked."""
         return self._checked(self.stored_name(name))
@@ -96,7 +106,10 @@ class ModelSource(ABC):
         tensor and the shape expected."""
         config = self.config
         for name in weight_names(config, 0, config.num_layers, embedding=True, head=True):
-            shape = self.stored_shape(name)
+            stored, part = self.file_tensor(name)
+            shape = self.stored_shape(stored)
+            if shape is not None and part is not None:  # the rows a fused tensor holds it in
+                shape = (min(shape[0], part.stop) - part.start, *shape[1:])
             expected = expected_shape(config, self.stored_name(name))
             if shape is not None and tuple(shape) != expected:
                 raise ModelLoadError(
@@ -110,7 +123,10 @@ class ModelSource(ABC):
         return None
 
     def _checked(self, name: str) -> np.ndarray:
-        array = self._read_tensor(name)
+        stored, part = self.file_tensor(name)
+        array = self._read_tensor(stored)
+        if part is not None:
+            array = array[part.start : part.stop]
         expected = expected_shape(self.config, name)
         if array.shape != expected:
             raise ModelLoadError(
@@ -140,8 +156,45 @@ def layer_names(config: ModelConfig, layer: int) -> list[str]:
     if config.qk_norm:
         names += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
     names += ["post_attention_layernorm.weight"]
+    if config.num_layer_norms == 4:  # Gemma: norms before and after the MLP too
+        names += ["pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"]
     names += [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
     return [prefix + name for name in names]
+
+
+@dataclass(frozen=True, slots=True)
+class FusedPart:
+    """Rows [start, stop) of the fused tensor `name` that a checkpoint stores a canonical tensor in."""
+
+    name: str
+    start: int
+    stop: int
+
+
+# Phi-3 checkpoints store q/k/v as one qkv_proj and gate/up as one gate_up_proj
+_FUSED_ARCHITECTURES = frozenset({"phi3"})
+
+
+def fused_part(config: ModelConfig, name: str) -> FusedPart | None:
+    """Where a file of `config`'s architecture keeps canonical tensor `name` inside a fused one; None
+    when it stores it under its own name. Sources split at read time, so loaders see canonical names."""
+    if config.architecture not in _FUSED_ARCHITECTURES or not name.endswith(".weight"):
+        return None
+    q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    inter = config.intermediate_size
+    rows = {
+        "self_attn.q_proj": ("self_attn.qkv_proj", 0, q_size),
+        "self_attn.k_proj": ("self_attn.qkv_proj", q_size, q_size + kv_size),
+        "self_attn.v_proj": ("self_attn.qkv_proj", q_size + kv_size, q_size + 2 * kv_size),
+        "mlp.gate_proj": ("mlp.gate_up_proj", 0, inter),
+        "mlp.up_proj": ("mlp.gate_up_proj", inter, 2 * inter),
+    }
+    prefix, _, part = name.removesuffix(".weight").partition(".")
+    layer, _, module = part.partition(".")
+    if prefix != "layers" or module not in rows:
+        return None
+    fused, start, stop = rows[module]
+    return FusedPart(f"layers.{layer}.{fused}.weight", start, stop)
 
 
 def weight_names(config: ModelConfig, start: int, end: int, *, embedding: bool, head: bool) -> list[str]:

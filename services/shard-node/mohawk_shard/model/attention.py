@@ -17,6 +17,13 @@ SDPA over its context, masked by absolute position, which never materialises the
 context] scores. A single sequence whose context sits in consecutive slots (blocks come off the
 free list in order) reads it as a view, with no gather at all. With an int8 tier (`kv_quant.py`)
 slots are those of the hot pool, and context that is cold is dequantized into the gathered tensor.
+
+Layers differ in three ways, given per call as `AttentionOptions`: the score scale (Gemma's
+`query_pre_attn_scalar`), a sliding window (a query at position p sees keys in (p - window, p],
+masked from each part's positions, built once a step per window size and only when some context
+reaches past it), and tanh soft-capping of the scores (Gemma 2), which torch's fused kernels cannot
+do, so a capped layer computes its scores explicitly. Blocks wholly outside every window stay in the
+cache: freeing them is the block manager's job (a follow-up), the mask alone keeps results exact.
 """
 
 from __future__ import annotations
@@ -55,6 +62,19 @@ class ColdContext:
     hot_slots: torch.Tensor
 
 
+@dataclass(frozen=True, slots=True)
+class AttentionOptions:
+    """How one layer attends: `scale` of the scores (None: head_dim^-0.5), a sliding `window` (a query
+    sees itself and the window - 1 keys before it; None: all), tanh `softcap` of the scores (None: off)."""
+
+    scale: float | None = None
+    window: int | None = None
+    softcap: float | None = None
+
+
+FULL_ATTENTION = AttentionOptions()
+
+
 @dataclass(slots=True)
 class AttentionPart:
     """Sequences attended together in one call: every decoding sequence of a step, or one prompt chunk.
@@ -73,6 +93,30 @@ class AttentionPart:
     cold: ColdContext | None = None
     mask: torch.Tensor | None = None
     scratch: dict[str, torch.Tensor] = field(default_factory=dict)
+    query_lens: np.ndarray | None = None
+    context_lens: np.ndarray | None = None
+
+    def reaches_past(self, window: int | None) -> bool:
+        """Whether some query of the part has context older than `window` positions."""
+        return window is not None and self.context_lens is not None and int(self.context_lens.max()) > window
+
+    def position_mask(self, window: int | None, like: torch.Tensor) -> torch.Tensor:
+        """Additive mask from absolute positions: causal, within `window` when given, inside each
+        sequence's context; [1, num_seqs, max_query, max_context], built once a step per window."""
+        key = f"mask{window}"
+        mask = self.scratch.get(key)
+        if mask is None:
+            if self.query_lens is None or self.context_lens is None:
+                raise RuntimeError("an attention part without its sequence lengths")
+            q_lens, c_lens = self.query_lens, self.context_lens
+            query_pos = (c_lens - q_lens)[:, None, None] + np.arange(int(q_lens.max()))[None, :, None]
+            key_pos = np.arange(int(c_lens.max()))[None, None, :]
+            allowed = (key_pos <= query_pos) & (key_pos < c_lens[:, None, None])
+            if window is not None:
+                allowed &= key_pos > query_pos - window
+            mask = additive_mask(torch.from_numpy(allowed[None]).to(like.device), like.dtype)
+            self.scratch[key] = mask
+        return mask
 
     def head_rows(self, pool: torch.Tensor) -> torch.Tensor:
         """The context slots as rows of `pool` viewed [kv_heads × slots, dim], head by head."""
@@ -100,6 +144,7 @@ class AttentionMetadata:
     cos: torch.Tensor
     sin: torch.Tensor
     parts: list[AttentionPart]
+    local_rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # sliding layers' own base (Gemma 3)
 
     @classmethod
     def build(
@@ -124,7 +169,7 @@ class AttentionMetadata:
             elif len(groups) > 1:
                 part.row_range = (int(first_rows[seqs[0]]), int(batch.query_lens[seqs[0]]))
             parts.append(part)
-        return cls(tensor(slot_mapping), cos, sin, parts)
+        return cls(tensor(slot_mapping), cos, sin, parts, rotary.lookup_local(positions))
 
 
 def part_groups(query_lens: np.ndarray) -> list[np.ndarray]:
@@ -178,7 +223,9 @@ def build_part(
     query_lens, context_lens = batch.query_lens[seqs], batch.context_lens[seqs]
     max_query, max_context = int(query_lens.max()), int(context_lens.max())
     fresh = seqs.shape[0] == 1 and int(context_lens[0]) == int(query_lens[0])
-    part = AttentionPart(int(seqs.shape[0]), max_query, fresh)
+    part = AttentionPart(
+        int(seqs.shape[0]), max_query, fresh, query_lens=query_lens, context_lens=context_lens
+    )
     if fresh:
         return part
     slots = context.slots[seqs, :max_context]
@@ -240,55 +287,101 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def paged_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, meta: AttentionMetadata
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cache: KVCache,
+    meta: AttentionMetadata,
+    options: AttentionOptions = FULL_ATTENTION,
 ) -> torch.Tensor:
     """query [T, H, D], key/value [T, KVH, D] of this step's tokens -> attention output [T, H·D]."""
     cache.key.index_copy_(1, meta.slot_mapping, key.transpose(0, 1))
     cache.value.index_copy_(1, meta.slot_mapping, value.transpose(0, 1))
     if len(meta.parts) == 1:
-        return attend(meta.parts[0], query, key, value, cache)
+        return attend(meta.parts[0], query, key, value, cache, options)
     num_tokens, num_heads, head_dim = query.shape
     out = query.new_empty(num_tokens, num_heads * head_dim)
     for part in meta.parts:
         if part.row_range is not None:
             first, count = part.row_range
             q, k, v = (t.narrow(0, first, count) for t in (query, key, value))
-            out.narrow(0, first, count).copy_(attend(part, q, k, v, cache))
+            out.narrow(0, first, count).copy_(attend(part, q, k, v, cache, options))
         elif part.rows is not None:
-            out.index_copy_(0, part.rows, attend(part, query.index_select(0, part.rows), key, value, cache))
+            rows = query.index_select(0, part.rows)
+            out.index_copy_(0, part.rows, attend(part, rows, key, value, cache, options))
         else:
             raise RuntimeError("an attention part of a split step without its rows")
     return out
 
 
 def attend(
-    part: AttentionPart, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache
+    part: AttentionPart,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cache: KVCache,
+    options: AttentionOptions = FULL_ATTENTION,
 ) -> torch.Tensor:
     """One part's attention; `key`/`value` are read only for a fresh prompt (others read the cache)."""
     num_tokens, num_heads, head_dim = query.shape
+    windowed = part.reaches_past(options.window)
+    mask = part.position_mask(options.window, query) if windowed else part.mask
     if part.fresh_prompt:
-        out = F.scaled_dot_product_attention(
-            query.transpose(0, 1).unsqueeze(0),
-            key.transpose(0, 1).unsqueeze(0),
-            value.transpose(0, 1).unsqueeze(0),
-            is_causal=True,
-            enable_gqa=True,
-        )
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+        if windowed or options.softcap is not None:
+            mask = part.position_mask(options.window, query)
+            out = explicit_attention(q, k, v, mask, options)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=True, scale=options.scale
+            )
         return out.squeeze(0).transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
     batch, kv_heads = part.num_seqs, cache.key.shape[0]
     keys = gather_context(cache.key, cache.key_int8, part, "key").view(kv_heads, batch, -1, head_dim)
     values = gather_context(cache.value, cache.value_int8, part, "value").view(kv_heads, batch, -1, head_dim)
     if part.max_query_len == 1 and batch > 1:
-        return grouped_decode(query, keys, values, part.mask)
+        return grouped_decode(query, keys, values, mask, options)
     # one sequence (decoding, or a chunk continuing a prompt): torch's fused kernel
-    out = F.scaled_dot_product_attention(
-        query.view(1, num_tokens, num_heads, head_dim).transpose(1, 2),
-        keys.transpose(0, 1),
-        values.transpose(0, 1),
-        attn_mask=part.mask,
-        enable_gqa=True,
-    )
+    q = query.view(1, num_tokens, num_heads, head_dim).transpose(1, 2)
+    if options.softcap is not None:
+        out = explicit_attention(q, keys.transpose(0, 1), values.transpose(0, 1), mask, options)
+    else:
+        out = F.scaled_dot_product_attention(
+            q,
+            keys.transpose(0, 1),
+            values.transpose(0, 1),
+            attn_mask=mask,
+            enable_gqa=True,
+            scale=options.scale,
+        )
     return out.transpose(1, 2).reshape(num_tokens, num_heads * head_dim)
+
+
+def explicit_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    options: AttentionOptions,
+) -> torch.Tensor:
+    """softmax(softcap(q·kᵀ·scale) + mask)·v for one sequence: query [1, H, Q, D], keys/values
+    [1, KVH, L, D] -> [1, H, Q, D]; the scores are materialised, for what SDPA cannot do."""
+    group = query.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    scores = score(query, keys, options)
+    if mask is not None:
+        scores = scores + mask
+    probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
+    return torch.matmul(probs, values)
+
+
+def score(query: torch.Tensor, keys: torch.Tensor, options: AttentionOptions) -> torch.Tensor:
+    """q·kᵀ scaled (default head_dim^-0.5) and, with `options.softcap`, squashed by cap·tanh(s / cap)."""
+    scale = options.scale if options.scale is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query * scale, keys.transpose(-1, -2))
+    if options.softcap is not None:
+        scores = torch.tanh(scores / options.softcap) * options.softcap
+    return scores
 
 
 def gather_context(
@@ -314,7 +407,11 @@ def gather_context(
 
 
 def grouped_decode(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    options: AttentionOptions = FULL_ATTENTION,
 ) -> torch.Tensor:
     """softmax(q·kᵀ/√d + mask)·v for one query per sequence, query heads grouped over the KV head
     they share.
@@ -325,7 +422,7 @@ def grouped_decode(
     batch, num_heads, head_dim = query.shape
     num_kv_heads = keys.shape[0]
     q = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
-    scores = torch.matmul(q * head_dim**-0.5, keys.transpose(-1, -2))  # [KVH, B, group, L]
+    scores = score(q, keys, options)  # [KVH, B, group, L]
     if mask is not None:
         scores = scores + mask
     probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)

@@ -1,4 +1,4 @@
-"""Build a `LlamaStage` with each weight in the format the `weights` setting asks for.
+"""Build a `DecoderStage` with each weight in the format the `weights` setting asks for.
 
 Design. The stage is built on the meta device, so no weight memory exists before a format is
 chosen. Then each matmul of the stage (fused q/k/v, o, fused gate/up, down, LM head) is decided
@@ -43,7 +43,7 @@ from mohawk_common.model_store.quantized import (
 from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, weight_names
 from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear
 from mohawk_shard.model.linear import Linear, prefers_transposed
-from mohawk_shard.model.llama import LlamaStage
+from mohawk_shard.model.models import DecoderStage, stage_class
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear, RescoredHead
 from mohawk_shard.model.split_head import SplitHeadEmbedding, SplitQ8Head, split_head_block
 from mohawk_shard.model.weight_formats import (
@@ -69,12 +69,12 @@ class FormatReport:
 
 def build_stage(
     source: ModelSource, start: int, end: int, *, device: torch.device, dtype: torch.dtype, weights: str
-) -> tuple[LlamaStage, FormatReport]:
+) -> tuple[DecoderStage, FormatReport]:
     """Layers [start, end) of `source` (plus embedding / head where the stage holds them)."""
     config = source.config
     embedding, head = start == 0, end == config.num_layers
     with torch.device("meta"):
-        model = LlamaStage(config, start, end, embedding=embedding, head=head).to(dtype)
+        model = stage_class(config.architecture)(config, start, end, embedding=embedding, head=head).to(dtype)
     report = FormatReport()
     if weights in ("native", "int4"):
         _quantize_matmuls(model, source, weights, device, report)
@@ -95,7 +95,7 @@ def build_stage(
 
 
 def _quantize_matmuls(
-    model: LlamaStage, source: ModelSource, weights: str, device: torch.device, report: FormatReport
+    model: DecoderStage, source: ModelSource, weights: str, device: torch.device, report: FormatReport
 ) -> None:
     for offset, layer in enumerate(model.layers):
         for path, parts in LAYER_MATMULS.items():
@@ -107,7 +107,7 @@ def _quantize_matmuls(
 
 
 def _quantize_head(
-    model: LlamaStage,
+    model: DecoderStage,
     source: ModelSource,
     weights: str,
     device: torch.device,
@@ -190,7 +190,7 @@ def _stored(source: ModelSource, name: str) -> GroupQuantized:
     return tensor
 
 
-def _fused_bias(source: ModelSource, model: LlamaStage, names: list[str]) -> torch.Tensor | None:
+def _fused_bias(source: ModelSource, model: DecoderStage, names: list[str]) -> torch.Tensor | None:
     if not model.config.attention_bias or ".q_proj." not in names[0]:
         return None
     biases = [source.read_tensor(n.replace(".weight", ".bias")) for n in names]
@@ -198,7 +198,7 @@ def _fused_bias(source: ModelSource, model: LlamaStage, names: list[str]) -> tor
 
 
 def _quantize_embedding(
-    model: LlamaStage,
+    model: DecoderStage,
     source: ModelSource,
     weights: str,
     device: torch.device,

@@ -3,6 +3,7 @@ planner would hold it; bad files end as one line naming the file and the tensor.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from mohawk_shard.node.capacity import measure_capacity
 from tests.cli.helpers import mohawk_in_process
 from tests.model_store.test_store_bad_gguf import Q_PROJ, set_tensor_type
 from tests.model_store.test_store_gguf_tiny import NUM_LAYERS, random_llama_state, write_llama_gguf
+
+HAS_MLX = importlib.util.find_spec("mlx_lm") is not None  # the mlx extra
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,8 @@ def test_text_report_of_a_q4_1_file(capsys: pytest.CaptureFixture[str], q4_1: Pa
     assert any(line.startswith("stored Q4_1 16 tensors") for line in lines)
     assert "torch cpu (float32)" in lines and "torch cuda (bfloat16)" in lines and "mlx (float32)" in lines
     assert lines.count("layer matmuls 8 int4 from Q4_1") == 2  # torch cpu and cuda
-    assert "layer matmul weights 14 4-bit from Q4_1" in lines  # mlx: q, k, v, o, gate, up, down
+    if HAS_MLX:
+        assert "layer matmul weights 14 4-bit from Q4_1" in lines  # q, k, v, o, gate, up, down
     assert lines.count("lm head 1 int4 from Q4_1") == 2
     assert "dequantized: nothing" in lines
     assert "weight memory of a stage of 2 layers (what a node reports to the planner):" in lines
@@ -131,10 +135,11 @@ def test_what_has_no_kernel_is_dequantized_and_says_why(
     cpu = {g["part"]: g for g in backends["torch cpu"]["groups"]}
     assert cpu["embedding"]["held"] == "8-bit groupwise, the file's Q8_0 codes"
     assert cpu["lm head (tied)"]["held"].startswith("int4 regrouped from Q8_0 + exact Q8_0 rows")
-    mlx = {g["part"]: g for g in backends["mlx"]["groups"]}
-    assert mlx["layer matmul weights"]["held"] == "float32"
-    assert mlx["layer matmul weights"]["dequantized"] == "no MLX kernel for IQ4_NL"
-    assert mlx["embedding + lm head (tied)"]["held"] == "8-bit from Q8_0"
+    if HAS_MLX:
+        mlx = {g["part"]: g for g in backends["mlx"]["groups"]}
+        assert mlx["layer matmul weights"]["held"] == "float32"
+        assert mlx["layer matmul weights"]["dequantized"] == "no MLX kernel for IQ4_NL"
+        assert mlx["embedding + lm head (tied)"]["held"] == "8-bit from Q8_0"
     code, out, _ = mohawk_in_process(capsys, "model", "inspect", str(path), "--weights", "bf16")
     assert code == 0
     assert "[dequantized: --weights bf16 holds every matmul dense]" in out
@@ -249,8 +254,9 @@ def test_bundled_smollm2(capsys: pytest.CaptureFixture[str]) -> None:
         assert all(g["dequantized"] is None for g in groups.values())
     assert "(SplitQ8Head)" in backends["torch cpu"]["lm head (tied)"]["held"]
     assert "(RescoredHead)" in backends["torch cuda"]["lm head (tied)"]["held"]
-    assert backends["mlx"]["layer matmul weights"]["held"] == "4-bit from Q4_1"
-    assert backends["mlx"]["embedding + lm head (tied)"]["held"] == "8-bit from Q8_0"
+    if HAS_MLX:
+        assert backends["mlx"]["layer matmul weights"]["held"] == "4-bit from Q4_1"
+        assert backends["mlx"]["embedding + lm head (tied)"]["held"] == "8-bit from Q8_0"
 
 
 def test_safetensors_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -324,3 +330,15 @@ def test_a_type_nothing_decodes_is_one_line(capsys: pytest.CaptureFixture[str], 
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err
     assert f"of {path}: Dequantization for Q8_1 is not yet implemented" in lines[0]
+
+
+def test_without_mlx_it_says_so(monkeypatch: pytest.MonkeyPatch, q4_1: Path) -> None:
+    from mohawk_cli import model_report
+
+    monkeypatch.setattr(model_report, "_mlx_quant", lambda: None)
+    mlx = inspect_model(open_model(q4_1)).backends[-1]
+    assert (mlx.backend, mlx.groups, mlx.note) == (
+        "mlx",
+        [],
+        "MLX is not installed here, so its choices are not shown",
+    )

@@ -19,7 +19,7 @@ from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.model.footprint import matmul_bytes, stage_weight_bytes, weights_format
-from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear
+from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear, SharedTableEmbedding
 from mohawk_shard.model.linear import Linear
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear
 from mohawk_shard.model.weight_formats import LAYER_MATMULS, layer_matmul_formats
@@ -42,8 +42,11 @@ LAYER_SHAPES = {
 }
 
 
-def write_kquant_gguf(path: Path, wider: dict[int, dict[str, str]] = WIDER) -> None:
-    """Random valid blocks (scales small enough that activations stay in range), F32 norms."""
+def write_kquant_gguf(
+    path: Path, wider: dict[int, dict[str, str]] = WIDER, top: dict[str, tuple[tuple[int, int], str]] = TOP
+) -> None:
+    """Random valid blocks (scales small enough that activations stay in range), F32 norms; a
+    `top` without `output` makes a tied model."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -58,7 +61,7 @@ def write_kquant_gguf(path: Path, wider: dict[int, dict[str, str]] = WIDER) -> N
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(VOCAB)
     writer.add_rope_dimension_count(HEAD_DIM)
-    tensors = {f"{name}.weight": spec for name, spec in TOP.items()}
+    tensors = {f"{name}.weight": spec for name, spec in top.items()}
     for layer in range(NUM_LAYERS):
         for part, shape in LAYER_SHAPES.items():
             tensors[f"blk.{layer}.{part}.weight"] = (shape, wider.get(layer, {}).get(part, "Q4_K"))
@@ -186,3 +189,27 @@ def test_matmul_bytes_are_the_built_modules_bytes(kquant: ModelSource) -> None:
             module = stage.model.get_submodule(f"layers.{layer}.{path}")
             built = sum(t.numel() * t.element_size() for t in [*module.buffers(), *module.parameters()])
             assert matmul_bytes(held, rows, columns, 4) == built, (layer, path, held.label)
+
+
+def test_a_tied_q6_k_table_is_held_once(tmp_path: Path) -> None:
+    """Q4_K_M gives a tied model's token table Q6_K (it is the output too): the head's codes serve
+    the embedding's lookups, and the heartbeat's ends count them once."""
+    write_kquant_gguf(tmp_path / "tied.gguf", top={"token_embd": ((VOCAB, HIDDEN), "Q6_K")})
+    source = open_model(tmp_path / "tied.gguf")
+    assert source.config.tie_word_embeddings
+    stage = _stage(source, 0, NUM_LAYERS)
+    head, table = stage.model.get_submodule("lm_head"), stage.model.get_submodule("embed_tokens")
+    assert isinstance(head, GroupwiseLinear) and isinstance(table, SharedTableEmbedding)
+    assert table.codes is head.codes
+    tokens = torch.tensor([3, 17, 250])
+    rows = torch.from_numpy(source.read_tensor("embed_tokens.weight"))[tokens]
+    assert torch.equal(table(tokens), rows)
+    ends = stage_weight_bytes(source, "native", "float32")
+    assert ends.shared == ends.embedding
+    layers = [t for m in stage.model.get_submodule("layers").modules() for t in m.buffers(recurse=False)]
+    layers += list(stage.model.get_submodule("layers").parameters())
+    layer_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in layers}.values())
+    assert stage.weight_bytes - layer_bytes == ends.held(embedding=True, head=True) == ends.head
+    dense = _stage(source, 0, NUM_LAYERS, "fp32")
+    a, b = _logits(stage, [3, 17, 99, 5]), _logits(dense, [3, 17, 99, 5])
+    assert (a - b).abs().max() < 0.01 * b.abs().max()

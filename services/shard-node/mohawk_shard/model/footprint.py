@@ -94,6 +94,8 @@ def stage_weight_bytes(
         exact = groupwise_table_bytes(_Q8_0_TABLE, rows, columns)
         head += exact
         shared = exact if config.tie_word_embeddings else 0
+    elif config.tie_word_embeddings and table is not None and held.held == GROUPWISE:
+        shared = embedding  # `SharedTableEmbedding`: the table is the head's codes
     elif config.tie_word_embeddings and table is None and held.held == DENSE:
         shared = dense  # the stage's embedding and head are one parameter
     return StageWeightBytes(embedding=embedding, head=head, shared=shared)

@@ -22,7 +22,9 @@ under a third of the memory, and prefill 1.1–1.5 times; in a Q4_K_M file they 
 `bench/kquant_cuda.py`) the same call takes 0.106 ms at batch 1 against 0.033 ms dense bf16.
 `ConcatLinear` runs a fused matmul whose parts the file stores in different formats (q/k Q4_K with
 v Q6_K): each run of parts sharing a format is one module, and the outputs are concatenated, so
-every part is held at its own format rather than the widest.
+every part is held at its own format rather than the widest. A tied model's table (Q4_K_M makes
+it Q6_K when there is no output.weight) is held once: `SharedTableEmbedding` looks rows up in the
+head's codes.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 from torch import nn
 
 from mohawk_common.model_store.quantized import GroupQuantized
+from mohawk_shard.model.quantized_layers import GroupwiseEmbedding
 
 UNPACK_ELEMENTS = 1 << 18  # weights unpacked at a time on CPU: 1 MiB of fp32, which stays in L2
 
@@ -101,3 +104,16 @@ class ConcatLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.cat([part(x) for part in self.parts], dim=-1)
         return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+class SharedTableEmbedding(GroupwiseEmbedding):
+    """A tied token table looked up in its LM head's own codes, scales and minimums."""
+
+    def __init__(self, head: GroupwiseLinear, dtype: torch.dtype) -> None:
+        nn.Module.__init__(self)  # the buffers are the head's, not built from a table
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+        self.group_size, self.dtype, self.packed = head.group_size, dtype, False
+        self.source_format = f"{head.source_format}, the head's codes"
+        self.register_buffer("codes", head.codes)
+        self.register_buffer("scales", head.scales)
+        self.register_buffer("mins", head.mins)

@@ -6,7 +6,8 @@ on its own: with `native`, tensors the file stores as Q4_0/Q4_1/Q4_K become `Int
 from the file's own codes (the same weights as the fp32 path), and Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 ones
 `GroupwiseLinear`s over the file's codes as int8 (`groupwise_linear.py`); a fused matmul whose
 parts are held differently (Q4_K_M's q/k Q4_K with v Q6_K) is a `ConcatLinear` of one module per
-run of parts held alike; a Q8_0 LM head (SmolLM2's tied
+run of parts held alike, and a tied table whose head is a `GroupwiseLinear` is looked up in the
+head's codes (`SharedTableEmbedding`); a Q8_0 LM head (SmolLM2's tied
 embedding) is ranked 4-bit, the fastest choice measured (1.6 ms a batch-1 head against
 4.8 ms fp32 and 6.2 ms bf16, 1 thread, `bench/int4_kernels.py`), and its best logits are
 recomputed from the Q8_0 rows, which keeps greedy answers (tests/engine): on CPU both come from
@@ -41,7 +42,7 @@ from mohawk_common.model_store.quantized import (
     quantize_groupwise,
 )
 from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, weight_names
-from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear
+from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear, SharedTableEmbedding
 from mohawk_shard.model.linear import Linear, prefers_transposed
 from mohawk_shard.model.models import DecoderStage, stage_class
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear, RescoredHead
@@ -137,6 +138,9 @@ def _quantize_head(
         model.lm_head = RescoredHead(head, shared)
     else:
         model.lm_head = _held_matmul(source, [LM_HEAD], held, device, None)
+        tied = source.config.tie_word_embeddings and isinstance(model.embed_tokens, GroupwiseEmbedding)
+        if tied and isinstance(model.lm_head, GroupwiseLinear):  # one copy of the table
+            model.embed_tokens = SharedTableEmbedding(model.lm_head, dtype)
 
 
 def _decided(

@@ -37,6 +37,16 @@ _LAYER_PARTS = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    # fused in Phi-3 files (`source.fused_part` reads q/k/v and gate/up out of them)
+    "self_attn.qkv_proj": "attn_qkv",
+    "mlp.gate_up_proj": "ffn_up",
+}
+# GGUF architectures whose files Mohawk does not read (yet), and why: llama.cpp stores Gemma's
+# norms as 1 + w and transformers' GGUF reader drops query_pre_attn_scalar, the soft-caps and
+# Gemma 3's local rotary base, so such a file would run wrong; their safetensors checkpoints run
+_REFUSED_GGUF = {
+    "gemma2": "Gemma 2 GGUF files are not supported (use the safetensors checkpoint)",
+    "gemma3": "Gemma 3 GGUF files are not supported (use the safetensors checkpoint)",
 }
 _LAYER_NAME = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)")
 # GGUF architectures whose attn_q/attn_k rows llama.cpp's converter permutes (Mistral is "llama").
@@ -65,7 +75,28 @@ class GGUFSource(ModelSource):
                 check_architecture(unsupported.group(1), path)
             raise ModelLoadError(f"cannot read GGUF file {path}: {one_line(exc)}") from exc
         model_id = getattr(hf_config, "_model_name_or_path", None) or path.stem
-        return cls(path, config_from_hf(hf_config, str(model_id)), hf_config)
+        source = cls(path, config_from_hf(hf_config, str(model_id)), hf_config)
+        source.check_variant()
+        return source
+
+    def check_variant(self) -> None:
+        """Refuse a file whose settings transformers' GGUF reader does not carry into the config
+        (Gemma; Phi-3's LongRoPE factor tensors and partial rotary), which would otherwise run wrong."""
+        arch = str(self._file.metadata.get("general.architecture"))
+        if arch in _REFUSED_GGUF:
+            raise ModelLoadError(f"{self.path}: {_REFUSED_GGUF[arch]}")
+        if arch != "phi3":
+            return
+        if (
+            "rope_factors_long.weight" in self._file.tensors
+            or "rope_factors_short.weight" in self._file.tensors
+        ):
+            raise ModelLoadError(f"{self.path}: Phi-3 GGUF with LongRoPE factors is not supported")
+        rotary = self._file.metadata.get("phi3.rope.dimension_count")
+        if rotary is not None and int(str(rotary)) != self.config.rotary_dim:
+            raise ModelLoadError(
+                f"{self.path}: Phi-3 GGUF with partial rotary ({rotary} dims) is not supported"
+            )
 
     @cached_property
     def _file(self) -> GGUFFile:
@@ -74,7 +105,7 @@ class GGUFSource(ModelSource):
         return GGUFFile(self.path)
 
     def _info(self, name: str) -> GGUFTensorInfo:
-        gguf_name = gguf_tensor_name(name)
+        gguf_name = gguf_tensor_name(self.file_tensor(name)[0])
         info = self._file.tensors.get(gguf_name)
         if info is None:
             raise ModelLoadError(f"GGUF file {self.path} has no tensor {gguf_name} (for {name})")
@@ -92,6 +123,9 @@ class GGUFSource(ModelSource):
         if info.tensor_type.name not in DECODABLE_FORMATS or len(info.shape) != 2:
             return None
         tensor = decode_gguf_blocks(self._file.raw(info), info.tensor_type.name, info.shape)
+        part = self.file_tensor(name)[1]
+        if part is not None:  # rows of a fused tensor (Phi-3's attn_qkv, ffn_up)
+            tensor = tensor.take_rows(np.arange(part.start, part.stop))
         expected = expected_shape(self.config, name)
         if tensor.shape != expected:
             raise ModelLoadError(

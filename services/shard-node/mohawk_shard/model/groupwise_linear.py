@@ -8,23 +8,23 @@ so either would mean requantizing the file's weights. `GroupwiseLinear` holds th
 reused buffer that stays in cache, multiplying each slice of output rows as it goes: the weights
 are exactly the file's, and no dense copy outlives the call. Printed by `python
 bench/kquant_kernels.py --runs 15` (torch 2.13, 1 thread, this project's 2-core AMD EPYC with AVX2
-and no native bf16, load average 7–10 from other work; median (fastest) of one 5632 × 2048 call):
-batch 1 takes 12.3 (6.4) ms in groups of 16 and 13.8 (8.9) ms in groups of 32 with minimums,
-against 3.8 (3.0) ms dense fp32, 1.9 (1.9) ms for the 4-bit kernel (Q4_K), 8.4 (3.8) ms for a 5-
-or 8-bit code split into two 4-bit kernels (`lo + 16·hi`, groups of 32 only) and 77 (50) ms
+and no native bf16, load average 7–8 from other work; median (fastest) of one 5632 × 2048 call):
+batch 1 takes 13.9 (9.1) ms in groups of 16 and 16.5 (8.0) ms in groups of 32 with minimums,
+against 5.1 (3.6) ms dense fp32, 2.1 (1.9) ms for the 4-bit kernel (Q4_K), 8.5 (4.4) ms for a 5-
+or 8-bit code split into two 4-bit kernels (`lo + 16·hi`, groups of 32 only) and 102 (81) ms
 unpacking the whole matrix at once (its fresh 46 MB buffer is faulted in every call); 512 rows
-take 450–622 ms against 404 ms dense fp32, 767 ms for the 4-bit kernel and 2,043 ms for the split
+take 232–235 ms against 337 ms dense fp32, 440 ms for the 4-bit kernel and 934 ms for the split
 pair. Held: 1.125 bytes a weight (Q5_0, Q8_0: groups of 32 with a scale) or 1.25 (Q6_K's groups
 of 16, or Q5_1/Q5_K's scale and minimum per 32) against 4 for dense fp32 and the file's 0.69
-(Q5_x) to 1.06 (Q8_0). So decode pays two to three times a dense fp32 matmul on these tensors for
-under a third of the memory, and prefill 1.1–1.5 times; in a Q4_K_M file they are the minority
-(attn_v and ffn_down of some layers, the LM head). On an H200 (torch 2.11, bf16,
-`bench/kquant_cuda.py`) the same call takes 0.106 ms at batch 1 against 0.033 ms dense bf16.
-`ConcatLinear` runs a fused matmul whose parts the file stores in different formats (q/k Q4_K with
-v Q6_K): each run of parts sharing a format is one module, and the outputs are concatenated, so
-every part is held at its own format rather than the widest. A tied model's table (Q4_K_M makes
-it Q6_K when there is no output.weight) is held once: `SharedTableEmbedding` looks rows up in the
-head's codes.
+(Q5_x) to 1.06 (Q8_0). So decode pays two to three times a dense fp32 matmul on these tensors
+(five at SmolLM2's 1536 × 576) for under a third of the memory, and prefill 0.7–1.4 times; in a
+Q4_K_M file they are the minority (attn_v and ffn_down of some layers, the LM head). On an H200
+(torch 2.11, bf16, `bench/kquant_cuda.py`) the same call takes 0.114 ms at batch 1 against
+0.029 ms dense bf16. `ConcatLinear` runs a fused matmul whose parts the file stores in different
+formats (q/k Q4_K with v Q6_K): each run of parts sharing a format is one module, and the outputs
+are concatenated, so every part is held at its own format rather than the widest. A tied model's
+table (Q4_K_M makes it Q6_K when there is no output.weight) is held once: `SharedTableEmbedding`
+looks rows up in the head's codes.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ class GroupwiseLinear(nn.Module):
         for first in range(0, self.out_features, chunk):
             last = min(first + chunk, self.out_features)
             weight = buffer[: last - first]
-            torch.mul(codes[first:last], self.scales[first:last, :, None], out=weight)
+            # a copy then an in-place product: 2.6x faster than one mixed-dtype `torch.mul(out=)`
+            weight.copy_(codes[first:last]).mul_(self.scales[first:last, :, None])
             if self.mins is not None:
                 weight.add_(self.mins[first:last, :, None])
             torch.mm(weight.view(last - first, self.in_features), flat.t(), out=out_t[first:last])

@@ -213,3 +213,18 @@ def test_a_tied_q6_k_table_is_held_once(tmp_path: Path) -> None:
     dense = _stage(source, 0, NUM_LAYERS, "fp32")
     a, b = _logits(stage, [3, 17, 99, 5]), _logits(dense, [3, 17, 99, 5])
     assert (a - b).abs().max() < 0.01 * b.abs().max()
+
+
+def test_int4_mode_regroups_the_wider_parts(kquant: ModelSource) -> None:
+    """`--weights int4` asks for 4 bits everywhere: Q4_K parts keep their codes, the rest are
+    re-grouped at load, one Int4Linear a matmul."""
+    stage = _stage(kquant, 0, NUM_LAYERS, "int4")
+    for layer in range(NUM_LAYERS):
+        for path in LAYER_MATMULS:
+            assert isinstance(stage.model.get_submodule(f"layers.{layer}.{path}"), Int4Linear)
+    assert stage.formats.counts["int4 regrouped from Q4_K+Q6_K"] == 1  # layer 0's q/k/v
+    ends = stage_weight_bytes(kquant, "int4", "float32")
+    layers = list(stage.model.get_submodule("layers").buffers())
+    layers += list(stage.model.get_submodule("layers").parameters())
+    layer_bytes = sum(t.numel() * t.element_size() for t in layers)
+    assert stage.weight_bytes - layer_bytes == ends.held(embedding=True, head=True)

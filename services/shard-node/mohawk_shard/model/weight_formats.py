@@ -86,6 +86,8 @@ class MatmulFormat:
         + int8 groupwise from Q6_K` or `dense`: what the stage's report counts."""
         if self.held == DENSE:
             return DENSE
+        if self.is_int4:  # one Int4Linear, whatever each part's codes came from
+            return f"{self.held} from {'+'.join(sorted(set(self.stored)))}"
         labels = []
         for held, indices in self.runs:
             label = f"{held} from {'+'.join(sorted({self.stored[i] for i in indices}))}"

@@ -1,6 +1,7 @@
 """The short form of bench/security.py: handshake, request sealing and AEAD costs, and one alternating
-run of 32 concurrent streams on three 2-node clusters: NATS with TLS and users, encrypted on open
-NATS, plaintext on open NATS."""
+run of 32 concurrent streams on two 2-node clusters: as `mohawk up` runs (NATS with TLS and users,
+frames encrypted) and everything off (plaintext on open NATS). The full form (`make bench`) adds
+the encrypted cluster on open NATS between them."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ def test_encryption_costs_and_end_to_end_ratio(tmp_path: Path) -> None:
     frames = [v["median"] for k, v in micro.items() if k.startswith("AES-256-GCM")]
     assert frames == sorted(frames)  # cost grows with the frame
     e2e = figures["end_to_end_tps"]
-    ratio = e2e["encrypted"]["median"] / e2e["plaintext (--insecure)"]["median"]
-    # The target is at most 5% lost (the full form measures it, README). One short run on a shared
-    # 2-core machine swings more than that, so the floor here catches a real regression only.
-    assert ratio >= 0.75, ratio
-    nats_ratio = e2e["encrypted, NATS TLS + auth"]["median"] / e2e["encrypted"]["median"]
-    assert nats_ratio >= 0.75, nats_ratio  # the same for NATS's TLS and auth
+    assert set(e2e) == {"encrypted, NATS TLS + auth", "plaintext (--insecure)"}
+    ratio = e2e["encrypted, NATS TLS + auth"]["median"] / e2e["plaintext (--insecure)"]["median"]
+    # The target is at most 5% lost to each layer (the full form measures both, README). One short
+    # run on a shared 2-core machine swings more than that, so the floor here catches a real
+    # regression only.
+    assert ratio >= 0.7, ratio

@@ -37,6 +37,8 @@ from mohawk_common.model_store.quantized import GroupQuantized
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding
 
 UNPACK_ELEMENTS = 1 << 18  # weights unpacked at a time on CPU: 1 MiB of fp32, which stays in L2
+# on a GPU: 32 MiB of bf16, so a large head's call never holds a dense copy of it
+UNPACK_ELEMENTS_GPU = 1 << 24
 
 
 class GroupwiseLinear(nn.Module):
@@ -59,8 +61,8 @@ class GroupwiseLinear(nn.Module):
         self.register_buffer("scales", torch.from_numpy(weight.scales).to(device=device, dtype=torch.float32))
         mins = None if weight.mins is None else torch.from_numpy(weight.mins).to(device, torch.float32)
         self.register_buffer("mins", mins)
-        on_cpu = device.type == "cpu"
-        self.chunk_rows = max(1, UNPACK_ELEMENTS // self.in_features) if on_cpu else self.out_features
+        elements = UNPACK_ELEMENTS if device.type == "cpu" else UNPACK_ELEMENTS_GPU
+        self.chunk_rows = max(1, elements // self.in_features)
         self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

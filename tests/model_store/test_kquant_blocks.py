@@ -60,3 +60,16 @@ def test_q4_k_is_four_bit_groups_of_32() -> None:
     tensor = decode_gguf_blocks(raw, "Q4_K", (4, 256))
     assert (tensor.bits, tensor.group_size, tensor.codes.max()) == (4, 32, 15)
     assert tensor.mins is not None and (tensor.mins <= 0).all()  # −dmin·m
+
+
+def test_q6_k_keeps_its_stored_scale_factors() -> None:
+    """Q6_K's scales are int8 per 16 weights times fp16 per 256: their product is `scales`, exactly."""
+    tensor = decode_gguf_blocks(random_blocks("Q6_K", 6, 512), "Q6_K", (6, 512))
+    assert tensor.scale_factors is not None
+    sub_scales, super_scales = tensor.scale_factors
+    assert sub_scales.dtype == np.int8 and super_scales.dtype == np.float16
+    per_group = np.repeat(super_scales.astype(np.float32), tensor.super_block // tensor.group_size, axis=1)
+    np.testing.assert_array_equal(sub_scales.astype(np.float32) * per_group, tensor.scales)
+    reordered = tensor.take_rows(np.array([5, 0, 3, 1, 2, 4]))
+    assert reordered.scale_factors is not None
+    np.testing.assert_array_equal(reordered.scale_factors[0], sub_scales[[5, 0, 3, 1, 2, 4]])

@@ -159,7 +159,7 @@ def test_held_bytes_are_close_to_the_file_and_reported(kquant: ModelSource) -> N
         if (start, end) == (0, NUM_LAYERS):
             assert ratio <= 1.3
             # the node measures one layer for all (layer 0, the Q6_K-heavier one here): on the
-            # safe side, by 10% (1405952 reported, 1278976 held)
+            # safe side, by 7% (1311744 reported, 1225984 held)
             assert stage.weight_bytes <= reported <= 1.15 * stage.weight_bytes
         if has_ends["head"] and not has_ends["embedding"]:  # the head's bytes alone are exact
             head = [

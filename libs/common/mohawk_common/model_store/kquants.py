@@ -37,8 +37,13 @@ BLOCK_LAYOUTS = {
 def decode_5bit_or_kquant(blocks: np.ndarray, type_name: str) -> GroupQuantized:
     """`blocks`: uint8 [rows, blocks a row, bytes a block] of a format in `BLOCK_LAYOUTS`."""
     rows = blocks.shape[0]
-    decoded = _DECODERS[type_name](blocks.reshape(-1, blocks.shape[-1]))
-    codes, scales, mins, bits, group = decoded
+    flat = blocks.reshape(-1, blocks.shape[-1])
+    codes, scales, mins, bits, group = _DECODERS[type_name](flat)
+    factors = None
+    if type_name == "Q6_K":  # the stored int8 sub-block scales and fp16 super-block scales
+        sub_scales = np.ascontiguousarray(flat[:, 192:208]).view(np.int8).reshape(rows, -1)
+        super_scales = np.ascontiguousarray(flat[:, 208:210]).view(np.float16).reshape(rows, -1)
+        factors = (sub_scales, super_scales)
     return GroupQuantized(
         codes.reshape(rows, -1),
         scales.reshape(rows, -1),
@@ -46,6 +51,8 @@ def decode_5bit_or_kquant(blocks: np.ndarray, type_name: str) -> GroupQuantized:
         bits,
         group,
         type_name,
+        factors,
+        SUPER_BLOCK,
     )
 
 

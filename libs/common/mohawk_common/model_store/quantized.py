@@ -36,7 +36,9 @@ class GroupQuantized:
 
     `codes` are uint8 in [0, 2^bits) where there are minimums, int8 (signed: Q8_0, Q5_0's
     `q − 16`, Q6_K's `q − 32`) where `mins` is None. `source_format` names where the codes came
-    from (a GGUF type, or `int4` when they were quantized at load).
+    from (a GGUF type, or `int4` when they were quantized at load). `scale_factors`, where the
+    format has them (Q6_K), are the scales as stored: int8 per group times an fp16 per
+    `super_block` weights, whose product is `scales` exactly.
     """
 
     codes: np.ndarray
@@ -45,6 +47,8 @@ class GroupQuantized:
     bits: int
     group_size: int
     source_format: str
+    scale_factors: tuple[np.ndarray, np.ndarray] | None = None
+    super_block: int = 256
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -62,6 +66,12 @@ class GroupQuantized:
     def take_rows(self, order: np.ndarray) -> GroupQuantized:
         """The same tensor with its rows reordered (e.g. undoing llama.cpp's rotary permutation)."""
         mins = None if self.mins is None else np.ascontiguousarray(self.mins[order])
+        factors = None
+        if self.scale_factors is not None:
+            factors = (
+                np.ascontiguousarray(self.scale_factors[0][order]),
+                np.ascontiguousarray(self.scale_factors[1][order]),
+            )
         return GroupQuantized(
             np.ascontiguousarray(self.codes[order]),
             np.ascontiguousarray(self.scales[order]),
@@ -69,6 +79,7 @@ class GroupQuantized:
             self.bits,
             self.group_size,
             self.source_format,
+            factors,
         )
 
 
@@ -83,6 +94,12 @@ def concat_rows(parts: list[GroupQuantized]) -> GroupQuantized:
     elif any(p.mins is not None for p in parts):
         mins = np.concatenate([p.mins if p.mins is not None else np.zeros_like(p.scales) for p in parts])
     formats = sorted({p.source_format for p in parts})
+    factors = None
+    if all(p.scale_factors is not None for p in parts):
+        factors = (
+            np.concatenate([p.scale_factors[0] for p in parts if p.scale_factors is not None]),
+            np.concatenate([p.scale_factors[1] for p in parts if p.scale_factors is not None]),
+        )
     return GroupQuantized(
         np.concatenate([p.codes for p in parts]),
         np.concatenate([p.scales for p in parts]),
@@ -90,6 +107,7 @@ def concat_rows(parts: list[GroupQuantized]) -> GroupQuantized:
         first.bits,
         first.group_size,
         "+".join(formats),
+        factors,
     )
 
 

@@ -38,6 +38,7 @@ ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _SCALE_BYTES = 4  # GroupwiseEmbedding's scales and minimums are float32
 _PAIR_BYTES = 4  # Int4Linear's (scale, zero) per group and output: two bf16
 _Q8_0_TABLE = TableFormat(bits=8, has_mins=False, from_file=True)
+FACTORED_SCALES = {"Q6_K": 256}  # formats `GroupwiseLinear` keeps the stored scale factors of -> super-block
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +113,9 @@ def matmul_bytes(held: MatmulFormat, part_rows: list[int], columns: int, element
     for kind, indices in held.runs:
         rows = sum(part_rows[i] for i in indices)
         stored = held.stored[indices[0]]
-        if kind == GROUPWISE:
+        if kind == GROUPWISE and stored in FACTORED_SCALES:
+            total += factored_matmul_bytes(rows, columns, GROUP_SIZES[stored], FACTORED_SCALES[stored])
+        elif kind == GROUPWISE:
             has_mins = stored not in SIGNED_FORMATS
             total += groupwise_matmul_bytes(rows, columns, GROUP_SIZES[stored], has_mins=has_mins)
         else:
@@ -126,6 +129,11 @@ def groupwise_table_bytes(table: TableFormat, rows: int, columns: int) -> int:
     codes = rows * columns // 2 if table.bits == 4 and table.has_mins and columns % 2 == 0 else rows * columns
     groups = rows * (columns // table.group_size)
     return codes + groups * _SCALE_BYTES * (2 if table.has_mins else 1)
+
+
+def factored_matmul_bytes(rows: int, columns: int, group_size: int, super_block: int) -> int:
+    """`GroupwiseLinear` over Q6_K: a byte a code, an int8 scale a group, an fp16 a super-block."""
+    return rows * columns + rows * (columns // group_size) + rows * (columns // super_block) * 2
 
 
 def groupwise_matmul_bytes(rows: int, columns: int, group_size: int, *, has_mins: bool) -> int:

@@ -14,8 +14,9 @@ against 5.1 (3.6) ms dense fp32, 2.1 (1.9) ms for the 4-bit kernel (Q4_K), 8.5 (
 or 8-bit code split into two 4-bit kernels (`lo + 16·hi`, groups of 32 only) and 102 (81) ms
 unpacking the whole matrix at once (its fresh 46 MB buffer is faulted in every call); 512 rows
 take 232–235 ms against 337 ms dense fp32, 440 ms for the 4-bit kernel and 934 ms for the split
-pair. Held: 1.125 bytes a weight (Q5_0, Q8_0: groups of 32 with a scale) or 1.25 (Q6_K's groups
-of 16, or Q5_1/Q5_K's scale and minimum per 32) against 4 for dense fp32 and the file's 0.69
+pair. Held: 1.07 bytes a weight (Q6_K: its stored int8 scale per 16 and fp16 per 256, multiplied
+out a slice at a time), 1.125 (Q5_0, Q8_0: an fp32 scale per 32) or 1.25 (Q5_1/Q5_K: scale and
+minimum per 32) against 4 for dense fp32 and the file's 0.69
 (Q5_x) to 1.06 (Q8_0). So decode pays two to three times a dense fp32 matmul on these tensors
 (five at SmolLM2's 1536 × 576) for under a third of the memory, and prefill 0.7–1.4 times; in a
 Q4_K_M file they are the minority (attn_v and ffn_down of some layers, the LM head). On an H200
@@ -45,7 +46,9 @@ class GroupwiseLinear(nn.Module):
     """y = x·Wᵀ (+ b), W = scales · codes + mins per group, codes held as int8."""
 
     codes: torch.Tensor
-    scales: torch.Tensor
+    scales: torch.Tensor | None
+    sub_scales: torch.Tensor | None
+    super_scales: torch.Tensor | None
     mins: torch.Tensor | None
 
     def __init__(self, weight: GroupQuantized, device: torch.device, bias: torch.Tensor | None = None):
@@ -58,7 +61,18 @@ class GroupwiseLinear(nn.Module):
         self.source_format = weight.source_format
         codes = np.ascontiguousarray(weight.codes).view(np.int8)  # unsigned codes below 128 keep their value
         self.register_buffer("codes", torch.from_numpy(codes).to(device))
-        self.register_buffer("scales", torch.from_numpy(weight.scales).to(device=device, dtype=torch.float32))
+        # Q6_K's scales as stored (int8 a group, fp16 a super-block: 1.07 bytes a weight with the
+        # codes, against 1.25 with fp32 scales), multiplied out a slice at a time; else fp32
+        factors = weight.scale_factors
+        scales = None if factors is not None else torch.from_numpy(weight.scales).to(device, torch.float32)
+        self.register_buffer("scales", scales)
+        self.register_buffer(
+            "sub_scales", None if factors is None else torch.from_numpy(factors[0]).to(device)
+        )
+        self.register_buffer(
+            "super_scales", None if factors is None else torch.from_numpy(factors[1]).to(device)
+        )
+        self.groups_per_super = weight.super_block // weight.group_size
         mins = None if weight.mins is None else torch.from_numpy(weight.mins).to(device, torch.float32)
         self.register_buffer("mins", mins)
         elements = UNPACK_ELEMENTS if device.type == "cpu" else UNPACK_ELEMENTS_GPU
@@ -72,11 +86,12 @@ class GroupwiseLinear(nn.Module):
         buffer = torch.empty(chunk, groups, self.group_size, dtype=x.dtype, device=x.device)
         out_t = torch.empty(self.out_features, flat.shape[0], dtype=x.dtype, device=x.device)
         codes = self.codes.view(self.out_features, groups, self.group_size)
+        scales = self.group_scales(slice(None)).unsqueeze(-1)  # Q6_K's multiplied out once a call
         for first in range(0, self.out_features, chunk):
             last = min(first + chunk, self.out_features)
             weight = buffer[: last - first]
             # a copy then an in-place product: 2.6x faster than one mixed-dtype `torch.mul(out=)`
-            weight.copy_(codes[first:last]).mul_(self.scales[first:last, :, None])
+            weight.copy_(codes[first:last]).mul_(scales[first:last])
             if self.mins is not None:
                 weight.add_(self.mins[first:last, :, None])
             torch.mm(weight.view(last - first, self.in_features), flat.t(), out=out_t[first:last])
@@ -85,14 +100,30 @@ class GroupwiseLinear(nn.Module):
 
     def dense_weight(self) -> torch.Tensor:
         """The fp32 weight [out, in] this layer multiplies by (for tests and checks)."""
-        groups = self.codes.view(self.out_features, -1, self.group_size).float() * self.scales[..., None]
+        scales = self.group_scales(slice(None))
+        groups = self.codes.view(self.out_features, -1, self.group_size).float() * scales[..., None]
         if self.mins is not None:
             groups = groups + self.mins[..., None]
         return groups.view(self.out_features, self.in_features)
 
+    def group_scales(self, rows: slice | torch.Tensor) -> torch.Tensor:
+        """fp32 scales [rows, groups] of output `rows` (a slice or indices)."""
+        return group_scales(self, rows)
+
     def extra_repr(self) -> str:
         shape = f"in={self.in_features}, out={self.out_features}, group={self.group_size}"
         return f"{shape} ({self.source_format}, int8 codes)"
+
+
+def group_scales(layer: GroupwiseLinear | SharedTableEmbedding, rows: slice | torch.Tensor) -> torch.Tensor:
+    """fp32 scales [rows, groups] of a layer holding either fp32 `scales` or Q6_K's factors."""
+    if layer.scales is not None:
+        return layer.scales[rows]
+    if layer.sub_scales is None or layer.super_scales is None:
+        raise RuntimeError("a groupwise layer holds neither scales nor scale factors")
+    sub_scales, super_scales = layer.sub_scales[rows], layer.super_scales[rows]
+    by_super = sub_scales.view(sub_scales.shape[0], -1, layer.groups_per_super).float()
+    return (by_super * super_scales.float().unsqueeze(-1)).view(sub_scales.shape)
 
 
 class ConcatLinear(nn.Module):
@@ -112,11 +143,27 @@ class ConcatLinear(nn.Module):
 class SharedTableEmbedding(GroupwiseEmbedding):
     """A tied token table looked up in its LM head's own codes, scales and minimums."""
 
+    scales: torch.Tensor | None  # type: ignore[assignment]  # None where the head holds Q6_K's factors
+    sub_scales: torch.Tensor | None
+    super_scales: torch.Tensor | None
+
     def __init__(self, head: GroupwiseLinear, dtype: torch.dtype) -> None:
         nn.Module.__init__(self)  # the buffers are the head's, not built from a table
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
         self.group_size, self.dtype, self.packed = head.group_size, dtype, False
+        self.groups_per_super = head.groups_per_super
         self.source_format = f"{head.source_format}, the head's codes"
-        self.register_buffer("codes", head.codes)
-        self.register_buffer("scales", head.scales)
-        self.register_buffer("mins", head.mins)
+        for name in ("codes", "scales", "sub_scales", "super_scales", "mins"):
+            self.register_buffer(name, getattr(head, name))
+
+    def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        flat = token_ids.reshape(-1)
+        groups = (
+            self.codes.index_select(0, flat)
+            .float()
+            .view(-1, self.embedding_dim // self.group_size, self.group_size)
+        )
+        out = groups * group_scales(self, flat).unsqueeze(-1)
+        if self.mins is not None:
+            out = out + self.mins.index_select(0, flat).unsqueeze(-1)
+        return out.view(*token_ids.shape, self.embedding_dim)

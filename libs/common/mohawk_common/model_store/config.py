@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict
 
 from mohawk_common.errors import ModelLoadError
 
-Architecture = Literal["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"]
+Architecture = Literal[
+    "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "mixtral", "qwen3_moe"
+]
 Activation = Literal["silu", "gelu_tanh"]
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
 DEFAULT_ROPE_THETA = 10000.0
@@ -50,6 +52,12 @@ class ModelConfig(BaseModel):
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
     rope_local_theta: float | None = None  # sliding layers' rotary base when it differs (Gemma 3)
+    # mixture of experts (Mixtral, Qwen3-MoE): 0 experts means every MLP is dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
+    dense_mlp_layers: tuple[int, ...] = ()  # layers of a MoE model whose MLP is dense (Qwen3-MoE)
 
     @property
     def rotary_dim(self) -> int:
@@ -69,12 +77,29 @@ class ModelConfig(BaseModel):
         """Hidden-size norms per decoder layer: Gemma adds one after attention and one after the MLP."""
         return 4 if self.architecture in ("gemma2", "gemma3_text") else 2
 
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer`'s MLP is a routed mixture of experts."""
+        return self.num_experts > 0 and layer not in self.dense_mlp_layers
+
     @property
     def weight_bytes_per_layer(self) -> int:
-        """Bytes of one decoder layer's weights held as fp32 (what `load_weights` returns)."""
+        """Bytes of the largest decoder layer's weights held as fp32 (what `load_weights` returns):
+        a MoE layer counts every expert and the router, as a stage holds them all."""
+        return max(self.layer_weight_bytes(i) for i in self._layer_kinds())
+
+    def _layer_kinds(self) -> list[int]:
+        """One layer of each MLP kind (dense, MoE) the model has."""
+        moe = next((i for i in range(self.num_layers) if self.is_moe_layer(i)), None)
+        dense = next((i for i in range(self.num_layers) if not self.is_moe_layer(i)), None)
+        return [i for i in (moe, dense) if i is not None] or [0]
+
+    def layer_weight_bytes(self, layer: int) -> int:
+        """Bytes of decoder layer `layer`'s weights held as fp32."""
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attention = self.hidden_size * (2 * q_size + 2 * kv_size)
         mlp = 3 * self.hidden_size * self.intermediate_size
+        if self.is_moe_layer(layer):  # every expert's gate/up/down, and the router
+            mlp = self.num_experts * (3 * self.hidden_size * self.moe_intermediate_size + self.hidden_size)
         norms = self.num_layer_norms * self.hidden_size
         biases = q_size + 2 * kv_size if self.attention_bias else 0
         qk_norms = 2 * self.head_dim if self.qk_norm else 0
@@ -116,7 +141,7 @@ def config_from_hf(hf_config: Any, model_id: str, extra_eos_token_ids: tuple[int
         max_position_embeddings=rope.max_positions or hf_config.max_position_embeddings,
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         attention_bias=architecture == "qwen2",
-        qk_norm=architecture in ("qwen3", "gemma3_text"),
+        qk_norm=architecture in ("qwen3", "qwen3_moe", "gemma3_text"),
         bos_token_id=getattr(hf_config, "bos_token_id", None),
         eos_token_ids=_merge_ids(getattr(hf_config, "eos_token_id", None), extra_eos_token_ids),
         sliding_window=window,
@@ -127,6 +152,7 @@ def config_from_hf(hf_config: Any, model_id: str, extra_eos_token_ids: tuple[int
         attn_logit_softcapping=getattr(hf_config, "attn_logit_softcapping", None) if gemma else None,
         final_logit_softcapping=getattr(hf_config, "final_logit_softcapping", None) if gemma else None,
         rope_local_theta=rope.local_theta,
+        **_experts(hf_config, architecture),
     )
 
 
@@ -149,6 +175,33 @@ def _reject_unsupported_biases(hf_config: Any, architecture: Architecture) -> No
         raise ModelLoadError(f"unsupported {architecture} variant: attention_bias=true")
     if getattr(hf_config, "mlp_bias", False):
         raise ModelLoadError(f"unsupported {architecture} variant: mlp_bias=true")
+
+
+def _experts(hf_config: Any, architecture: Architecture) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Mixtral or Qwen3-MoE config; none for a dense model."""
+    dense_layers: tuple[int, ...] = ()
+    if architecture == "mixtral":
+        num_experts, inter = int(hf_config.num_local_experts), int(hf_config.intermediate_size)
+        renormalize = True
+    elif architecture == "qwen3_moe":
+        num_experts, inter = int(hf_config.num_experts), int(hf_config.moe_intermediate_size)
+        renormalize = bool(getattr(hf_config, "norm_topk_prob", False))
+        only = set(getattr(hf_config, "mlp_only_layers", None) or ())
+        step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
+        layers = range(int(hf_config.num_hidden_layers))
+        dense_layers = tuple(i for i in layers if i in only or num_experts == 0 or (i + 1) % step)
+    else:
+        return {}
+    top_k = int(hf_config.num_experts_per_tok)
+    if num_experts > 0 and not 0 < top_k <= num_experts:
+        raise ModelLoadError(f"unsupported {architecture} variant: {top_k} experts a token of {num_experts}")
+    return {
+        "num_experts": num_experts,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": inter,
+        "norm_topk_prob": renormalize,
+        "dense_mlp_layers": dense_layers,
+    }
 
 
 def _activation(hf_config: Any, architecture: Architecture) -> Activation:

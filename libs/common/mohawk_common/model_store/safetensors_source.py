@@ -10,7 +10,8 @@ torch, which this library must not import.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,11 +70,33 @@ class SafetensorsSource(ModelSource):
         return cls(directory, hf_config, entries)
 
     def _entry(self, name: str) -> TensorEntry:
-        keys = [name] if name == LM_HEAD else [f"model.{name}", name]
+        keys = [name] if name == LM_HEAD else [f"model.{key}" for key in moe_aliases(name)] + [name]
         entry = next((self._entries[key] for key in keys if key in self._entries), None)
+        if entry is None:
+            entry = self._fused_expert(name)
         if entry is None:
             raise ModelLoadError(f"{self.path} has no tensor {keys[0]}")
         return entry
+
+    def _fused_expert(self, name: str) -> TensorEntry | None:
+        """Expert `name`'s rows inside a transformers 5 fused [experts, rows, columns] tensor
+        (`mlp.experts.gate_up_proj`, gate rows then up rows; `mlp.experts.down_proj`), as an
+        entry of its own: each expert is a contiguous byte range, so only its bytes are read."""
+        match = _EXPERT.match(name)
+        if match is None:
+            return None
+        layer, expert, part = match.group(1), int(match.group(2)), match.group(3)
+        fused = f"model.layers.{layer}.mlp.experts.{'down_proj' if part == 'down' else 'gate_up_proj'}"
+        entry = self._entries.get(fused)
+        if entry is None or len(entry.shape) != 3 or entry.dtype not in _DTYPES:
+            return None
+        _, rows, columns = entry.shape
+        start, stop = (rows // 2, rows) if part == "up" else (0, rows // 2) if part == "gate" else (0, rows)
+        itemsize = _DTYPES[entry.dtype].itemsize
+        offset = entry.offset + (expert * rows + start) * columns * itemsize
+        return replace(
+            entry, shape=(stop - start, columns), offset=offset, nbytes=(stop - start) * columns * itemsize
+        )
 
     def stored_format(self, name: str) -> str:
         return self._entry(self.file_tensor(name)[0]).dtype
@@ -89,6 +112,21 @@ class SafetensorsSource(ModelSource):
 
         tokenizer: Any = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
         return tokenizer
+
+
+_EXPERT = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+_MIXTRAL_EXPERT = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+def moe_aliases(name: str) -> list[str]:
+    """`name`, then the name Mixtral checkpoints keep a MoE tensor under (`block_sparse_moe.gate`,
+    `block_sparse_moe.experts.E.w1/w3/w2` for gate/up/down)."""
+    if ".mlp.gate." not in name and ".mlp.experts." not in name:
+        return [name]
+    mixtral = name.replace(".mlp.", ".block_sparse_moe.")
+    for canonical, stored in _MIXTRAL_EXPERT.items():
+        mixtral = mixtral.replace(f".{canonical}.", f".{stored}.")
+    return [name, mixtral]
 
 
 def weight_files(directory: Path) -> list[Path]:

@@ -158,7 +158,15 @@ def layer_names(config: ModelConfig, layer: int) -> list[str]:
     names += ["post_attention_layernorm.weight"]
     if config.num_layer_norms == 4:  # Gemma: norms before and after the MLP too
         names += ["pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"]
-    names += [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+    if config.is_moe_layer(layer):  # the router, then every expert's SwiGLU
+        names += ["mlp.gate.weight"]
+        names += [
+            f"mlp.experts.{e}.{p}_proj.weight"
+            for e in range(config.num_experts)
+            for p in ("gate", "up", "down")
+        ]
+    else:
+        names += [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
     return [prefix + name for name in names]
 
 
@@ -211,6 +219,8 @@ def expected_shape(config: ModelConfig, name: str) -> tuple[int, ...]:
     q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     if name in (EMBEDDING, LM_HEAD):
         return (config.vocab_size, hidden)
+    if ".mlp.experts." in name:  # one expert's gate/up/down
+        inter = config.moe_intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
         "norm.weight": (hidden,),
         "layernorm.weight": (hidden,),
@@ -226,6 +236,7 @@ def expected_shape(config: ModelConfig, name: str) -> tuple[int, ...]:
         "gate_proj.weight": (inter, hidden),
         "up_proj.weight": (inter, hidden),
         "down_proj.weight": (hidden, inter),
+        "gate.weight": (config.num_experts, hidden),  # a MoE layer's router
     }
     leaf = ".".join(name.rsplit(".", 2)[-2:])
     leaf = "layernorm.weight" if leaf.endswith("layernorm.weight") else leaf

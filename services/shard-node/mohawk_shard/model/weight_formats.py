@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from mohawk_common.errors import ConfigError
-from mohawk_common.model_store import ModelSource
+from mohawk_common.model_store import ModelConfig, ModelSource
 from mohawk_common.model_store.quantized import DECODABLE_FORMATS, FOUR_BIT_FORMATS, GROUP_SIZE, GROUP_SIZES
 from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, expected_shape
 from mohawk_shard.config import WeightsMode
@@ -139,11 +139,19 @@ def matmul_format(source: ModelSource, names: Sequence[str], weights: str, *, is
     return MatmulFormat(DENSE, formats)
 
 
+def layer_matmuls(config: ModelConfig, layer: int) -> dict[str, tuple[str, ...]]:
+    """`LAYER_MATMULS` of decoder layer `layer`: a MoE layer's experts are not among them (`moe.py`
+    holds them dense), only its attention's."""
+    if config.is_moe_layer(layer):
+        return {path: parts for path, parts in LAYER_MATMULS.items() if not path.startswith("mlp.")}
+    return LAYER_MATMULS
+
+
 def layer_matmul_formats(source: ModelSource, layer: int, weights: str) -> dict[str, MatmulFormat]:
     """Each fused matmul of decoder layer `layer`, by its module path inside the layer."""
     return {
         path: matmul_format(source, [f"layers.{layer}.{p}.weight" for p in parts], weights, is_head=False)
-        for path, parts in LAYER_MATMULS.items()
+        for path, parts in layer_matmuls(source.config, layer).items()
     }
 
 

@@ -49,11 +49,11 @@ from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear, 
 from mohawk_shard.model.split_head import SplitHeadEmbedding, SplitQ8Head, split_head_block
 from mohawk_shard.model.weight_formats import (
     INT4,
-    LAYER_MATMULS,
     MatmulFormat,
     embedding_format,
     head_is_rescored,
     head_is_split,
+    layer_matmuls,
     matmul_format,
 )
 
@@ -77,6 +77,8 @@ def build_stage(
     with torch.device("meta"):
         model = stage_class(config.architecture)(config, start, end, embedding=embedding, head=head).to(dtype)
     report = FormatReport()
+    if weights in ("native", "int4") and config.num_experts:
+        log.info("MoE experts held dense in the compute dtype", weights=weights, dtype=str(dtype))
     if weights in ("native", "int4"):
         _quantize_matmuls(model, source, weights, device, report)
         _quantize_embedding(model, source, weights, device, dtype, report)
@@ -99,7 +101,7 @@ def _quantize_matmuls(
     model: DecoderStage, source: ModelSource, weights: str, device: torch.device, report: FormatReport
 ) -> None:
     for offset, layer in enumerate(model.layers):
-        for path, parts in LAYER_MATMULS.items():
+        for path, parts in layer_matmuls(source.config, model.start + offset).items():
             names = [f"layers.{model.start + offset}.{p}.weight" for p in parts]
             held = _decided(source, names, weights, is_head=False, report=report)
             if held is not None:

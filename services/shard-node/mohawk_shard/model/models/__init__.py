@@ -5,7 +5,9 @@ from __future__ import annotations
 from mohawk_common.errors import ModelLoadError
 from mohawk_shard.model.models.gemma import GemmaStage
 from mohawk_shard.model.models.llama import LlamaStage
+from mohawk_shard.model.models.mixtral import MixtralStage
 from mohawk_shard.model.models.phi3 import Phi3Stage
+from mohawk_shard.model.models.qwen3_moe import Qwen3MoEStage
 from mohawk_shard.model.stage import DecoderStage
 
 STAGE_CLASSES: dict[str, type[DecoderStage]] = {
@@ -16,6 +18,8 @@ STAGE_CLASSES: dict[str, type[DecoderStage]] = {
     "phi3": Phi3Stage,
     "gemma2": GemmaStage,
     "gemma3_text": GemmaStage,
+    "mixtral": MixtralStage,
+    "qwen3_moe": Qwen3MoEStage,
 }
 
 
@@ -27,4 +31,13 @@ def stage_class(architecture: str) -> type[DecoderStage]:
     return cls
 
 
-__all__ = ["STAGE_CLASSES", "DecoderStage", "GemmaStage", "LlamaStage", "Phi3Stage", "stage_class"]
+__all__ = [
+    "STAGE_CLASSES",
+    "DecoderStage",
+    "GemmaStage",
+    "LlamaStage",
+    "MixtralStage",
+    "Phi3Stage",
+    "Qwen3MoEStage",
+    "stage_class",
+]

@@ -83,4 +83,4 @@ with torch.inference_mode():
         print(f"[5632 x 2048], {rows} row(s), bf16, median (min-max) of 50:")
         print(f"  dense bf16 (2 B/w)                  {timed(lambda x=x: F.linear(x, dense))}")
         print(f"  Int4Linear Q4_K (0.625 B/w)         {timed(lambda x=x: int4(x))}")
-        print(f"  GroupwiseLinear Q6_K g16 (1.25 B/w) {timed(lambda x=x: grouped(x))}")
+        print(f"  GroupwiseLinear Q6_K g16 (1.07 B/w) {timed(lambda x=x: grouped(x))}")

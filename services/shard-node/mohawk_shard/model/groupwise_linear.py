@@ -20,8 +20,8 @@ minimum per 32) against 4 for dense fp32 and the file's 0.69
 (Q5_x) to 1.06 (Q8_0). So decode pays two to three times a dense fp32 matmul on these tensors
 (five at SmolLM2's 1536 × 576) for under a third of the memory, and prefill 0.7–1.4 times; in a
 Q4_K_M file they are the minority (attn_v and ffn_down of some layers, the LM head). On an H200
-(torch 2.11, bf16, `bench/kquant_cuda.py`) the same call takes 0.114 ms at batch 1 against
-0.029 ms dense bf16. `ConcatLinear` runs a fused matmul whose parts the file stores in different
+(torch 2.11, bf16, `bench/kquant_cuda.py`) a Q6_K call takes 0.141 ms at batch 1 against
+0.025 ms dense bf16. `ConcatLinear` runs a fused matmul whose parts the file stores in different
 formats (q/k Q4_K with v Q6_K): each run of parts sharing a format is one module, and the outputs
 are concatenated, so every part is held at its own format rather than the widest. A tied model's
 table (Q4_K_M makes it Q6_K when there is no output.weight) is held once: `SharedTableEmbedding`

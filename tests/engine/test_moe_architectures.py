@@ -17,6 +17,7 @@ from mohawk_common.model_store.source import weights_nbytes
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.moe import SparseMoE
 from mohawk_shard.model.weight_loading import build_stage
+from mohawk_shard.node.capacity import measure_capacity
 
 from .conftest import full_logits, reference_greedy, reference_logits
 
@@ -36,8 +37,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 48,
         "norm_topk_prob": True,
-        "mlp_only_layers": [0],
-        "decoder_sparse_step": 2,  # layers 1 and 3 sparse, 0 and 2 dense
+        "mlp_only_layers": [1],
+        "decoder_sparse_step": 3,  # layer 2 sparse, 0, 1 and 3 dense
         "head_dim": 16,
         "fused": True,
     },
@@ -97,17 +98,31 @@ def test_logits_whole_and_split(tiny: tuple[ModelSource, Any]) -> None:
 
 
 def test_stage_holds_every_expert(tiny: tuple[ModelSource, Any]) -> None:
+    """What a MoE layer holds, what the source reads for it, what the config and the node's
+    heartbeat count: every expert and the router, the same bytes."""
     source = tiny[0]
     config = source.config
-    stage, _ = build_stage(source, 1, 2, device=torch.device("cpu"), dtype=torch.float32, weights="fp32")
+    layer = 2  # a MoE layer in every variant, neither end
+    stage, _ = build_stage(
+        source, layer, layer + 1, device=torch.device("cpu"), dtype=torch.float32, weights="fp32"
+    )
     moe = stage.layers[0].mlp
     assert isinstance(moe, SparseMoE)
     held = sum(t.numel() * t.element_size() for t in stage.parameters())
-    experts = config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size * 4
-    router = config.num_experts * config.hidden_size * 4
-    read = weights_nbytes(source.load_weights(1, 2, embedding=False, head=False))
-    assert held == read == config.layer_weight_bytes(1) == config.weight_bytes_per_layer
-    assert moe.gate_up.numel() * 4 + moe.down.numel() * 4 + router == experts + router
+    read = weights_nbytes(source.load_weights(layer, layer + 1, embedding=False, head=False))
+    assert held == read == config.layer_weight_bytes(layer) == config.weight_bytes_per_layer
+    experts = config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size
+    assert moe.gate_up.numel() + moe.down.numel() == experts
+    capacity = measure_capacity(
+        source,
+        device="cpu",
+        dtype="float32",
+        weights="fp32",
+        block_size=4,
+        memory_limit_mb=None,
+        kv_cache_memory_mb=None,
+    )
+    assert capacity.layer_weight_bytes == config.weight_bytes_per_layer  # a MoE layer, measured
     dense = [i for i in range(config.num_layers) if not config.is_moe_layer(i)]
     for layer in dense:  # a dense layer of a MoE model holds its own MLP only
         stored = weights_nbytes(source.load_weights(layer, layer + 1, embedding=False, head=False))

@@ -80,8 +80,11 @@ def measure_capacity(
     held: tuple[int, int] | None = None,
 ) -> Capacity:
     """`held`: the only layers the node has (a slice package); the measured layer is one of them."""
-    num_layers = source.config.num_layers
-    layer = held[0] if held is not None else (1 if num_layers > 2 else 0)
+    config = source.config
+    layer = held[0] if held is not None else (1 if config.num_layers > 2 else 0)
+    if held is None and config.num_experts and not config.is_moe_layer(layer):
+        # a MoE model's dense layers (Qwen3-MoE `mlp_only_layers`) are smaller: plan by a MoE one
+        layer = next((i for i in range(config.num_layers) if config.is_moe_layer(i)), layer)
     stage = make_backend(
         backend,
         source,

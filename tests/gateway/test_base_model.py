@@ -12,7 +12,7 @@ from tests.gateway.test_errors import assert_openai_error
 
 
 class BaseModelTokenizer(FakeTokenizer):
-    chat_template = None  # what transformers gives for a GGUF without tokenizer.chat_template
+    chat_template = None  # type: ignore[assignment]  # what transformers gives for a GGUF without tokenizer.chat_template
 
     def apply_chat_template(self, conversation: object, *args: object, **kwargs: object) -> str:
         raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set")

@@ -1,7 +1,7 @@
-"""Phi-3, Gemma 2 and Gemma 3 text on tiny random-weight models built here (no download), against
-transformers: fp32 logits whole and split over three stages, and greedy tokens through the engine
-(chunked prefill, batched decode, two stages). The Gemma windows are shorter than the prompts, so
-both prefill and decode attend past them."""
+"""Phi-3, Gemma 2, Gemma 3 text and a windowed Mistral on tiny random-weight models built here
+(no download), against transformers: fp32 logits whole and split over three stages, and greedy
+tokens through the engine (chunked prefill, batched decode, two stages). The sliding windows are
+shorter than the prompts, so both prefill and decode attend past them."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ from .conftest import full_logits, reference_greedy, reference_logits
 ROTARY_HALF = 8  # rotary dims / 2 of the Phi variants (head_dim 32, partial rotary 0.5)
 
 VARIANTS: dict[str, dict[str, Any]] = {
+    "mistral-sliding-window": {
+        "model_type": "mistral",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "sliding_window": 5,
+    },
     "phi3-default-rope": {
         "model_type": "phi3",
         "num_attention_heads": 4,

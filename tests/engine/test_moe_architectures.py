@@ -45,10 +45,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def build_tiny(kind: str, directory: Path, tokenizer: Any) -> Any:
+def build_tiny(kind: str, directory: Path, tokenizer: Any, options: dict[str, Any] | None = None) -> Any:
+    """A random-weight model of variant `kind` (or of `options`) saved to `directory`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    options = dict(VARIANTS[kind])
+    options = dict(VARIANTS[kind] if options is None else options)
     model_type = options.pop("model_type")
     fused = options.pop("fused", False)
     config = AutoConfig.for_model(

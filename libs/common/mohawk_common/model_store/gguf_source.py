@@ -37,10 +37,16 @@ _LAYER_PARTS = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",  # a MoE layer's router
     # fused in Phi-3 files (`source.fused_part` reads q/k/v and gate/up out of them)
     "self_attn.qkv_proj": "attn_qkv",
     "mlp.gate_up_proj": "ffn_up",
 }
+# a MoE layer's experts: one 3-D tensor [experts, rows, columns] a matrix kind
+_EXPERT_PARTS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
+_EXPERT_NAME = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+# GGUF architecture names that differ from the transformers model_type
+_GGUF_ARCHITECTURES = {"qwen3moe": "qwen3_moe"}
 # GGUF architectures whose files Mohawk does not read (yet), and why: llama.cpp stores Gemma's
 # norms as 1 + w and transformers' GGUF reader drops query_pre_attn_scalar, the soft-caps and
 # Gemma 3's local rotary base, so such a file would run wrong; their safetensors checkpoints run
@@ -64,7 +70,9 @@ class GGUFSource(ModelSource):
         from mohawk_common.model_store.gguf_file import GGUFFile
 
         # our own index first: its errors name the file and tensor where transformers' do not
-        check_architecture(GGUFFile(path).metadata.get("general.architecture"), path)
+        metadata = GGUFFile(path).metadata
+        arch = metadata.get("general.architecture")
+        check_architecture(_GGUF_ARCHITECTURES.get(str(arch), arch), path)
         try:
             hf_config = AutoConfig.from_pretrained(
                 str(path.parent), gguf_file=path.name, local_files_only=True
@@ -75,6 +83,9 @@ class GGUFSource(ModelSource):
                 check_architecture(unsupported.group(1), path)
             raise ModelLoadError(f"cannot read GGUF file {path}: {one_line(exc)}") from exc
         model_id = getattr(hf_config, "_model_name_or_path", None) or path.stem
+        experts_ffn = metadata.get(f"{arch}.expert_feed_forward_length")
+        if experts_ffn is not None:  # transformers' GGUF reader leaves Qwen3-MoE's at its default
+            hf_config.moe_intermediate_size = int(str(experts_ffn))
         source = cls(path, config_from_hf(hf_config, str(model_id)), hf_config)
         source.check_variant()
         return source
@@ -85,6 +96,12 @@ class GGUFSource(ModelSource):
         arch = str(self._file.metadata.get("general.architecture"))
         if arch in _REFUSED_GGUF:
             raise ModelLoadError(f"{self.path}: {_REFUSED_GGUF[arch]}")
+        if self.config.num_experts == 0 and f"{arch}.expert_count" in self._file.metadata:
+            # Mixtral's GGUF is a `llama` file with experts, which transformers reads as Llama
+            raise ModelLoadError(
+                f"{self.path}: a {arch} GGUF with experts (Mixtral) is not supported "
+                "(use the safetensors checkpoint)"
+            )
         if arch != "phi3":
             return
         if (
@@ -115,7 +132,8 @@ class GGUFSource(ModelSource):
         return self._info(self.stored_name(name)).tensor_type.name
 
     def stored_shape(self, name: str) -> tuple[int, ...]:
-        return self._info(self.stored_name(name)).shape
+        shape = self._info(self.stored_name(name)).shape
+        return shape[1:] if _EXPERT_NAME.fullmatch(name) and len(shape) == 3 else shape
 
     def read_quantized(self, name: str) -> GroupQuantized | None:
         name = self.stored_name(name)
@@ -153,8 +171,13 @@ class GGUFSource(ModelSource):
 
         info = self._info(name)
         gguf_name = info.name
+        raw, shape = self._file.raw(info), info.shape
+        expert = _EXPERT_NAME.fullmatch(name)
+        if expert is not None and len(shape) == 3:  # one expert's rows: a contiguous byte range
+            index, shape = int(expert.group(2)), shape[1:]
+            raw = raw[index * shape[0] : (index + 1) * shape[0]]
         try:
-            array = dequantize(self._file.raw(info), info.tensor_type).reshape(info.shape)
+            array = dequantize(raw, info.tensor_type).reshape(shape)
         except (NotImplementedError, ValueError) as exc:
             raise ModelLoadError(f"cannot dequantize {gguf_name} of {self.path}: {one_line(exc)}") from exc
         heads = self._permuted_heads(name)
@@ -173,6 +196,9 @@ def gguf_tensor_name(name: str) -> str:
     """The GGUF tensor name of a canonical name (`layers.3.mlp.up_proj.weight` -> `blk.3.ffn_up.weight`)."""
     if name in _TOP_LEVEL:
         return _TOP_LEVEL[name]
+    expert = _EXPERT_NAME.fullmatch(name)
+    if expert is not None:  # every expert of a layer lies in one 3-D tensor
+        return f"blk.{expert.group(1)}.{_EXPERT_PARTS[expert.group(3)]}.weight"
     match = _LAYER_NAME.fullmatch(name)
     if match is None or match.group(2) not in _LAYER_PARTS:
         raise ModelLoadError(f"no GGUF tensor corresponds to {name}")

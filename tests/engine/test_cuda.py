@@ -27,6 +27,22 @@ VARIANTS = {
         "num_key_value_heads": 4,
         "head_dim": 32,
     },
+    "mixtral-moe": {
+        "model_type": "mixtral",
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+    },
+    "qwen3-moe": {
+        "model_type": "qwen3_moe",
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 128,
+    },
 }
 BLOCK = 8
 

@@ -18,7 +18,7 @@ from mohawk_shard.backends.torch_backend import TorchBackend
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
 
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "llama-gqa": {"model_type": "llama", "num_attention_heads": 8, "num_key_value_heads": 2},
     "qwen2-bias": {"model_type": "qwen2", "num_attention_heads": 8, "num_key_value_heads": 2},
     "qwen3-qknorm": {

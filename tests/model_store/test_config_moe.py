@@ -3,12 +3,19 @@ layers stay dense, the bytes a layer holds with every expert, and the variants r
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import config_from_hf
 
-SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4}
+SHAPE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+}
 
 
 def test_mixtral_fields_and_bytes() -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
+from mohawk_cli.model_report import MOE_PART, torch_report
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.gguf_source import gguf_tensor_name
@@ -110,6 +111,13 @@ def test_gguf_quantized_experts_read_per_expert(tiny: tuple[ModelSource, Any], t
         decoded = dequantize(quantize(whole, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
         got = source.read_tensor(f"layers.1.mlp.experts.{expert}.up_proj.weight")
         np.testing.assert_array_equal(got, decoded.reshape(whole.shape)[expert])
+    report = torch_report(source, "native", "cpu")  # `mohawk model inspect` says so
+    held = {(g.held, g.dequantized): g.num for g in report.groups if g.part == MOE_PART}
+    num_experts, num_layers = source.config.num_experts, source.config.num_layers
+    assert held == {
+        ("float32", "no kernel for a Q8_0 expert"): 3 * num_experts * num_layers,
+        ("float32", None): num_layers,  # the routers, stored F32
+    }
     prompt = [5, 900, 17, 4000, 33]  # native: the Q8_0 experts are held dense, never run wrong
     native = full_logits(source, prompt, weights="native")
     assert (native - full_logits(source, prompt, weights="fp32")).abs().max().item() < 1e-5

@@ -47,6 +47,7 @@ from mohawk_shard.model.weight_formats import (
 TORCH_DEVICES = ("cpu", "cuda")
 LAYER_MATMULS_PART = "layer matmuls"
 NORMS_PART = "norms and biases"
+MOE_PART = "moe experts and routers"  # held dense in the compute dtype (`moe.py`)
 _LAYER_PREFIX = re.compile(r"\blayers\.\d+\.")
 
 
@@ -194,6 +195,8 @@ def torch_report(source: ModelSource, weights: str, device: str) -> BackendRepor
             groups[(LAYER_MATMULS_PART, _matmul_label(held, dtype), _dequantized(held, weights))] += 1
     for name in _other_names(source):
         groups[(NORMS_PART, dtype, _float_reason(source.stored_format(name), weights, "norm"))] += 1
+    for name in _moe_names(source):
+        groups[(MOE_PART, dtype, _float_reason(source.stored_format(name), weights, "expert"))] += 1
     groups[("embedding", *_embedding_label(source, weights, dtype))] += 1
     head = matmul_format(source, [LM_HEAD], weights, is_head=True)
     label = _matmul_label(head, dtype)
@@ -307,7 +310,15 @@ def _other_names(source: ModelSource) -> list[str]:
     config = source.config
     matmuls = {f".{part}.weight" for parts in LAYER_MATMULS.values() for part in parts}
     names = [n for layer in range(config.num_layers) for n in layer_names(config, layer)]
-    return [n for n in names if not any(n.endswith(m) for m in matmuls)] + [FINAL_NORM]
+    moe = set(_moe_names(source))
+    return [n for n in names if n not in moe and not any(n.endswith(m) for m in matmuls)] + [FINAL_NORM]
+
+
+def _moe_names(source: ModelSource) -> list[str]:
+    """Every MoE layer's router and experts."""
+    config = source.config
+    names = [n for layer in range(config.num_layers) for n in layer_names(config, layer)]
+    return [n for n in names if ".mlp.experts." in n or n.endswith(".mlp.gate.weight")]
 
 
 def _mlx_part(name: str, tied: bool) -> str:

@@ -84,3 +84,21 @@ def test_greedy_text_equals_the_torch_engine(
         engine.step()
     assert engine.abort_request("doomed")
     assert [c.text for c in engine.generate(prompts, GREEDY)] == expected
+
+
+def test_a_sliding_window_model_is_refused_not_run_unmasked(
+    bundled: ModelSource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mlx-lm's llama attends to the whole context; a Mistral with a window would answer otherwise
+    than the torch stages past it, so an MLX stage refuses it, naming the window."""
+    from mohawk_common.errors import ConfigError
+    from mohawk_shard.backends import make_backend
+
+    windowed = dict(VARIANTS["mistral-gqa2"], sliding_window=5)
+    monkeypatch.setitem(VARIANTS, "mistral-window5", windowed)
+    build_tiny("mistral-window5", tmp_path, bundled.load_tokenizer())
+    source = open_model(tmp_path)
+    assert source.config.sliding_window == 5
+    with pytest.raises(ConfigError, match=r"sliding windows .* 5 tokens"):
+        make_backend("mlx", source, 0, 2, device="cpu")
+    make_backend("torch", source, 0, 2, device="cpu")  # torch masks it

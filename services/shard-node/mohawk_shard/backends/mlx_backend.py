@@ -117,6 +117,13 @@ class MlxBackend:
         config = source.config
         if config.architecture not in _MODULES:
             raise ConfigError(f"the mlx backend does not run {config.architecture!r} models")
+        if config.sliding_window is not None:
+            # mlx-lm's llama/qwen2 attend to the whole context: past the window its answers would
+            # differ from the torch stages', which mask it as transformers does
+            raise ConfigError(
+                f"the mlx backend does not mask sliding windows (this model's is {config.sliding_window} "
+                "tokens): run it on torch"
+            )
         if device not in ("auto", "cpu", "gpu"):
             raise ConfigError(f"the mlx backend runs on cpu or gpu, not {device!r}")
         if device != "auto":

@@ -54,7 +54,8 @@ def test_native_k_quants_on_cuda_match_the_fp32_path_on_cpu(kquant: ModelSource)
 
 def test_native_k_quants_in_bf16_match_dense_bf16_on_cuda(kquant: ModelSource) -> None:
     """bf16 compute throughout: native weights against the same weights dequantized to bf16, so the
-    comparison is the kernels', not bf16's own rounding against fp32."""
+    comparison is the kernels', not bf16's own rounding against fp32 (measured on an H200: 0.16 of
+    21.8 against dense bf16, which itself lies 0.74 from the fp32 path)."""
     dense = _logits(kquant, TOKENS, device="cuda", weights="bf16", dtype="bfloat16")
     native = _logits(kquant, TOKENS, device="cuda", weights="native", dtype="bfloat16")
     reference = _logits(kquant, TOKENS, device="cpu", weights="fp32", dtype="float32")

@@ -14,6 +14,7 @@ from torch import nn
 from mohawk_common.model_store import ModelConfig
 from mohawk_shard.model.attention import AttentionMetadata, KVCache
 from mohawk_shard.model.blocks import Attention, GatedMLP, RMSNorm, Take
+from mohawk_shard.model.moe import SparseMoE
 from mohawk_shard.model.stage import DecoderLayer, DecoderStage
 
 
@@ -23,7 +24,11 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config)
+        self.mlp: GatedMLP | SparseMoE = self.make_mlp(config, layer)
+
+    def make_mlp(self, config: ModelConfig, layer: int) -> GatedMLP | SparseMoE:
+        """The block after attention: a SwiGLU MLP here, routed experts in MoE models."""
+        return GatedMLP(config)
 
     def load_weights(self, take: Take, prefix: str) -> None:
         """Copy in the dense tensors; a matmul already swapped for a quantized layer is skipped."""

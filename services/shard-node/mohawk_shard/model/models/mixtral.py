@@ -10,36 +10,18 @@ names. The layer is shared with Qwen3-MoE (`qwen3_moe.py`), where some layers ma
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from mohawk_common.model_store import ModelConfig
-from mohawk_shard.model.attention import AttentionMetadata, KVCache
-from mohawk_shard.model.blocks import Attention, GatedMLP, RMSNorm, Take
+from mohawk_shard.model.blocks import GatedMLP
+from mohawk_shard.model.models.llama import LlamaDecoderLayer
 from mohawk_shard.model.moe import SparseMoE
 from mohawk_shard.model.stage import DecoderLayer, DecoderStage
 
 
-class MoEDecoderLayer(nn.Module):
-    """A pre-norm decoder layer whose MLP is routed experts (or dense where the config says)."""
+class MoEDecoderLayer(LlamaDecoderLayer):
+    """Llama's pre-norm decoder layer whose MLP is routed experts (or dense where the config says)."""
 
-    def __init__(self, config: ModelConfig, layer: int) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp: SparseMoE | GatedMLP = SparseMoE(config) if config.is_moe_layer(layer) else GatedMLP(config)
-
-    def load_weights(self, take: Take, prefix: str) -> None:
-        """Copy in the dense tensors; a matmul already swapped for a quantized layer is skipped."""
-        self.input_layernorm.weight.copy_(take(prefix + "input_layernorm.weight"))
-        self.post_attention_layernorm.weight.copy_(take(prefix + "post_attention_layernorm.weight"))
-        self.self_attn.load_weights(take, prefix + "self_attn.")
-        self.mlp.load_weights(take, prefix + "mlp.")
-
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
-        x = x + self.self_attn.forward(self.input_layernorm.forward(x), meta, cache)
-        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+    def make_mlp(self, config: ModelConfig, layer: int) -> GatedMLP | SparseMoE:
+        return SparseMoE(config) if config.is_moe_layer(layer) else GatedMLP(config)
 
 
 class MixtralStage(DecoderStage):

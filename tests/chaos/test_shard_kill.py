@@ -19,7 +19,7 @@ import pytest
 from mohawk_cli.cluster import LocalCluster
 from tests.chaos.clusters import assert_identical, chaos_spec, streams_through
 from tests.chaos.memory import resident_bytes, total_grown
-from tests.integration.cluster_helpers import current_plan
+from tests.integration.cluster_helpers import wait_for_stages
 
 NUM_STREAMS = 16
 BOUND_S = 60.0  # every stream done within this long after the kill
@@ -38,8 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def test_a_killed_shard_node_loses_no_request(
     cluster: LocalCluster, reference: dict[str, str], stage: int
 ) -> None:
-    plan = current_plan(cluster.nats.url)
-    assert plan is not None and len(plan.stages) == 3
+    plan = wait_for_stages(cluster, 3)
     victim = plan.stages[stage].node_id
     streams_through(cluster, lambda: None, NUM_STREAMS)  # warm-up: steady allocations first
     before = resident_bytes(cluster)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.server import NatsServer, free_port
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
-from tests.cli.helpers import mohawk, mohawk_in_process
+from tests.cli.helpers import mohawk_in_process
 
 
 @pytest.fixture
@@ -98,14 +99,14 @@ def test_server_reports_connections_and_jetstream_use(
 
 
 def test_sub_shows_senders_and_sizes_but_no_payload(bus: NatsServer) -> None:
-    """A real subprocess, as an operator runs it; a heartbeat and an insecure frame go by."""
+    """A real subprocess, as an operator runs it; a heartbeat and an insecure frame go by once it
+    says it is watching (it prints that after subscribing, however long its start took)."""
     from mohawk_common.bus.control import encode_json
     from mohawk_common.bus.frames import KIND_ACTIVATIONS, encode_frames
     from mohawk_proto.v1 import bus_pb2, security_pb2
 
-    async def publish_soon() -> None:
+    async def publish() -> None:
         nc = await connect([bus.url], name="probe", attempts=3)
-        await asyncio.sleep(2.0)  # the subprocess subscribes meanwhile
         beat = bus_pb2.Heartbeat(node_id="shard-9", role="shard", stage=1, plan_version=4, loaded=True)
         await nc.publish(names.heartbeat_subject("shard-9"), encode_json(beat))
         header = security_pb2.FrameHeader(plan_version=4, stage=1, step_id=12, kind=KIND_ACTIVATIONS)
@@ -114,17 +115,23 @@ def test_sub_shows_senders_and_sizes_but_no_payload(bus: NatsServer) -> None:
         await nc.flush()
         await nc.close()
 
-    thread = threading.Thread(target=lambda: asyncio.run(publish_soon()))
-    started = time.monotonic()
-    thread.start()
-    result = mohawk(
-        "bus", "--nats-url", bus.url, "sub", f"{names.PREFIX}.>", "--count", "2", "--timeout", "60"
-    )
-    thread.join(10)
-    assert result.returncode == 0, result.stderr
-    assert time.monotonic() - started < 60
-    lines = result.stdout.splitlines()
+    command = [sys.executable, "-m", "mohawk_cli", "bus", "--nats-url", bus.url, "sub", f"{names.PREFIX}.>"]
+    with subprocess.Popen(
+        [*command, "--count", "2", "--timeout", "60"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        assert process.stdout is not None
+        first = process.stdout.readline()  # blocks until subscribed (or the process ends)
+        started = time.monotonic()
+        asyncio.run(publish())
+        rest, stderr = process.communicate(timeout=90)
+    assert process.returncode == 0, stderr
+    assert time.monotonic() - started < 50, "the two messages published after 'watching' never arrived"
+    lines = [first.rstrip("\n"), *rest.splitlines()]
     assert "encrypted" in lines[0]
     assert "heartbeat from shard-9 (shard): stage 1, plan 4, loaded" in lines[1]
     assert "activations, plan 4 stage 1 step 12; PLAINTEXT (insecure bus)" in lines[2]
-    assert "SECRET" not in result.stdout
+    assert "SECRET" not in first + rest

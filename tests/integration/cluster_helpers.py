@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from mohawk_cli.cluster import LocalCluster
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control import read_plan
@@ -66,6 +68,21 @@ def current_plan(nats_url: str, creds: Path | None = None) -> bus_pb2.Plan | Non
             await nc.close()
 
     return asyncio.run(read())
+
+
+def wait_for_stages(cluster: LocalCluster, stages: int, timeout: float = 120.0) -> bus_pb2.Plan:
+    """The active plan once it has `stages` stages, then the gateway ready on it. On a loaded
+    machine a node may first be heard after the coordinator's settle time, so the first plan can
+    leave it out; the next one takes it in."""
+    creds = cluster.nats_creds("ops")
+    deadline = time.monotonic() + timeout
+    while True:
+        plan = current_plan(cluster.nats.url, creds=creds)
+        if plan is not None and len(plan.stages) == stages and plan.state == "active":
+            cluster.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
+            return plan
+        assert time.monotonic() < deadline, f"no active {stages}-stage plan within {timeout:.0f} s: {plan}"
+        time.sleep(0.25)
 
 
 def current_leader(nats_url: str) -> str | None:

@@ -20,7 +20,7 @@ from mohawk_common.bus import names
 from mohawk_common.bus.server import free_port
 from mohawk_common.bus.setup import BusLimits
 from mohawk_pqc.pki_files import load_bundle
-from tests.integration.cluster_helpers import current_plan, stream_many
+from tests.integration.cluster_helpers import current_plan, stream_many, wait_for_stages
 from tests.security.attacks.bus_client import BusClient
 
 NUM_STREAMS = 16
@@ -33,8 +33,7 @@ def test_a_node_revoked_under_16_streams_is_sent_nothing_more_and_no_request_is_
     spec = ClusterSpec(nodes=3, port=free_port(), nats_port=free_port(), data_dir=tmp_path, nats_auth=True)
     with LocalCluster(spec) as cluster:
         cluster.wait_ready(timeout=300)
-        plan = current_plan(cluster.nats.url, creds=cluster.nats_creds("ops"))
-        assert plan is not None and len(plan.stages) == 3
+        plan = wait_for_stages(cluster, 3)
         revoked = plan.stages[1].node_id
         pipeline = plan.pipelines[0]
         into_revoked = {

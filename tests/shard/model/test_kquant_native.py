@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import structlog
 import torch
 from gguf import GGMLQuantizationType
 
@@ -172,9 +171,10 @@ def test_held_bytes_are_close_to_the_file_and_reported(kquant: ModelSource) -> N
 def test_a_format_without_a_decoder_stays_dense_and_says_so(tmp_path: Path) -> None:
     write_kquant_gguf(tmp_path / "q2_k.gguf", {0: {"ffn_down": "Q2_K"}})
     source = open_model(tmp_path / "q2_k.gguf")
-    with structlog.testing.capture_logs() as logs:
-        stage = _stage(source, 0, 1)
-    assert any(e["event"].startswith("weight format has no kernel") for e in logs)
+    stage = _stage(source, 0, 1)
+    # the report the node logs ("weight format has no kernel here: held dense") and shows in
+    # `mohawk model inspect`; asserted on the report, as structlog caches loggers on first use
+    assert any("Q2_K" in line for line in stage.formats.fallbacks), stage.formats.fallbacks
     assert isinstance(stage.model.get_submodule("layers.0.mlp.down_proj"), Linear)
     assert isinstance(stage.model.get_submodule("layers.0.mlp.gate_up_proj"), Int4Linear)
 

@@ -1,6 +1,6 @@
 """A tiny Qwen3-MoE GGUF (experts as llama.cpp stores them: one 3-D tensor per matrix kind, the
 router as ffn_gate_inp) read back expert by expert, and run: its logits are the safetensors
-checkpoint's and transformers'. A Mixtral GGUF (a `llama` file with experts) is refused."""
+checkpoint's and transformers'. Mixtral GGUF files: tests/engine/test_gguf_architectures.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from mohawk_cli.model_report import MOE_PART, torch_report
-from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.gguf_source import gguf_tensor_name
 
@@ -121,10 +120,3 @@ def test_gguf_quantized_experts_read_per_expert(tiny: tuple[ModelSource, Any], t
     prompt = [5, 900, 17, 4000, 33]  # native: the Q8_0 experts are held dense, never run wrong
     native = full_logits(source, prompt, weights="native")
     assert (native - full_logits(source, prompt, weights="fp32")).abs().max().item() < 1e-5
-
-
-def test_mixtral_gguf_refused(tiny: tuple[ModelSource, Any], tmp_path: Path) -> None:
-    """A `llama` GGUF with experts (how llama.cpp writes Mixtral): transformers reads it as Llama."""
-    write_moe_gguf(tmp_path / "mixtral.gguf", tiny[0], arch="llama")
-    with pytest.raises(ModelLoadError, match="experts"):
-        open_model(tmp_path / "mixtral.gguf")

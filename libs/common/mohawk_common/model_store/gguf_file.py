@@ -4,8 +4,9 @@
 and merges costs seconds and ~150 MB held for the life of the reader: more than a third of
 SmolLM2's layers. A stage only needs the tensor index, so we walk the header the way the GGUF spec
 lays it out (magic, version, counts; key/value pairs; tensor infos; aligned data), keeping scalar
-and string values, skipping arrays, and slicing tensor bytes out of one `mmap` on demand. The
-`gguf` package still does the dequantizing.
+and string values and short arrays of numbers (`arrays`: per-layer settings such as
+`sliding_window_pattern`), skipping the rest, and slicing tensor bytes out of one `mmap` on demand.
+The `gguf` package still does the dequantizing.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _SCALARS = {
     12: "<d",
 }
 _STRING, _ARRAY = 8, 9
+MAX_KEPT_ARRAY = 4096  # arrays of numbers up to this length are kept (a layer count); longer skipped
 MetadataValue = int | float | bool | str
 
 
@@ -60,7 +62,7 @@ class GGUFFile:
                 if path.stat().st_size == 0:
                     raise ValueError("not a GGUF file: it is empty")
                 self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-            self.metadata, self.tensors = _parse(self._map)
+            self.metadata, self.arrays, self.tensors = _parse(self._map)
         except (OSError, ValueError, KeyError, struct.error, UnicodeDecodeError) as exc:
             raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
 
@@ -104,11 +106,13 @@ class _Cursor:
         if self.pos + size > len(self.buffer):
             raise ValueError(f"the file is truncated: it ends at byte {len(self.buffer)}, inside its header")
 
-    def value(self, value_type: int) -> MetadataValue | None:
+    def value(self, value_type: int) -> MetadataValue | tuple[MetadataValue, ...] | None:
         if value_type == _STRING:
             return self.string()
-        if value_type == _ARRAY:  # skipped: only the tokenizer keeps arrays, and it reads its own
+        if value_type == _ARRAY:  # the tokenizer's long arrays are skipped: it reads its own
             item_type, count = int(self.unpack("<I")), int(self.unpack("<Q"))
+            if item_type in _SCALARS and count <= MAX_KEPT_ARRAY:
+                return tuple(self.unpack(_SCALARS[item_type]) for _ in range(count))
             if item_type in _SCALARS:
                 self.pos += count * struct.calcsize(_SCALARS[item_type])
             else:
@@ -120,7 +124,9 @@ class _Cursor:
         return self.unpack(_SCALARS[value_type])
 
 
-def _parse(buffer: mmap.mmap) -> tuple[dict[str, MetadataValue], dict[str, GGUFTensorInfo]]:
+def _parse(
+    buffer: mmap.mmap,
+) -> tuple[dict[str, MetadataValue], dict[str, tuple[MetadataValue, ...]], dict[str, GGUFTensorInfo]]:
     cursor = _Cursor(buffer)
     if len(buffer) < 4 or cursor.unpack("<I") != GGUF_MAGIC:
         raise ValueError(f"not a GGUF file: it starts with {bytes(buffer[:4])!r}, a GGUF file with b'GGUF'")
@@ -129,10 +135,13 @@ def _parse(buffer: mmap.mmap) -> tuple[dict[str, MetadataValue], dict[str, GGUFT
         raise ValueError(f"unsupported GGUF version {version}")
     num_tensors, num_metadata = int(cursor.unpack("<Q")), int(cursor.unpack("<Q"))
     metadata: dict[str, MetadataValue] = {}
+    arrays: dict[str, tuple[MetadataValue, ...]] = {}
     for _ in range(num_metadata):
         key = cursor.string()
         value = cursor.value(int(cursor.unpack("<I")))
-        if value is not None:
+        if isinstance(value, tuple):
+            arrays[key] = value
+        elif value is not None:
             metadata[key] = value
     infos = []
     for _ in range(num_tensors):
@@ -152,7 +161,7 @@ def _parse(buffer: mmap.mmap) -> tuple[dict[str, MetadataValue], dict[str, GGUFT
                 f"{begin}-{end}, the file has {len(buffer)}"
             )
         tensors[name] = GGUFTensorInfo(name, tensor_type, shape, begin, nbytes)
-    return metadata, tensors
+    return metadata, arrays, tensors
 
 
 def _tensor_type(name: str, value: int) -> GGMLQuantizationType:

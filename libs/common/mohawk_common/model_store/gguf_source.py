@@ -11,6 +11,7 @@ import numpy as np
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import check_architecture, config_from_hf
+from mohawk_common.model_store.gguf_config import GEMMA_ARCHITECTURES, complete_config
 from mohawk_common.model_store.quantized import DECODABLE_FORMATS, GroupQuantized, decode_gguf_blocks
 from mohawk_common.model_store.source import ModelSource, expected_shape, one_line
 
@@ -45,15 +46,14 @@ _LAYER_PARTS = {
 # a MoE layer's experts: one 3-D tensor [experts, rows, columns] a matrix kind
 _EXPERT_PARTS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 _EXPERT_NAME = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
-# GGUF architecture names that differ from the transformers model_type
-_GGUF_ARCHITECTURES = {"qwen3moe": "qwen3_moe"}
-# GGUF architectures whose files Mohawk does not read (yet), and why: llama.cpp stores Gemma's
-# norms as 1 + w and transformers' GGUF reader drops query_pre_attn_scalar, the soft-caps and
-# Gemma 3's local rotary base, so such a file would run wrong; their safetensors checkpoints run
-_REFUSED_GGUF = {
-    "gemma2": "Gemma 2 GGUF files are not supported (use the safetensors checkpoint)",
-    "gemma3": "Gemma 3 GGUF files are not supported (use the safetensors checkpoint)",
+# Gemma's layer norms: after attention, before and after the MLP (`ffn_norm` is Llama's second)
+_GEMMA_LAYER_PARTS = _LAYER_PARTS | {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
 }
+# GGUF architecture names that differ from the transformers model_type
+_GGUF_ARCHITECTURES = {"qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
 _LAYER_NAME = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)")
 # GGUF architectures whose attn_q/attn_k rows llama.cpp's converter permutes (Mistral is "llama").
 _PERMUTED_ARCHITECTURES = frozenset({"llama"})
@@ -70,9 +70,9 @@ class GGUFSource(ModelSource):
         from mohawk_common.model_store.gguf_file import GGUFFile
 
         # our own index first: its errors name the file and tensor where transformers' do not
-        metadata = GGUFFile(path).metadata
-        arch = metadata.get("general.architecture")
-        check_architecture(_GGUF_ARCHITECTURES.get(str(arch), arch), path)
+        index = GGUFFile(path)
+        arch = str(index.metadata.get("general.architecture"))
+        check_architecture(_GGUF_ARCHITECTURES.get(arch, arch), path)
         try:
             hf_config = AutoConfig.from_pretrained(
                 str(path.parent), gguf_file=path.name, local_files_only=True
@@ -83,25 +83,15 @@ class GGUFSource(ModelSource):
                 check_architecture(unsupported.group(1), path)
             raise ModelLoadError(f"cannot read GGUF file {path}: {one_line(exc)}") from exc
         model_id = getattr(hf_config, "_model_name_or_path", None) or path.stem
-        experts_ffn = metadata.get(f"{arch}.expert_feed_forward_length")
-        if experts_ffn is not None:  # transformers' GGUF reader leaves Qwen3-MoE's at its default
-            hf_config.moe_intermediate_size = int(str(experts_ffn))
+        hf_config = complete_config(hf_config, arch, index.metadata, index.arrays)
         source = cls(path, config_from_hf(hf_config, str(model_id)), hf_config)
         source.check_variant()
         return source
 
     def check_variant(self) -> None:
-        """Refuse a file whose settings transformers' GGUF reader does not carry into the config
-        (Gemma; Phi-3's LongRoPE factor tensors and partial rotary), which would otherwise run wrong."""
-        arch = str(self._file.metadata.get("general.architecture"))
-        if arch in _REFUSED_GGUF:
-            raise ModelLoadError(f"{self.path}: {_REFUSED_GGUF[arch]}")
-        if self.config.num_experts == 0 and f"{arch}.expert_count" in self._file.metadata:
-            # Mixtral's GGUF is a `llama` file with experts, which transformers reads as Llama
-            raise ModelLoadError(
-                f"{self.path}: a {arch} GGUF with experts (Mixtral) is not supported "
-                "(use the safetensors checkpoint)"
-            )
+        """Refuse a file whose settings the config cannot carry (Phi-3's LongRoPE factor tensors
+        and partial rotary), which would otherwise run wrong."""
+        arch = self._arch
         if arch != "phi3":
             return
         if (
@@ -116,13 +106,17 @@ class GGUFSource(ModelSource):
             )
 
     @cached_property
+    def _arch(self) -> str:
+        return str(self._file.metadata.get("general.architecture"))
+
+    @cached_property
     def _file(self) -> GGUFFile:
         from mohawk_common.model_store.gguf_file import GGUFFile
 
         return GGUFFile(self.path)
 
     def _info(self, name: str) -> GGUFTensorInfo:
-        gguf_name = gguf_tensor_name(self.file_tensor(name)[0])
+        gguf_name = gguf_tensor_name(self.file_tensor(name)[0], self._arch)
         info = self._file.tensors.get(gguf_name)
         if info is None:
             raise ModelLoadError(f"GGUF file {self.path} has no tensor {gguf_name} (for {name})")
@@ -158,7 +152,7 @@ class GGUFSource(ModelSource):
 
     def _permuted_heads(self, name: str) -> int | None:
         """Heads whose q/k rows llama.cpp permuted in this file, or None for any other tensor."""
-        if self._file.metadata.get("general.architecture") not in _PERMUTED_ARCHITECTURES:
+        if self._arch not in _PERMUTED_ARCHITECTURES:
             return None
         if ".q_proj." in name:
             return self.config.num_heads
@@ -180,6 +174,8 @@ class GGUFSource(ModelSource):
             array = dequantize(raw, info.tensor_type).reshape(shape)
         except (NotImplementedError, ValueError) as exc:
             raise ModelLoadError(f"cannot dequantize {gguf_name} of {self.path}: {one_line(exc)}") from exc
+        if self._arch in GEMMA_ARCHITECTURES and name.endswith("norm.weight"):
+            array = array - 1.0  # llama.cpp's converter stores Gemma's norms as 1 + w
         heads = self._permuted_heads(name)
         return array if heads is None else unpermute_rotary_rows(array, heads)
 
@@ -192,18 +188,20 @@ class GGUFSource(ModelSource):
         return tokenizer
 
 
-def gguf_tensor_name(name: str) -> str:
-    """The GGUF tensor name of a canonical name (`layers.3.mlp.up_proj.weight` -> `blk.3.ffn_up.weight`)."""
+def gguf_tensor_name(name: str, architecture: str | None = None) -> str:
+    """The GGUF tensor name of a canonical name (`layers.3.mlp.up_proj.weight` -> `blk.3.ffn_up.weight`)
+    in a file of GGUF `architecture` (Gemma's norms are named apart)."""
     if name in _TOP_LEVEL:
         return _TOP_LEVEL[name]
     expert = _EXPERT_NAME.fullmatch(name)
     if expert is not None:  # every expert of a layer lies in one 3-D tensor
         return f"blk.{expert.group(1)}.{_EXPERT_PARTS[expert.group(3)]}.weight"
+    parts = _GEMMA_LAYER_PARTS if architecture in GEMMA_ARCHITECTURES else _LAYER_PARTS
     match = _LAYER_NAME.fullmatch(name)
-    if match is None or match.group(2) not in _LAYER_PARTS:
+    if match is None or match.group(2) not in parts:
         raise ModelLoadError(f"no GGUF tensor corresponds to {name}")
     layer, part, kind = match.groups()
-    return f"blk.{layer}.{_LAYER_PARTS[part]}.{kind}"
+    return f"blk.{layer}.{parts[part]}.{kind}"
 
 
 def permute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:

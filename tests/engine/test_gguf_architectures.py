@@ -154,8 +154,8 @@ def test_fp32_logits_whole_and_split(kind: str, native: bool, tmp_path: Path) ->
 
 def test_native_logits(kind: str, tmp_path: Path) -> None:
     """The file's own codes: 4-bit ones through tinygemm (bf16 activations, scales and zeros), 5-,
-    6- and 8-bit ones exact in fp32: within 2% of the largest logit of transformers' (measured
-    0.15% to 0.6%)."""
+    6- and 8-bit ones exact in fp32: within 2% of the largest logit of transformers' (measured:
+    0.108 of 30.0 Gemma 2, 0.052 of 28.4 Gemma 3, 0.22 of 23.9 Mixtral with its experts native)."""
     source, model = write_tiny_gguf(kind, tmp_path, native=True)
     theirs = reference_logits(model, PROMPT)
     ours = full_logits(source, PROMPT, (1,), block_size=4, weights="native")

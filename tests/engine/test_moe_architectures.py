@@ -113,7 +113,7 @@ def test_stage_holds_every_expert(tiny: tuple[ModelSource, Any]) -> None:
     read = weights_nbytes(source.load_weights(layer, layer + 1, embedding=False, head=False))
     assert held == read == config.layer_weight_bytes(layer) == config.weight_bytes_per_layer
     experts = config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size
-    assert moe.gate_up.numel() + moe.down.numel() == experts
+    assert sum(p.numel() for p in moe.experts.parameters()) == experts
     capacity = measure_capacity(
         source,
         device="cpu",

@@ -34,12 +34,12 @@ from mohawk_shard.model.weight_formats import (
     DENSE,
     FLOAT_FORMATS,
     GROUPWISE_TABLES,
-    LAYER_MATMULS,
     MatmulFormat,
     embedding_format,
     head_is_rescored,
     head_is_split,
     layer_matmul_formats,
+    layer_matmuls,
     matmul_format,
     weights_dtype,
 )
@@ -47,7 +47,7 @@ from mohawk_shard.model.weight_formats import (
 TORCH_DEVICES = ("cpu", "cuda")
 LAYER_MATMULS_PART = "layer matmuls"
 NORMS_PART = "norms and biases"
-MOE_PART = "moe experts and routers"  # held dense in the compute dtype (`moe.py`)
+MOE_PART = "moe experts and routers"  # experts held as any matmul is, routers dense (`moe.py`)
 _LAYER_PREFIX = re.compile(r"\blayers\.\d+\.")
 
 
@@ -191,12 +191,13 @@ def torch_report(source: ModelSource, weights: str, device: str) -> BackendRepor
     dtype = compute_dtype("auto", device, weights)
     groups: Counter[tuple[str, str, str | None]] = Counter()
     for layer in range(source.config.num_layers):
-        for held in layer_matmul_formats(source, layer, weights).values():
-            groups[(LAYER_MATMULS_PART, _matmul_label(held, dtype), _dequantized(held, weights))] += 1
+        for path, held in layer_matmul_formats(source, layer, weights).items():
+            part = MOE_PART if path.startswith("mlp.experts.") else LAYER_MATMULS_PART
+            groups[(part, _matmul_label(held, dtype), _dequantized(held, weights))] += 1
     for name in _other_names(source):
         groups[(NORMS_PART, dtype, _float_reason(source.stored_format(name), weights, "norm"))] += 1
-    for name in _moe_names(source):
-        groups[(MOE_PART, dtype, _float_reason(source.stored_format(name), weights, "expert"))] += 1
+    for name in _router_names(source):
+        groups[(MOE_PART, dtype, _float_reason(source.stored_format(name), weights, "router"))] += 1
     groups[("embedding", *_embedding_label(source, weights, dtype))] += 1
     head = matmul_format(source, [LM_HEAD], weights, is_head=True)
     label = _matmul_label(head, dtype)
@@ -259,8 +260,9 @@ def layer_weight_bytes(source: ModelSource, layer: int, weights: str, dtype: str
     config = source.config
     element = ELEMENT_BYTES.get(dtype, 4)
     total, fused = 0, set()
+    parts = layer_matmuls(config, layer)
     for path, held in layer_matmul_formats(source, layer, weights).items():
-        names = [f"layers.{layer}.{part}.weight" for part in LAYER_MATMULS[path]]
+        names = [f"layers.{layer}.{part}.weight" for part in parts[path]]
         fused.update(names)
         part_rows = [expected_shape(config, name)[0] for name in names]
         total += matmul_bytes(held, part_rows, expected_shape(config, names[0])[1], element)
@@ -306,19 +308,25 @@ def _float_reason(stored: str, weights: str, what: str) -> str | None:
 
 
 def _other_names(source: ModelSource) -> list[str]:
-    """Layer tensors that are no matmul weight (norms, biases), and the final norm."""
+    """Layer tensors that are neither a matmul weight nor a MoE router (norms, biases), and the
+    final norm."""
     config = source.config
-    matmuls = {f".{part}.weight" for parts in LAYER_MATMULS.values() for part in parts}
-    names = [n for layer in range(config.num_layers) for n in layer_names(config, layer)]
-    moe = set(_moe_names(source))
-    return [n for n in names if n not in moe and not any(n.endswith(m) for m in matmuls)] + [FINAL_NORM]
+    names = []
+    for layer in range(config.num_layers):
+        matmuls = {
+            f"layers.{layer}.{p}.weight" for parts in layer_matmuls(config, layer).values() for p in parts
+        }
+        names += [n for n in layer_names(config, layer) if n not in matmuls]
+    routers = set(_router_names(source))
+    return [n for n in names if n not in routers] + [FINAL_NORM]
 
 
-def _moe_names(source: ModelSource) -> list[str]:
-    """Every MoE layer's router and experts."""
+def _router_names(source: ModelSource) -> list[str]:
+    """Every MoE layer's router."""
     config = source.config
-    names = [n for layer in range(config.num_layers) for n in layer_names(config, layer)]
-    return [n for n in names if ".mlp.experts." in n or n.endswith(".mlp.gate.weight")]
+    return [
+        f"layers.{layer}.mlp.gate.weight" for layer in range(config.num_layers) if config.is_moe_layer(layer)
+    ]
 
 
 def _mlx_part(name: str, tied: bool) -> str:

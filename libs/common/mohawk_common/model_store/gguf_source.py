@@ -132,9 +132,10 @@ class GGUFSource(ModelSource):
     def read_quantized(self, name: str) -> GroupQuantized | None:
         name = self.stored_name(name)
         info = self._info(name)
-        if info.tensor_type.name not in DECODABLE_FORMATS or len(info.shape) != 2:
+        raw, shape = self._raw(name, info)
+        if info.tensor_type.name not in DECODABLE_FORMATS or len(shape) != 2:
             return None
-        tensor = decode_gguf_blocks(self._file.raw(info), info.tensor_type.name, info.shape)
+        tensor = decode_gguf_blocks(raw, info.tensor_type.name, shape)
         part = self.file_tensor(name)[1]
         if part is not None:  # rows of a fused tensor (Phi-3's attn_qkv, ffn_up)
             tensor = tensor.take_rows(np.arange(part.start, part.stop))
@@ -165,11 +166,7 @@ class GGUFSource(ModelSource):
 
         info = self._info(name)
         gguf_name = info.name
-        raw, shape = self._file.raw(info), info.shape
-        expert = _EXPERT_NAME.fullmatch(name)
-        if expert is not None and len(shape) == 3:  # one expert's rows: a contiguous byte range
-            index, shape = int(expert.group(2)), shape[1:]
-            raw = raw[index * shape[0] : (index + 1) * shape[0]]
+        raw, shape = self._raw(name, info)
         try:
             array = dequantize(raw, info.tensor_type).reshape(shape)
         except (NotImplementedError, ValueError) as exc:
@@ -178,6 +175,16 @@ class GGUFSource(ModelSource):
             array = array - 1.0  # llama.cpp's converter stores Gemma's norms as 1 + w
         heads = self._permuted_heads(name)
         return array if heads is None else unpermute_rotary_rows(array, heads)
+
+    def _raw(self, name: str, info: GGUFTensorInfo) -> tuple[np.ndarray, tuple[int, ...]]:
+        """The bytes [rows, bytes a row] and shape of `name`: one expert's rows of a 3-D expert
+        tensor (a contiguous byte range), else the whole tensor."""
+        raw, shape = self._file.raw(info), info.shape
+        expert = _EXPERT_NAME.fullmatch(name)
+        if expert is not None and len(shape) == 3:
+            index, shape = int(expert.group(2)), shape[1:]
+            raw = raw[index * shape[0] : (index + 1) * shape[0]]
+        return raw, shape
 
     def _load_tokenizer(self) -> PreTrainedTokenizerBase:
         from transformers import AutoTokenizer

@@ -105,12 +105,14 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.sil
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) · up(x)): SwiGLU with SiLU (Llama, Phi-3), GeGLU with tanh-GELU (Gemma)."""
+    """down(act(gate(x)) · up(x)): SwiGLU with SiLU (Llama, Phi-3, each MoE expert), GeGLU with
+    tanh-GELU (Gemma). `intermediate_size` defaults to the config's (a MoE expert's is its own)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        inter = config.intermediate_size if intermediate_size is None else intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * inter, bias=False)
+        self.down_proj = Linear(inter, config.hidden_size, bias=False)
         self.act = _ACTIVATIONS[config.hidden_activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

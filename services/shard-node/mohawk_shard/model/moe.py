@@ -7,21 +7,22 @@ experts' SwiGLU MLPs. Rather than a Python loop over tokens, the (token, expert)
 by expert once: each expert then runs one batched SwiGLU over the rows it was picked for
 (`index_select`), scaled by their routing weights and scattered back with `index_add_`. The loop
 is over the experts a step routes to (at most `num_experts`, usually all of them in a prefill,
-k of them at batch 1); one host sync reads the per-expert counts. Experts are held as two 3-D
-tensors, gate and up fused ([experts, 2 * inter, hidden]) and down ([experts, hidden, inter]),
-dense in the compute dtype: the 4-bit paths (`weight_formats.py`) do not swap them, so a GGUF's
-4-bit experts are dequantized at load (`weight_loading.py` logs it). Routing never leaves the
-stage: a stage holds all experts of its layers.
+k of them at batch 1); one host sync reads the per-expert counts. Each expert is a `GatedMLP`
+under `experts.E` with its gate and up fused (`gate_up_proj`) and its `down_proj`, the module paths
+`weight_formats.layer_matmuls` names, so the loader holds an expert's matmuls as it holds a dense
+layer's: a GGUF's Q4_K experts as `Int4Linear`s over the file's codes, Q6_K/Q8_0 ones as
+`GroupwiseLinear`s, each expert built from its own rows of the file's 3-D tensor (no expert is
+ever dequantized), float ones dense in the compute dtype. The router stays dense (a few rows).
+Routing never leaves the stage: a stage holds all experts of its layers.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mohawk_common.model_store import ModelConfig
-from mohawk_shard.model.blocks import Take
+from mohawk_shard.model.blocks import GatedMLP, Take
 from mohawk_shard.model.linear import Linear
 
 
@@ -30,13 +31,11 @@ class SparseMoE(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        experts, hidden, inter = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        experts, hidden = config.num_experts, config.hidden_size
         self.num_experts, self.top_k = experts, config.num_experts_per_tok
         self.renormalize = config.norm_topk_prob
-        self.inter = inter
         self.gate = Linear(hidden, experts, bias=False)
-        self.gate_up = nn.Parameter(torch.empty(experts, 2 * inter, hidden), requires_grad=False)
-        self.down = nn.Parameter(torch.empty(experts, hidden, inter), requires_grad=False)
+        self.experts = nn.ModuleList(GatedMLP(config, config.moe_intermediate_size) for _ in range(experts))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's k experts [T, k] and their weights [T, k] (fp32)."""
@@ -59,17 +58,16 @@ class SparseMoE(nn.Module):
             if count == 0:
                 continue
             rows = tokens[start : start + count]
-            gate, up = F.linear(x.index_select(0, rows), self.gate_up[expert]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.down[expert])
+            mlp: GatedMLP = self.experts[expert]  # type: ignore[assignment]
+            y = mlp.forward(x.index_select(0, rows))
             out.index_add_(0, rows, y * scales[start : start + count])
             start += count
         return out
 
     def load_weights(self, take: Take, prefix: str) -> None:
-        """Copy in the router and every expert under `prefix` (`layers.N.mlp.`)."""
+        """Copy in the router and every dense expert matmul under `prefix` (`layers.N.mlp.`); an
+        expert matmul already swapped for a quantized layer is skipped."""
         self.gate.weight.copy_(take(prefix + "gate.weight"))
         for expert in range(self.num_experts):
-            name = f"{prefix}experts.{expert}."
-            self.gate_up[expert, : self.inter].copy_(take(name + "gate_proj.weight"))
-            self.gate_up[expert, self.inter :].copy_(take(name + "up_proj.weight"))
-            self.down[expert].copy_(take(name + "down_proj.weight"))
+            mlp: GatedMLP = self.experts[expert]  # type: ignore[assignment]
+            mlp.load_weights(take, f"{prefix}experts.{expert}.")

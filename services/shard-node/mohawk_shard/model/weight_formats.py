@@ -11,7 +11,9 @@ LM head to 4 bits (kept exact on a shortlist by the Q8_0 table, `RescoredHead`),
 tensors dense. A fused matmul whose parts differ in how they are held (q/k Q4_K, v Q6_K, as
 Q4_K_M files do) is split (`ConcatLinear`): each run of consecutive parts held alike is one
 module, so every part keeps its own format's bytes (holding all at the widest would cost Q4_K parts
-1.25 instead of 0.625 bytes a weight); a fused matmul with a float part stays dense whole.
+1.25 instead of 0.625 bytes a weight); a fused matmul with a float part stays dense whole. A
+MoE expert's gate/up and down are matmuls like any other (`layer_matmuls`), decided by the same
+rules from the expert's rows of the file's 3-D tensor.
 `int4` runs every matmul 4-bit, re-grouping what the file stores otherwise (a choice the operator
 makes); `bf16`/`fp32` keep everything dense. A token table stored in any decodable format stays
 groupwise under `native` and `int4`, and `int4` re-groups a float one to 8 bits.
@@ -140,11 +142,18 @@ def matmul_format(source: ModelSource, names: Sequence[str], weights: str, *, is
 
 
 def layer_matmuls(config: ModelConfig, layer: int) -> dict[str, tuple[str, ...]]:
-    """`LAYER_MATMULS` of decoder layer `layer`: a MoE layer's experts are not among them (`moe.py`
-    holds them dense), only its attention's."""
-    if config.is_moe_layer(layer):
-        return {path: parts for path, parts in LAYER_MATMULS.items() if not path.startswith("mlp.")}
-    return LAYER_MATMULS
+    """Every matmul of decoder layer `layer`, by module path inside the layer -> the canonical
+    tensors fused into it: `LAYER_MATMULS`, where a MoE layer has each expert's gate/up and down
+    (`mlp.experts.E.gate_up_proj`, `moe.py`) in place of the dense MLP's. A MoE router (a few rows)
+    is no matmul here: it stays dense."""
+    if not config.is_moe_layer(layer):
+        return LAYER_MATMULS
+    matmuls = {path: parts for path, parts in LAYER_MATMULS.items() if not path.startswith("mlp.")}
+    for expert in range(config.num_experts):
+        prefix = f"mlp.experts.{expert}."
+        matmuls[prefix + "gate_up_proj"] = (prefix + "gate_proj", prefix + "up_proj")
+        matmuls[prefix + "down_proj"] = (prefix + "down_proj",)
+    return matmuls
 
 
 def layer_matmul_formats(source: ModelSource, layer: int, weights: str) -> dict[str, MatmulFormat]:

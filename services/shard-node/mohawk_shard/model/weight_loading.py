@@ -2,7 +2,8 @@
 
 Design. The stage is built on the meta device, so no weight memory exists before a format is
 chosen. Then each matmul of the stage (fused q/k/v, o, fused gate/up, down, LM head) is decided
-on its own: with `native`, tensors the file stores as Q4_0/Q4_1/Q4_K become `Int4Linear`s built
+on its own (a MoE layer's experts each have their gate/up and down: `layer_matmuls`): with
+`native`, tensors the file stores as Q4_0/Q4_1/Q4_K become `Int4Linear`s built
 from the file's own codes (the same weights as the fp32 path), and Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 ones
 `GroupwiseLinear`s over the file's codes as int8 (`groupwise_linear.py`); a fused matmul whose
 parts are held differently (Q4_K_M's q/k Q4_K with v Q6_K) is a `ConcatLinear` of one module per
@@ -77,8 +78,6 @@ def build_stage(
     with torch.device("meta"):
         model = stage_class(config.architecture)(config, start, end, embedding=embedding, head=head).to(dtype)
     report = FormatReport()
-    if weights in ("native", "int4") and config.num_experts:
-        log.info("MoE experts held dense in the compute dtype", weights=weights, dtype=str(dtype))
     if weights in ("native", "int4"):
         _quantize_matmuls(model, source, weights, device, report)
         _quantize_embedding(model, source, weights, device, dtype, report)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from mohawk_common.kv_groups import model_kv_groups
 from mohawk_common.model_store import ModelSource, bundled_model_path, open_model
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.base import Backend
@@ -63,12 +64,16 @@ def full_logits(
     fp32 (default) is the dequantized path transformers computes too."""
     ranges = layer_ranges(source.config.num_layers, split)
     num_blocks = -(-len(token_ids) // block_size)
-    batch = ForwardBatch.build([(token_ids, 0, list(range(num_blocks)), True)], block_size, all_logits=True)
+    num_groups = len(model_kv_groups(source.config))  # a table per KV group, each its own ids
+    tables = [list(range(g * num_blocks, (g + 1) * num_blocks)) for g in range(num_groups)]
+    batch = ForwardBatch.build(
+        [(token_ids, 0, tables[0], True)], block_size, all_logits=True, group_tables=[tables[1:]]
+    )
     hidden: Any = None
     previous: Backend | None = None
     for (start, end), name in zip(ranges, backends or ["torch"] * len(ranges), strict=True):
         backend = make_backend(name, source, start, end, device="cpu", dtype="float32", weights=weights)
-        backend.allocate_kv_cache(num_blocks, block_size)
+        backend.allocate_kv_cache(num_groups * num_blocks, block_size)
         if previous is not None and previous.name != backend.name:
             hidden = backend.decode_hidden(*previous.encode_hidden(hidden))
         hidden = backend.forward(batch, hidden)

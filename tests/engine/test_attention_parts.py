@@ -13,7 +13,7 @@ from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.torch_backend import TorchBackend
-from mohawk_shard.model.attention import AttentionMetadata, part_groups
+from mohawk_shard.model.attention_metadata import AttentionMetadata, part_groups
 
 from .test_architectures import build_tiny
 

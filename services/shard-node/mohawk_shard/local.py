@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import structlog
 
 from mohawk_common.errors import ConfigError
+from mohawk_common.kv_groups import max_tokens_in, model_kv_groups
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.base import Backend
@@ -105,8 +106,16 @@ def build_local_engine(
     max_model_len = min(
         config.max_position_embeddings, settings.max_model_len or config.max_position_embeddings
     )
-    max_model_len = min(max_model_len, num_blocks * settings.block_size)
-    log.info("kv cache", num_blocks=num_blocks, block_size=settings.block_size, max_model_len=max_model_len)
+    groups = model_kv_groups(config)
+    chunk = settings.max_num_batched_tokens
+    max_model_len = max_tokens_in(groups, num_blocks, settings.block_size, max_model_len, chunk)
+    log.info(
+        "kv cache",
+        num_blocks=num_blocks,
+        block_size=settings.block_size,
+        max_model_len=max_model_len,
+        kv_groups=len(groups),
+    )
     scheduler = Scheduler(
         SchedulerConfig(settings.max_num_seqs, settings.max_num_batched_tokens, max_model_len),
         BlockManager(
@@ -114,10 +123,11 @@ def build_local_engine(
             settings.block_size,
             enable_prefix_caching=settings.enable_prefix_caching,
             int8_saving_per_block=int8_saving_per_block(settings, stages),
+            groups=groups,
         ),
     )
     return LLMEngine(
-        [Stage(b, settings.block_size) for b in stages],
+        [Stage(b, settings.block_size, len(groups)) for b in stages],
         scheduler,
         source.load_tokenizer(),
         eos_token_ids=config.eos_token_ids,

@@ -62,15 +62,19 @@ class StageOutput:
 class _SequenceState:
     params: SamplingParams
     output_token_ids: list[int]
-    block_ids: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)  # one per KV group
 
 
 class Stage:
-    """Layers [start, end) behind a backend, with the per-sequence state the step deltas build up."""
+    """Layers [start, end) behind a backend, with the per-sequence state the step deltas build up.
 
-    def __init__(self, backend: Backend, block_size: int) -> None:
+    With several KV groups (`mohawk_common.kv_groups`, `num_kv_groups` from the model config) a
+    step's new block ids come group after group, as many for each."""
+
+    def __init__(self, backend: Backend, block_size: int, num_kv_groups: int = 1) -> None:
         self.backend = backend
         self.block_size = block_size
+        self.num_kv_groups = num_kv_groups
         self._sequences: dict[int, _SequenceState] = {}
 
     @property
@@ -83,11 +87,16 @@ class Stage:
         if not batch.sequences:
             return StageOutput(batch.step_id)
         chunks = []
+        more_tables = []
         for step in batch.sequences:
             state = self._state_for(step)
-            state.block_ids.extend(step.new_block_ids)
-            chunks.append((list(step.token_ids), step.start_position, state.block_ids, step.sample))
-        forward = ForwardBatch.build(chunks, self.block_size)
+            per_group = len(step.new_block_ids) // self.num_kv_groups
+            for group, table in enumerate(state.block_tables):
+                table.extend(step.new_block_ids[group * per_group : (group + 1) * per_group])
+            chunks.append((list(step.token_ids), step.start_position, state.block_tables[0], step.sample))
+            more_tables.append(state.block_tables[1:])
+        group_tables = more_tables if self.num_kv_groups > 1 else ()
+        forward = ForwardBatch.build(chunks, self.block_size, group_tables=group_tables)
         output = self.backend.forward(forward, hidden_states)
         if not self.backend.has_head:
             return StageOutput(batch.step_id, hidden_states=output)
@@ -96,7 +105,8 @@ class Stage:
     def _state_for(self, step: SequenceStep) -> _SequenceState:
         if step.new_sequence is not None:
             spec = step.new_sequence
-            self._sequences[step.seq_id] = _SequenceState(spec.params, list(spec.output_token_ids))
+            tables: list[list[int]] = [[] for _ in range(self.num_kv_groups)]
+            self._sequences[step.seq_id] = _SequenceState(spec.params, list(spec.output_token_ids), tables)
         state = self._sequences.get(step.seq_id)
         if state is None:
             raise KeyError(f"stage got a step for unknown sequence {step.seq_id}")

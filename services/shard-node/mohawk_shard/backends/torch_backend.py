@@ -1,4 +1,10 @@
-"""torch backend: a Llama-family layer range on CPU (fp32) or CUDA (bf16/fp16)."""
+"""torch backend: a Llama-family layer range on CPU (fp32) or CUDA (bf16/fp16).
+
+Its KV cache is `page_layers` pairs of K/V tensors, one block id's worth of which holds the KV of
+one layer each: a model without sliding layers has one KV group and a pair per layer, as always; a
+model with sliding layers has several groups sharing the pool (`mohawk_common.kv_groups`), and the
+j-th layer of each group in the stage uses pair j.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +14,15 @@ import numpy as np
 import torch
 
 from mohawk_common.errors import ConfigError
+from mohawk_common.kv_groups import group_of_layer, model_kv_groups, page_layers, tensor_slots
 from mohawk_common.model_store import ModelSource
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
 from mohawk_shard.engine.kv_tiers import KV_CACHE_DTYPES, TierBytes, num_hot_blocks
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
-from mohawk_shard.model.attention import AttentionMetadata, KVCache
+from mohawk_shard.model.attention import KVCache
+from mohawk_shard.model.attention_metadata import AttentionMetadata
 from mohawk_shard.model.kv_quant import Int8Store, KVTiers
 from mohawk_shard.model.rope import RotaryTable
 from mohawk_shard.model.weight_formats import weights_dtype
@@ -69,6 +77,17 @@ class TorchBackend:
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         self.kv_cache_dtype = kv_cache_dtype
+        self.kv_groups = model_kv_groups(config)
+        owner = group_of_layer(self.kv_groups, config.num_layers)
+        self.layer_groups = owner[start:end]
+        self.page_layers = page_layers(owner, start, end)
+        self._tensor_slots = tensor_slots(owner, start, end)
+        self._windows = {g: self.kv_groups[g].window for g in sorted(set(self.layer_groups))}
+        if kv_cache_dtype == "int8" and (len(self.kv_groups) > 1 or self.kv_groups[0].is_sliding):
+            raise ConfigError(
+                "kv_cache_dtype int8 does not combine with sliding-window layers yet: use auto "
+                "(a sliding layer keeps only its window's blocks, which is the bigger saving)"
+            )
         self.kv_tiers: KVTiers | None = None
         self.config = config
         self.sampler = Sampler(config.eos_token_ids) if self.has_head else None
@@ -83,7 +102,7 @@ class TorchBackend:
     def kv_tier_bytes(self, block_size: int) -> TierBytes:
         element = torch.empty((), dtype=self.dtype).element_size()
         c = self.config
-        return TierBytes.of(self.end - self.start, c.num_kv_heads, c.head_dim, block_size, element)
+        return TierBytes.of(self.page_layers, c.num_kv_heads, c.head_dim, block_size, element)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         """Compute-dtype bytes of a block, or with an int8 tier the two-tier average (kv_tiers.py)."""
@@ -106,20 +125,26 @@ class TorchBackend:
             data = torch.zeros((num_blocks * block_size, kv_heads, head_dim), dtype=torch.int8)
             return Int8Store(data.to(self.torch_device), scale)
 
-        self.kv_caches = [
+        pages = [
             KVCache(
                 zeros(num_hot * block_size, self.dtype),
                 zeros(num_hot * block_size, self.dtype),
                 int8_home(),
                 int8_home(),
             )
-            for _ in range(self.start, self.end)
+            for _ in range(self.page_layers)
+        ]
+        self.kv_caches = [
+            KVCache(page.key, page.value, page.key_int8, page.value_int8, group)
+            for page, group in zip((pages[j] for j in self._tensor_slots), self.layer_groups, strict=True)
         ]
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, hidden: torch.Tensor | None) -> torch.Tensor:
+        if len(self._windows) > 1 and not batch.group_tables:
+            raise ValueError(f"layers [{self.start}, {self.end}) need a block table per KV group")
         plan = None if self.kv_tiers is None else self.kv_tiers.prepare(batch, self.kv_caches)
-        meta = AttentionMetadata.build(batch, self.rotary, self.torch_device, plan)
+        meta = AttentionMetadata.build(batch, self.rotary, self.torch_device, plan, self._windows)
         if self.has_embedding:
             inputs = torch.from_numpy(batch.token_ids).to(self.torch_device)
         elif hidden is None:

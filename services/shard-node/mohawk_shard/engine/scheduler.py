@@ -95,12 +95,13 @@ class Scheduler:
     def num_admittable(self, max_waiting: int, burst: int = ADMIT_BURST) -> int:
         """How many more requests a bus head should take in now (whatever it does not take waits
         upstream, durable: that is the backpressure). None while the KV pool cannot give every
-        running sequence one more block. While sequence slots are free, up to those slots with at
-        most `burst` queued, so each pull is paced by the steps that admit it (and pipelines that
-        share a stream take turns). Once every slot is taken, up to `max_waiting` queued, a burst at
-        a time: fair share can only choose among the requests this queue holds, and a queue no
-        deeper than the free slots would admit in the stream's arrival order."""
-        if self.block_manager.num_free_blocks <= len(self.running):
+        running sequence one more block (in each KV group). While sequence slots are free, up to
+        those slots with at most `burst` queued, so each pull is paced by the steps that admit it
+        (and pipelines that share a stream take turns). Once every slot is taken, up to
+        `max_waiting` queued, a burst at a time: fair share can only choose among the requests this
+        queue holds, and a queue no deeper than the free slots would admit in the stream's arrival
+        order."""
+        if self.block_manager.num_free_blocks <= len(self.running) * self.block_manager.num_groups:
             return 0
         slots = self.config.max_num_seqs - self.num_unfinished
         if slots > 0:
@@ -154,7 +155,7 @@ class Scheduler:
             and len(output.scheduled) < seq_cap
         ):
             computed = self.block_manager.get_computed_blocks(head)
-            num_cached = len(computed) * self.block_manager.block_size
+            num_cached = self.block_manager.num_hit_tokens(computed)
             num_new = min(head.num_tokens - num_cached, budget)
             new_blocks = self.block_manager.allocate_slots(head, num_new, computed)
             if new_blocks is None:

@@ -73,7 +73,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
-    block_ids: list[int] = field(default_factory=list)
+    # one block table per KV group (`mohawk_common.kv_groups`); a model without sliding layers has one
+    block_tables: list[list[int]] = field(default_factory=lambda: [[]])
     num_preemptions: int = 0
     qos: QoS = DEFAULT_QOS
     last_served: int = -1  # the scheduler's service count when it last ran (a tenant's take turns)
@@ -81,6 +82,11 @@ class Sequence:
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:
             self.num_prompt_tokens = len(self.token_ids)
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The first group's block table (the only one of a model without sliding layers)."""
+        return self.block_tables[0]
 
     @property
     def num_tokens(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mohawk_common.bus.pipelines import pipeline_id
+from mohawk_common.kv_groups import model_kv_groups
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.block_manager import BlockManager
 from mohawk_shard.engine.emitter import TokenEmitter
@@ -53,6 +54,7 @@ def make_role(node: ShardNode, plan: bus_pb2.Plan, index: int, stage: Stage) -> 
             plan.num_kv_blocks,
             plan.block_size,
             enable_prefix_caching=node.settings.enable_prefix_caching,
+            groups=model_kv_groups(node.source.config),
         ),
     )
     return HeadDriver(

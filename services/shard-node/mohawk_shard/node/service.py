@@ -38,6 +38,7 @@ from mohawk_common.bus.plan_follower import PlanFollower, placed_on_earlier_run
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
 from mohawk_common.errors import ModelLoadError
+from mohawk_common.kv_groups import model_kv_groups
 from mohawk_common.memory_trim import IdleTrim, load_malloc_trim
 from mohawk_common.metrics_port import serve_metrics
 from mohawk_common.model_store import ModelSource, open_model
@@ -463,7 +464,7 @@ class ShardNode:
             backend = self._make_backend(start, end)
         backend.allocate_kv_cache(plan.num_kv_blocks, plan.block_size)
         self._backend = backend
-        return Stage(backend, plan.block_size), backend
+        return Stage(backend, plan.block_size, len(model_kv_groups(self.source.config))), backend
 
     def _load_beside(
         self, start: int, end: int, plan: bus_pb2.Plan, shared: Backend | None
@@ -471,7 +472,7 @@ class ShardNode:
         """A stage loaded while the running one keeps its weights and KV pool (`handover`)."""
         backend = share_weights(shared) if shared is not None else self._make_backend(start, end)
         backend.allocate_kv_cache(plan.num_kv_blocks, plan.block_size)
-        return Stage(backend, plan.block_size), backend
+        return Stage(backend, plan.block_size, len(model_kv_groups(self.source.config))), backend
 
     def _make_backend(self, start: int, end: int) -> Backend:
         s = self.settings

@@ -14,7 +14,10 @@ in what is left (`memory_limit_bytes - kv_cache_bytes`), and the pool of each st
 by the layers it got: `num_kv_blocks = min over stages of kv_cache_bytes // (num_layers ×
 kv_block_bytes_per_layer)`, the same block count on every stage because stage 0 hands out block
 ids for all of them. The plan's reasons name the stage that limits it. A node that does not report
-`kv_block_bytes_per_layer` is assumed to keep float32 KV.
+`kv_block_bytes_per_layer` is assumed to keep float32 KV. A model with sliding-window layers
+(reported as `layer_windows`) has several KV groups sharing the block ids (`mohawk_common.kv_groups`):
+a block id then costs a stage only `page_layers` layers' KV (the most one group has in it), and
+context is bounded by what one sequence's blocks in every group (a sliding group's window only) fit.
 
 Speeds are rounded to two significant digits before planning so that measurement noise cannot
 flip a plan; a node that has not measured yet is taken to be as slow as the slowest one that has.
@@ -27,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from mohawk_common.bus.pipelines import ACTIVE, LOADING, list_pipeline, pipelines, placed_on
+from mohawk_common.kv_groups import KVGroup, group_of_layer, kv_groups, max_tokens_in, page_layers
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.planner import ModelFootprint, NodeCapacity, PlanningError
 from mohawk_coordinator.replicas import form_pipelines, kept_pipelines, replicas_reason
@@ -49,6 +53,13 @@ class ModelShape:
     max_position_embeddings: int
     kv_bytes_per_token_per_layer: int  # K and V of one token in one layer, float32
     weights_formats: tuple[str, ...] = ()  # as the nodes reported them, for explain
+    kv_groups: tuple[KVGroup, ...] = ()  # from the nodes' layer_windows; () = one full group
+
+    def page_layers(self, start: int, end: int) -> int:
+        """Layers of [start, end) whose KV one block id holds."""
+        if not self.kv_groups:
+            return end - start
+        return page_layers(group_of_layer(self.kv_groups, self.footprint.num_layers), start, end)
 
     @classmethod
     def from_heartbeats(cls, heartbeats: Iterable[bus_pb2.Heartbeat]) -> ModelShape | None:
@@ -71,7 +82,8 @@ class ModelShape:
         )
         kv_per_token = 2 * first.num_kv_heads * first.head_dim * FP32_BYTES
         formats = tuple(sorted({hb.weights_format for hb in beats if hb.weights_format}))
-        return cls(footprint, first.max_position_embeddings, kv_per_token, formats)
+        groups = kv_groups([w or None for w in first.layer_windows]) if first.layer_windows else ()
+        return cls(footprint, first.max_position_embeddings, kv_per_token, formats, groups)
 
 
 def _shape_key(hb: bus_pb2.Heartbeat) -> tuple[str, int, int, int, int, int, int]:
@@ -184,9 +196,13 @@ def kv_blocks(
     for stage in stages:
         node = nodes[stage.node_id]
         per_layer = node.kv_block_bytes_per_layer or block_size * shape.kv_bytes_per_token_per_layer
-        per_stage.append((node.kv_cache_bytes // ((stage.end - stage.start) * per_layer), stage, node))
+        layers = shape.page_layers(stage.start, stage.end)
+        per_stage.append((node.kv_cache_bytes // (layers * per_layer), stage, node))
     num_blocks, stage, node = min(per_stage, key=lambda item: (item[0], item[1].start))
     budget = f"{node.kv_cache_bytes / 2**20:.1f} MiB of KV for {stage.end - stage.start} layer(s)"
+    if shape.kv_groups:
+        layers = shape.page_layers(stage.start, stage.end)
+        budget += f", {layers} a block id in {len(shape.kv_groups)} KV groups"
     if num_blocks < 1:
         raise PlanningError(f"{node.node_id} has no room for one KV block: {budget}")
     num_blocks = min(num_blocks, INT32_MAX)
@@ -198,7 +214,12 @@ def context_length(shape: ModelShape, settings: CoordinatorSettings, num_kv_bloc
     limits = [(shape.max_position_embeddings, "the model's max_position_embeddings")]
     if settings.max_model_len is not None:
         limits.append((settings.max_model_len, "the max_model_len setting"))
-    limits.append((num_kv_blocks * settings.block_size, "the KV blocks"))
+    if shape.kv_groups:  # what one decoding sequence's blocks fit (a sliding group holds its window)
+        longest = max(length for length, _ in limits)
+        fits = max_tokens_in(shape.kv_groups, num_kv_blocks, settings.block_size, longest)
+        limits.append((fits, "the KV blocks"))
+    else:
+        limits.append((num_kv_blocks * settings.block_size, "the KV blocks"))
     length, why = min(limits, key=lambda item: item[0])
     return min(length, INT32_MAX), f"max_model_len {min(length, INT32_MAX)}, limited by {why}"
 

@@ -73,7 +73,7 @@ class StepResult(_message.Message):
     def __init__(self, plan_version: _Optional[int] = ..., step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SampledResult, _Mapping]]] = ..., sent_at: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role", "hop_ms_p50", "hop_ms_p99", "num_hops", "security_rejections", "insecure", "held_layer_start", "held_layer_end", "model_id", "num_layers", "hidden_size", "vocab_size", "num_kv_heads", "head_dim", "max_position_embeddings", "layer_weight_bytes", "embedding_weight_bytes", "head_weight_bytes", "weights_format", "failed_steps", "expired_steps", "held_requests", "signed")
+    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role", "hop_ms_p50", "hop_ms_p99", "num_hops", "security_rejections", "insecure", "held_layer_start", "held_layer_end", "model_id", "num_layers", "hidden_size", "vocab_size", "num_kv_heads", "head_dim", "max_position_embeddings", "layer_weight_bytes", "embedding_weight_bytes", "head_weight_bytes", "weights_format", "failed_steps", "expired_steps", "held_requests", "signed", "layer_windows")
     class SecurityRejectionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class Heartbeat(_message.Message):
     EXPIRED_STEPS_FIELD_NUMBER: _ClassVar[int]
     HELD_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     SIGNED_FIELD_NUMBER: _ClassVar[int]
+    LAYER_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     model: str
     backend: str
@@ -157,7 +158,8 @@ class Heartbeat(_message.Message):
     expired_steps: int
     held_requests: _containers.RepeatedScalarFieldContainer[str]
     signed: ControlSignature
-    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ..., hop_ms_p50: _Optional[float] = ..., hop_ms_p99: _Optional[float] = ..., num_hops: _Optional[int] = ..., security_rejections: _Optional[_Mapping[str, int]] = ..., insecure: _Optional[bool] = ..., held_layer_start: _Optional[int] = ..., held_layer_end: _Optional[int] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., layer_weight_bytes: _Optional[int] = ..., embedding_weight_bytes: _Optional[int] = ..., head_weight_bytes: _Optional[int] = ..., weights_format: _Optional[str] = ..., failed_steps: _Optional[int] = ..., expired_steps: _Optional[int] = ..., held_requests: _Optional[_Iterable[str]] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ...) -> None: ...
+    layer_windows: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ..., hop_ms_p50: _Optional[float] = ..., hop_ms_p99: _Optional[float] = ..., num_hops: _Optional[int] = ..., security_rejections: _Optional[_Mapping[str, int]] = ..., insecure: _Optional[bool] = ..., held_layer_start: _Optional[int] = ..., held_layer_end: _Optional[int] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., layer_weight_bytes: _Optional[int] = ..., embedding_weight_bytes: _Optional[int] = ..., head_weight_bytes: _Optional[int] = ..., weights_format: _Optional[str] = ..., failed_steps: _Optional[int] = ..., expired_steps: _Optional[int] = ..., held_requests: _Optional[_Iterable[str]] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ..., layer_windows: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PlanStage(_message.Message):
     __slots__ = ("node_id", "start", "end", "pipeline", "node_started_at_ms")

@@ -58,6 +58,9 @@ class Capacity:
         heartbeat.embedding_weight_bytes = self.embedding_weight_bytes
         heartbeat.head_weight_bytes = self.head_weight_bytes
         heartbeat.weights_format = self.weights_format
+        windows = [config.layer_window(i) or 0 for i in range(config.num_layers)]
+        if any(windows):
+            heartbeat.layer_windows.extend(windows)
 
     def free_memory_bytes(self) -> int:
         if self.device.startswith("cuda"):

@@ -3,7 +3,7 @@
 Design. Nothing here chooses a format. Each torch matmul and token table is held as
 `weight_formats.py` decides from the file alone (the loader builds those decisions), the bytes of
 a stage's embedding and head are `footprint.py`'s (the numbers a node's heartbeat gives the
-planner), and MLX's choice per weight is `mlx_quant.chosen_bits`. A decoder layer's bytes, which a
+planner), and MLX's choice per weight is `mlx_quant.held_bits`. A decoder layer's bytes, which a
 node measures on the one-layer stage it times, are summed from the same decisions: each matmul is
 `footprint.matmul_bytes` of the format it is held in, norms and biases dense in the compute dtype. The
 stored types and bytes come from the file's own index (GGUF: `GGUFFile`; safetensors: its
@@ -21,7 +21,7 @@ from types import ModuleType
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import GGUFSource, ModelSource, SafetensorsSource
 from mohawk_common.model_store.gguf_file import GGUFFile, can_dequantize
-from mohawk_common.model_store.quantized import DECODABLE_FORMATS, GROUP_SIZE
+from mohawk_common.model_store.quantized import DECODABLE_FORMATS
 from mohawk_common.model_store.safetensors_source import read_header, weight_files
 from mohawk_common.model_store.source import EMBEDDING, FINAL_NORM, LM_HEAD, expected_shape, layer_names
 from mohawk_shard.model.footprint import (
@@ -211,7 +211,7 @@ def torch_report(source: ModelSource, weights: str, device: str) -> BackendRepor
 
 
 def mlx_report(source: ModelSource, weights: str) -> BackendReport:
-    """How an MLX stage holds each weight (`mlx_quant.chosen_bits`); a note where MLX is absent."""
+    """How an MLX stage holds each weight (`mlx_quant.held_bits`); a note where MLX is absent."""
     resolved = weights_dtype(weights, "auto")
     dtype = "float32" if resolved == "auto" else resolved
     mlx_quant = _mlx_quant()
@@ -223,10 +223,7 @@ def mlx_report(source: ModelSource, weights: str) -> BackendReport:
     names += [FINAL_NORM] + ([] if config.tie_word_embeddings else [LM_HEAD])  # a tied head is the table
     for name in names:
         stored = source.stored_format(name)
-        bits = mlx_quant.chosen_bits(name, stored, weights)
-        reason = f"no MLX kernel for {stored}" if bits is None and mlx_quant.has_no_kernel(stored) else None
-        if bits is not None and expected_shape(config, name)[-1] % GROUP_SIZE:
-            bits, reason = None, f"rows are not whole groups of {GROUP_SIZE}"
+        bits, reason = mlx_quant.held_bits(name, stored, expected_shape(config, name)[-1], weights)
         held = dtype if bits is None else f"{bits}-bit from {stored}"
         groups[(_mlx_part(name, config.tie_word_embeddings), held, reason)] += 1
     return BackendReport("mlx", dtype, _held_groups(groups))

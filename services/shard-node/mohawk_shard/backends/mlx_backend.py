@@ -43,8 +43,7 @@ from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.mlx_quant import (
     GROUP_SIZE,
     QuantizedWeight,
-    chosen_bits,
-    has_no_kernel,
+    held_bits,
     quantize_weight,
 )
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
@@ -274,22 +273,10 @@ class MlxBackend:
 
 
 def _held_bits(name: str, stored: str, columns: int, weights: str) -> int | None:
-    """`chosen_bits`, and a log line for each weight that has no kernel and is held unquantized."""
-    bits = chosen_bits(name, stored, weights)
-    if bits is not None and columns % GROUP_SIZE:
-        log.warning(
-            "no MLX kernel for rows of part groups, held in the compute dtype",
-            tensor=name,
-            columns=columns,
-            group_size=GROUP_SIZE,
-        )
-        return None
-    if bits is None and has_no_kernel(stored):
-        log.warning(
-            "no MLX kernel for this stored format, held dequantized in the compute dtype",
-            tensor=name,
-            format=stored,
-        )
+    """`mlx_quant.held_bits`, with a log line for each weight held otherwise than asked."""
+    bits, reason = held_bits(name, stored, columns, weights)
+    if reason is not None:
+        log.warning("MLX holds this weight in the compute dtype", tensor=name, format=stored, reason=reason)
     return bits
 
 

@@ -82,6 +82,18 @@ def has_no_kernel(stored: str) -> bool:
     return stored not in _EXACT_BITS and stored not in FLOAT_FORMATS
 
 
+def held_bits(name: str, stored: str, columns: int, weights: str) -> tuple[int | None, str | None]:
+    """How an MLX stage holds weight `name` of `columns` columns: its bits (None: the compute
+    dtype) and, where that is not what `weights` asked for, why. The stage logs the reason and
+    `mohawk model inspect` shows it; both take it from here."""
+    bits = chosen_bits(name, stored, weights)
+    if bits is not None and columns % GROUP_SIZE:
+        return None, f"rows are not whole groups of {GROUP_SIZE}"
+    if bits is None and has_no_kernel(stored):
+        return None, f"no MLX kernel for {stored}"
+    return bits, None
+
+
 def quantize_weight(source: ModelSource, name: str, bits: int, dtype: mx.Dtype) -> QuantizedWeight:
     """`name` held `bits`-bit: the file's own blocks where it has them, else `mx.quantize`."""
     if _EXACT_BITS.get(source.stored_format(name)) == bits:

@@ -1,6 +1,6 @@
 """`complete_config` on configs as transformers' GGUF reader leaves them: each Gemma setting from
 the file's key where it has one, else as llama.cpp derives it; a `llama` file with experts as
-Mixtral. (Whole files: tests/engine/test_gguf_architectures.py.)"""
+Mixtral; head_dim from `attention.key_length`. (Whole files: tests/engine/test_gguf_architectures.py.)"""
 
 from __future__ import annotations
 
@@ -94,3 +94,11 @@ def test_a_llama_file_with_experts_is_mixtral() -> None:
     assert mixtral.model_type == "mixtral"
     assert (mixtral.num_local_experts, mixtral.num_experts_per_tok, mixtral.intermediate_size) == (8, 2, 96)
     assert (mixtral.hidden_size, mixtral.num_hidden_layers, mixtral.sliding_window) == (64, 2, None)
+
+
+def test_head_dim_from_key_length() -> None:
+    """transformers' qwen3 reader keeps Qwen3Config's head_dim of 128 whatever the file says."""
+    qwen3 = SimpleNamespace(head_dim=128, num_hidden_layers=2)
+    assert complete_config(qwen3, "qwen3", {"qwen3.attention.key_length": 64}, {}).head_dim == 64
+    unkeyed = SimpleNamespace(head_dim=128, num_hidden_layers=2)
+    assert complete_config(unkeyed, "qwen3", {}, {}).head_dim == 128

@@ -15,6 +15,8 @@ are completed here, each from the file's key where it has one and otherwise as l
 - Mixtral is a `llama` file with `expert_count`, which transformers reads as a dense Llama: the
   config is rebuilt as Mixtral's from the Llama one and the expert keys.
 - Qwen3-MoE's `expert_feed_forward_length` is left at the class default.
+- Qwen3's (and Llama's, read from the rotary dimension count) head_dim ignores
+  `attention.key_length`: llama.cpp's head size is that key where the file has it, so it is too here.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def complete_config(
 ) -> Any:
     """`hf_config` as transformers read it from a GGUF of `arch`, completed from the file's
     `metadata` and short `arrays`: the same object, or a new one (Mixtral's)."""
+    key_length = metadata.get(f"{arch}.attention.key_length")
+    if key_length is not None and hasattr(hf_config, "head_dim"):
+        hf_config.head_dim = int(key_length)
     experts_ffn = metadata.get(f"{arch}.expert_feed_forward_length")
     if arch == "qwen3moe" and experts_ffn is not None:
         hf_config.moe_intermediate_size = int(experts_ffn)

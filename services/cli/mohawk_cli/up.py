@@ -24,7 +24,6 @@ from pathlib import Path
 from mohawk_cli.cluster import ClusterError, ClusterSpec, LocalCluster
 from mohawk_cli.redis_server import INSTALL_HINT, find_redis_server
 from mohawk_cli.supervisor import Supervisor
-from mohawk_common.bus.config import BUNDLED_MODEL_NAME
 from mohawk_common.errors import MohawkError
 from mohawk_shard.config import add_format_flags
 
@@ -162,7 +161,7 @@ def run_up(args: argparse.Namespace) -> int:
         cluster.start()
         _wait_ready(cluster, lambda: stopping)
         if not stopping:
-            _banner(cluster, args.model)
+            _banner(cluster)
         supervisor = Supervisor(cluster)
         while not stopping:
             time.sleep(0.5)
@@ -194,8 +193,8 @@ def _wait_ready(cluster: LocalCluster, interrupted: object) -> None:
     raise ClusterError(f"not ready after 300 s; see the logs in {cluster.log_dir}/")
 
 
-def _banner(cluster: LocalCluster, model: str | None) -> None:
-    name = BUNDLED_MODEL_NAME if model is None else "<model>"
+def _banner(cluster: LocalCluster) -> None:
+    name = cluster.model_name  # what the gateway serves: the bundled name or the file's stem
     auth = ' -H "Authorization: Bearer $KEY"' if cluster.spec.gateway_env.get("MOHAWK_AUTH") else ""
     tenants = (
         f"""

@@ -10,7 +10,7 @@ reference for exactly the file's weights. F16 tensors round the model's paramete
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,20 +32,24 @@ def export_gguf(
     arch: str,
     formats: Mapping[str, str] | None = None,
     metadata: Mapping[str, Any] | None = None,
+    fields: Sequence[tuple[str, Any, Sequence[Any]]] = (),
 ) -> dict[str, str]:
     """Write `model` (fp32) to `path` as a GGUF of `arch`; `formats` maps a GGUF tensor kind
     (`attn_q`, `ffn_down_exps`, `token_embd`, ...) to a type name (default F32). `metadata`:
-    extra `add_*` calls of `GGUFWriter` (`{"rope_freq_base_swa": 10000.0}`). Returns each tensor's
-    written type by GGUF name."""
+    extra `add_*` calls of `GGUFWriter` (`{"rope_freq_base_swa": 10000.0}`); `fields`: keys copied
+    from another file, `(key, contents, value types)` as `GGUFReader` reads them. Returns each
+    tensor's written type by GGUF name."""
     import gguf
 
     formats = dict(formats or {})
     config = model.config
     tensors = _gguf_tensors(model, arch)
     writer = gguf.GGUFWriter(str(path), arch)
-    _write_metadata(writer, config, arch)
+    _write_metadata(writer, config, arch, named=any(key == "general.name" for key, _, _ in fields))
     for key, value in (metadata or {}).items():
         getattr(writer, f"add_{key}")(value)
+    for key, contents, types in fields:
+        writer.add_key_value(key, contents, types[0], types[1] if len(types) > 1 else None)
     written = {}
     for seed, (name, (array, set_back)) in enumerate(tensors.items()):
         kind = name.split(".")[-2]
@@ -80,11 +84,12 @@ def _blocks(array: np.ndarray, type_name: str, seed: int) -> np.ndarray:
     return raw.reshape(*array.shape[:-1], -1)
 
 
-def _write_metadata(writer: Any, config: Any, arch: str) -> None:
+def _write_metadata(writer: Any, config: Any, arch: str, named: bool) -> None:
     import gguf
 
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer.add_name(f"tiny-{arch}")
+    if not named:
+        writer.add_name(f"tiny-{arch}")
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)

@@ -20,7 +20,7 @@ import psutil
 import torch
 
 from mohawk_common.model_store import ModelSource
-from mohawk_common.model_store.gguf_source import GGUFSource, gguf_tensor_name
+from mohawk_common.model_store.gguf_source import GGUFSource
 from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, weight_names
 from mohawk_shard.config import EngineSettings, WeightsMode
 from mohawk_shard.engine.llm_engine import LLMEngine
@@ -69,7 +69,8 @@ def stage_memory(engine: LLMEngine, source: ModelSource) -> list[StageMemory]:
                 head=backend.has_head,
             )
             tied = source.config.tie_word_embeddings
-            gguf_names = {gguf_tensor_name(EMBEDDING if tied and n == LM_HEAD else n) for n in names}
+            # the file's tensor of each (Gemma's norms, Phi-3's fused q/k/v and gate/up, 3-D experts)
+            gguf_names = {source._info(EMBEDDING if tied and n == LM_HEAD else n).name for n in names}
             gguf_bytes = sum(source._file.tensors[n].nbytes for n in gguf_names)
         layers = f"[{backend.start}, {backend.end})"
         stages.append(StageMemory(layers, backend.weight_bytes, gguf_bytes))

@@ -239,19 +239,25 @@ class ShardNode:
         return failed, expired
 
     async def _heartbeat_loop(self) -> None:
-        """A heartbeat every interval; also where an idle node gives freed heap back (`memory_trim`)."""
+        """A heartbeat every interval; also where an idle node gives freed heap back (`memory_trim`).
+
+        The trim runs on the compute executor, behind any step already queued there, so it is
+        started beside this loop and never awaited by it: a heartbeat that waited for a long step
+        (a big prefill on a loaded machine, an MLX step) went out more than `node_timeout_s` late,
+        and the coordinator dropped a working node from the plan (the short load test saw 9 such
+        drops in 2 minutes, with 503s)."""
         subject = names.heartbeat_subject(self.node_id)
         stats_subject = names.telemetry_subject(STEP, self.node_id)
         trim, idle, window = load_malloc_trim(), IdleTrim(), StepWindow(time.monotonic())
+        trimming: asyncio.Task[None] | None = None
         while True:
             with contextlib.suppress(Exception):
                 await self.nc.publish(subject, encode_json(self._signed(self.heartbeat())))
             if self.settings.telemetry:
                 with contextlib.suppress(Exception):  # for the telemetry service
                     await self.nc.publish(stats_subject, step_report(self, window).model_dump_json().encode())
-            if trim is not None:
-                with contextlib.suppress(Exception):
-                    await self._trim_if_idle(trim, idle)
+            if trim is not None and (trimming is None or trimming.done()):
+                trimming = asyncio.create_task(self._trim_if_idle(trim, idle))
             await asyncio.sleep(self.settings.heartbeat_interval_s)
 
     async def _trim_if_idle(self, trim: Callable[[], None], idle: IdleTrim) -> None:
@@ -261,7 +267,10 @@ class ShardNode:
         if self._role is None or not idle.due(self._role.num_steps, time.monotonic()):
             return
         before = psutil.Process().memory_info().rss
-        await asyncio.get_running_loop().run_in_executor(self.executor, trim)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, trim)
+        except Exception:  # the executor shut down under it: nothing to give back
+            return
         after = psutil.Process().memory_info().rss
         self._log.info(
             "idle: freed heap given back",

@@ -1,0 +1,66 @@
+"""A node's heartbeats keep their interval while its compute thread is busy: the idle-time heap
+trim, which queues on the compute executor behind a running step, is never waited for by the
+heartbeat loop. Against a real nats-server; the step is a job holding the compute thread."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from mohawk_common.bus import names
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.security import Security
+from mohawk_common.bus.server import NatsServer
+from mohawk_common.memory_trim import load_malloc_trim
+from mohawk_pqc.kem import CryptographyKem
+from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.node.config import NodeSettings
+from mohawk_shard.node.service import ShardNode
+
+INTERVAL_S = 0.2
+STEP_S = 4.0  # one long step, past the node timeout's 3 s
+
+
+def test_heartbeats_keep_their_interval_while_a_long_step_holds_the_compute_thread(
+    nats_server: NatsServer,
+) -> None:
+    if load_malloc_trim() is None:
+        pytest.skip("no malloc_trim in this C library: the node never trims")
+    settings = NodeSettings.model_validate(
+        {"node_id": "n1", "insecure": True, "heartbeat_interval_s": INTERVAL_S, "telemetry": False}
+    )
+    node = ShardNode(settings, Security(None, CryptographyKem(), role="shard"))
+    node.heartbeat = lambda: bus_pb2.Heartbeat(node_id="n1", role="shard")  # type: ignore[method-assign]
+    role = SimpleNamespace(num_steps=1)
+    node._role = role  # type: ignore[assignment]
+
+    async def scenario() -> list[float]:
+        node.nc = await connect([nats_server.url], name="probe-node", attempts=3)
+        probe = await connect([nats_server.url], name="probe", attempts=3)
+        arrivals: list[float] = []
+
+        async def on_beat(_msg: object) -> None:
+            arrivals.append(time.monotonic())
+
+        await probe.subscribe(names.heartbeat_subject("n1"), cb=on_beat)
+        beating = asyncio.create_task(node._heartbeat_loop())
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(0.5)
+        role.num_steps = 2  # a step ran; from now on the counter stands still: the node looks idle
+        step = loop.run_in_executor(node.executor, time.sleep, STEP_S)  # ... while a long step runs
+        await step
+        await asyncio.sleep(0.5)
+        beating.cancel()
+        await probe.close()
+        await node.nc.close()
+        node.executor.shutdown(wait=False)
+        return arrivals
+
+    arrivals = asyncio.run(scenario())
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert max(gaps) < 1.0, f"a heartbeat waited {max(gaps):.2f} s on the compute thread"
+    assert len(arrivals) >= STEP_S / INTERVAL_S, arrivals

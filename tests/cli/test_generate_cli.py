@@ -1,4 +1,5 @@
-"""`mohawk generate` as a user runs it: a real subprocess, stdout holds only the completion."""
+"""`mohawk generate` as a user runs it: a real subprocess, stdout holds only the completion. The
+comparisons of two runs' texts (a split, a seed) run in this process, against the subprocess's."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.helpers import mohawk
+from tests.cli.helpers import mohawk, mohawk_in_process
 
 PROMPT = "What is the capital of France?"
 
@@ -24,18 +25,23 @@ def test_prints_only_the_completion(greedy_whole: subprocess.CompletedProcess[st
     assert "Traceback" not in greedy_whole.stderr
 
 
-def test_split_prints_the_same_greedy_text(greedy_whole: subprocess.CompletedProcess[str]) -> None:
-    split = mohawk("generate", "--prompt", PROMPT, "--max-tokens", "24", "--split", "10,20")
-    assert split.returncode == 0, split.stderr
-    assert split.stdout == greedy_whole.stdout
+def test_split_prints_the_same_greedy_text(
+    greedy_whole: subprocess.CompletedProcess[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("generate", "--prompt", PROMPT, "--max-tokens", "24", "--split", "10,20")
+    code, out, err = mohawk_in_process(capsys, *args)
+    assert code == 0, err
+    assert out == greedy_whole.stdout
 
 
-def test_same_seed_same_text() -> None:
+def test_same_seed_same_text(
+    greedy_whole: subprocess.CompletedProcess[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ("generate", "--prompt", "Tell me a story.", "--max-tokens", "16", "--temperature", "1.0")
-    first = mohawk(*args, "--seed", "7")
-    second = mohawk(*args, "--seed", "7")
-    assert first.returncode == 0, first.stderr
-    assert first.stdout == second.stdout and first.stdout.strip()
+    first = mohawk_in_process(capsys, *args, "--seed", "7")
+    second = mohawk_in_process(capsys, *args, "--seed", "7")
+    assert first[0] == 0, first[2]
+    assert first[1] == second[1] and first[1].strip()
 
 
 @pytest.mark.parametrize(

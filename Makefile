@@ -41,7 +41,7 @@ up: setup
 
 # the chaos suite's full form: kill -9 every role under load (the short form runs in `make test`)
 chaos: setup
-	$(VENV)/bin/pytest -q -s -p no:cacheprovider tests/chaos
+	MOHAWK_FULL=1 $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/chaos
 
 # issue 23's hosts as hosts: three network-namespace hosts on a bridge, a 3-server NATS cluster with
 # auth per role, two coordinators, a gateway and three shard nodes; a host unplugged under 16 streams;

@@ -3,6 +3,7 @@ redis-server on a free port, per module, emptied before each test (`redis_url`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,19 @@ import pytest
 from mohawk_cli.redis_server import RedisServer
 from mohawk_common.bus.server import NatsServer
 from tests.redis_server import ensure_running, flush, start_redis
+
+FULL_FORM = os.environ.get("MOHAWK_FULL") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`full_form` cases run only in the long forms (`make chaos` sets MOHAWK_FULL=1): `make test`
+    keeps one case of each scenario and skips the rest, saying where they run."""
+    if FULL_FORM:
+        return
+    skip = pytest.mark.skip(reason="full form only: `make chaos` (MOHAWK_FULL=1) runs it")
+    for item in items:
+        if item.get_closest_marker("full_form") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -77,6 +77,7 @@ def test_nats_restart_loses_no_request(cluster: LocalCluster, reference: dict[st
 
 
 @pytest.mark.slow
+@pytest.mark.full_form
 def test_nats_restart_after_ten_seconds_loses_no_request(
     cluster: LocalCluster, reference: dict[str, str]
 ) -> None:

@@ -74,6 +74,7 @@ bench: setup
 	$(PY) bench/telemetry.py --full --traces --json bench/results/telemetry-cpu.json
 	$(PY) bench/security.py --full --json bench/results/security-cpu.json
 	$(PY) bench/backends.py --full --json bench/results/backends-cpu.json
+	$(PY) bench/architectures.py --json bench/results/architectures-cpu.json --markdown bench/results/architectures-cpu.md
 
 # Generated code is committed: run this after editing anything under proto/mohawk.
 # protoc writes mohawk/v1/x_pb2.py (the proto package path); it is moved to mohawk_proto/v1/ and

@@ -174,9 +174,26 @@ def bench_arch(arch: str, directory: Path, form: Form, args: argparse.Namespace)
     held, stored = sum(m.held_bytes for m in memory), sum(m.gguf_bytes or 0 for m in memory)
     figures["memory"] = {"held_bytes": held, "gguf_tensor_bytes": stored, "ratio": held / stored}
     figures["stored_formats"] = stored_formats(source)
+    if args.profile:
+        figures["profile"] = profile_batch1(runners["native"], prompts[0])
     figures["seconds"] = round(time.perf_counter() - start, 1)
     llama.close()
     return figures
+
+
+def profile_batch1(runner: MohawkRunner, prompt: list[int], num_tokens: int = 16) -> list[dict[str, Any]]:
+    """torch's profiler over one batch-1 run: the ops with the most self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        runner.batch1(prompt, num_tokens)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    top = [
+        {"op": e.key, "share": round(e.self_cpu_time_total / total, 3), "calls": e.count} for e in events[:6]
+    ]
+    print(f"profile, batch 1, {num_tokens} tokens: {top}", flush=True)
+    return top
 
 
 def chat_sequence(source: ModelSource) -> list[int]:
@@ -225,6 +242,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--scale", type=float, default=1.0, help="random init multiplier (default 1: transformers' own init)"
     )
+    parser.add_argument("--profile", action="store_true", help="torch's profiler over a Mohawk batch-1 run")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     return parser.parse_args(argv)
@@ -240,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("warning")
     torch.set_num_threads(args.threads)
     form = SHORT if args.short else FULL
+    load_before = os.getloadavg()  # other work on the machine skews the speed figures: say how much
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="mohawk-arch-bench-") as directory:
         for arch in args.arch or ARCHITECTURES:
@@ -249,12 +268,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     table = markdown(results)
     print("\n".join(table))
+    print(f"load average {load_before} before, {os.getloadavg()} after")
     command = "python bench/architectures.py " + " ".join(argv if argv is not None else sys.argv[1:])
     figures = {
         "command": command.strip(),
         "machine": machine(),
         "llama_cpp": llama_cpp_version(),
         "threads": args.threads,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
         "form": vars(form),
         "shape": vars(SHAPE),
         "scale": args.scale,

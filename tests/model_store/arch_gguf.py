@@ -6,10 +6,12 @@ The tokenizer keys (`tokenizer.ggml.*`, `tokenizer.chat_template`) are copied as
 stores them: a byte-level BPE vocabulary (`tokenizer.ggml.model = gpt2`, pre-tokenizer `smollm`).
 transformers picks a GGUF tokenizer builder by that model name first (its Gemma and Phi-3
 builders apply to sentencepiece vocabularies only), and llama.cpp reads the vocabulary by the same
-key whatever the architecture, so one tokenizer serves every file here. The weights are what
+key whatever the architecture, so one tokenizer serves every file here (transformers' Gemma
+tokenizer class adds its `<mask>` as one more id, 49152, past the model's vocabulary: the engine
+refuses a prompt holding it as it refuses any id out of range). The weights are what
 `tests/model_store/gguf_export.py` writes (llama.cpp's converter's names, Gemma's 1 + w norms,
-permuted q/k rows of `llama` files, 3-D expert tensors), drawn at random and widened by `scale` so
-tokens depend on the input and greedy choices are not near-ties.
+permuted q/k rows of `llama` files, 3-D expert tensors), drawn by transformers' own init and
+multiplied by `scale` (default 4, as the engine tests widen theirs) so tokens depend on the input.
 
 usage: python -m tests.model_store.arch_gguf OUT_DIR [--hidden 256 --layers 2]   (one file per arch)
 """

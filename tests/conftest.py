@@ -27,6 +27,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def gguf_metadata_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The run's own GGUF metadata cache (`model_store/gguf_cache.py`), shared by the processes it
+    starts, so a run neither reads nor fills the user's."""
+    if "MOHAWK_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["MOHAWK_CACHE_DIR"] = str(tmp_path_factory.mktemp("mohawk-cache"))
+    try:
+        yield
+    finally:
+        os.environ.pop("MOHAWK_CACHE_DIR", None)
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     """A fresh nats-server with JetStream (file storage under tmp_path); tests may kill/restart it."""

@@ -11,6 +11,7 @@ import numpy as np
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import check_architecture, config_from_hf
+from mohawk_common.model_store.gguf_cache import cached_config, cached_tokenizer
 from mohawk_common.model_store.gguf_config import GEMMA_ARCHITECTURES, complete_config
 from mohawk_common.model_store.quantized import DECODABLE_FORMATS, GroupQuantized, decode_gguf_blocks
 from mohawk_common.model_store.source import ModelSource, expected_shape, one_line
@@ -74,15 +75,18 @@ class GGUFSource(ModelSource):
         arch = str(index.metadata.get("general.architecture"))
         check_architecture(_GGUF_ARCHITECTURES.get(arch, arch), path)
         try:
-            hf_config = AutoConfig.from_pretrained(
-                str(path.parent), gguf_file=path.name, local_files_only=True
+            hf_config, named = cached_config(
+                path,
+                lambda: AutoConfig.from_pretrained(
+                    str(path.parent), gguf_file=path.name, local_files_only=True
+                ),
             )
         except Exception as exc:
             unsupported = re.search(r"architecture (\S+) is not supported", str(exc))
             if unsupported:
                 check_architecture(unsupported.group(1), path)
             raise ModelLoadError(f"cannot read GGUF file {path}: {one_line(exc)}") from exc
-        model_id = getattr(hf_config, "_model_name_or_path", None) or path.stem
+        model_id = named or path.stem
         hf_config = complete_config(hf_config, arch, index.metadata, index.arrays)
         source = cls(path, config_from_hf(hf_config, str(model_id)), hf_config)
         source.check_variant()
@@ -189,8 +193,12 @@ class GGUFSource(ModelSource):
     def _load_tokenizer(self) -> PreTrainedTokenizerBase:
         from transformers import AutoTokenizer
 
-        tokenizer: Any = AutoTokenizer.from_pretrained(
-            str(self.path.parent), gguf_file=self.path.name, local_files_only=True
+        path = self.path
+        tokenizer: Any = cached_tokenizer(
+            path,
+            lambda: AutoTokenizer.from_pretrained(
+                str(path.parent), gguf_file=path.name, local_files_only=True
+            ),
         )
         return tokenizer
 

@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus import names
-from mohawk_common.bus.connect import connect
+from mohawk_common.bus.connect import connect, server_has_all
 from mohawk_common.bus.control import decode_json
 from mohawk_common.bus.frames import split_message
 from mohawk_common.bus.server import free_port
@@ -44,7 +44,7 @@ class Sniffer:
         self._thread.start()
         self._nc = self._run(connect([self.url], name="sniffer", attempts=3))
         self._run(self._nc.subscribe(">", cb=self._on_message))
-        self._run(self._nc.flush())
+        self._run(server_has_all(self._nc))
         return self
 
     async def _on_message(self, msg: Msg) -> None:

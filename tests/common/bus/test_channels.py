@@ -13,7 +13,7 @@ from nats.aio.client import Client
 from mohawk_common.bus import channels as channels_module
 from mohawk_common.bus import names
 from mohawk_common.bus.channels import ChannelManager
-from mohawk_common.bus.connect import connect
+from mohawk_common.bus.connect import connect, server_has_all
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.server import NatsServer
 from mohawk_pqc.errors import AuthenticationError
@@ -54,7 +54,7 @@ def test_the_manager_of_the_offers_plan_answers_and_an_unserved_plan_is_refused(
             await m.start()
         # the server has b's subscriptions before a (another connection) sends its first offer; a
         # node's own later messages (its ready report) come after them on its one connection
-        await b_nc.flush()
+        await server_has_all(b_nc)
         try:
             for version, answering in ((2, b_new), (1, b_old), (2, b_new)):
                 a = manager(a_nc, a_sec, "shard-a", version)
@@ -115,7 +115,7 @@ def test_a_bogus_finish_ends_no_handshake_and_offers_past_the_cap_are_refused(
         a_sec, b_sec = security(pki, "shard-a"), security(pki, "shard-b")
         b = ChannelManager(nc, b_sec, node_id="shard-b", plan_version=1, expected_peers=PEERS)
         await b.start()
-        await nc.flush()
+        await server_has_all(nc)
         try:
             real = initiator(a_sec)
             finish, keys = real.handle_response((await ask(nc, "init", real.init_message())).message)
@@ -168,7 +168,7 @@ def test_a_certificate_bound_to_another_model_opens_no_channel(
             ]
             for m in managers:
                 await m.start()
-            await nc.flush()
+            await server_has_all(nc)
             try:
                 await managers[0].channel_to(second)
             finally:

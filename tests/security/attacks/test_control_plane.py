@@ -14,7 +14,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus import names
-from mohawk_common.bus.connect import connect
+from mohawk_common.bus.connect import connect, server_has_all
 from mohawk_common.bus.control import decode_json, encode_json
 from mohawk_common.bus.control_records import sign_record
 from mohawk_common.bus.server import free_port
@@ -115,7 +115,7 @@ def test_a_forged_heartbeat_cannot_make_the_leader_nak_a_subject_it_names(cluste
         BusClient(cluster.nats.url, creds=cluster.nats_creds("ops")) as watcher,
     ):
         seen = watcher.run(watcher.nc.subscribe(victim))
-        watcher.run(watcher.nc.flush())
+        watcher.run(server_has_all(watcher.nc))
 
         async def attack() -> None:
             for started in (1, 2, 3):  # each "restart" would hand the held subjects back

@@ -13,7 +13,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from mohawk_common.bus import names
-from mohawk_common.bus.connect import connect
+from mohawk_common.bus.connect import connect, server_has_all
 from mohawk_common.bus.frames import KIND_ACTIVATIONS, KIND_RESULT, activation_payload, encode_frames
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.server import NatsServer
@@ -70,7 +70,7 @@ async def pipeline(url: str, pki: Path) -> AsyncIterator[list[Stage]]:
 
             await nc.subscribe(names.activation_subject(PLAN.version, 0, index), cb=record)
             await link.start()
-            await nc.flush()
+            await server_has_all(nc)
             stages.append(Stage(nc, sec, link, inbox))
         yield stages
     finally:
@@ -82,7 +82,7 @@ async def pipeline(url: str, pki: Path) -> AsyncIterator[list[Stage]]:
 async def settle(*stages: Stage) -> None:
     """Every message published so far has been delivered (a round trip on each connection)."""
     for stage in stages:
-        await stage.nc.flush()
+        await server_has_all(stage.nc)
     await asyncio.sleep(0.2)
 
 

@@ -181,3 +181,17 @@ def _shown(urls: Sequence[str]) -> str:
 
 async def _on_reconnected() -> None:
     log.info("nats reconnected")
+
+
+async def server_has_all(nc: Client, timeout_s: float = 10.0) -> None:
+    """Return once the server has every command `nc` wrote so far (its SUBs above all).
+
+    nats-py's `flush()` is not that barrier: it writes its PING straight to the socket, ahead of
+    the commands still in the client's buffer (`_send_ping` in nats-py 2.13.1 to 2.16.0 at least),
+    so its PONG can come back before a just-made subscription reaches the server, and another
+    connection's request then meets "no responders". The buffer is written out first, then the
+    PING/PONG round trip.
+    """
+    async with asyncio.timeout(timeout_s):
+        await nc._flush_pending(force_flush=True)  # no public call writes the buffer and waits
+        await nc.flush(timeout=max(1, int(timeout_s)))

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 
 from mohawk_cli.bus.jetstream import connected, human_bytes
 from mohawk_common.bus import names
+from mohawk_common.bus.connect import server_has_all
 from mohawk_common.bus.frames import KIND_ACTIVATIONS, KIND_FAILED, KIND_RESULT, FrameError, split_message
 from mohawk_common.bus.requests import SEALED_HEADER
 from mohawk_proto.v1 import engine_pb2, security_pb2
@@ -143,6 +144,7 @@ async def watch(
         # handshakes name the channels the frames travel on: watch them too (shown only if asked for)
         if not subject.startswith(f"{names.PREFIX}.hs."):
             await nc.subscribe(f"{names.PREFIX}.hs.*", cb=learn)
+        await server_has_all(nc)  # "watching" is true only once the server has the subscriptions
         print(
             f"watching {subject}: payloads between services are encrypted, so only sizes, headers "
             "and senders are shown",

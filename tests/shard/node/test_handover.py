@@ -4,6 +4,7 @@ one, and a stage of the same layer range sharing the weights but not the KV pool
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.node import handover
-from mohawk_shard.node.capacity import Capacity
+from mohawk_shard.node.capacity import Capacity, measure_capacity
 from mohawk_shard.node.handover import (
     StageFootprint,
     room_for_both,
@@ -23,6 +24,7 @@ from mohawk_shard.node.handover import (
     share_weights,
     stage_footprint,
 )
+from tests.engine.test_more_architectures import build_tiny
 
 MIB = 1 << 20
 CAPACITY = Capacity(
@@ -100,3 +102,39 @@ def test_a_stage_of_the_same_range_shares_weights_and_keeps_its_own_kv(bundled: 
         replace(CAPACITY, kv_block_bytes_per_layer=MIB), serving, view((0, 2), (2, 30))
     )
     assert footprint == StageFootprint(serving.weight_bytes, 8 * 2 * MIB)
+
+
+def test_with_sliding_window_groups_a_block_costs_one_groups_layers() -> None:
+    # Gemma 2's alternation: even layers slide, odd ones attend to all; a block id holds one group's
+    alternating = replace(CAPACITY, layer_groups=tuple(i % 2 for i in range(30)))
+    plan = view((0, 10), (10, 20), (20, 30))
+    assert stage_footprint(alternating, plan, 1) == StageFootprint(100 * MIB, 8 * 5 * MIB)
+    assert stage_footprint(alternating, view((0, 3), (3, 30)), 0).kv_bytes == 8 * 2 * MIB
+
+
+def test_a_windowed_models_footprint_is_what_its_stage_allocates(
+    bundled: ModelSource, tmp_path: Path
+) -> None:
+    directory = tmp_path / "gemma2"
+    build_tiny("gemma2-softcap-window", directory, bundled.load_tokenizer())
+    source = open_model(directory)
+    block_size, num_blocks = 4, 6
+    capacity = measure_capacity(
+        source,
+        device="cpu",
+        dtype="float32",
+        block_size=block_size,
+        memory_limit_mb=None,
+        kv_cache_memory_mb=16,
+    )
+    assert len(set(capacity.layer_groups)) == 2
+    layers = source.config.num_layers
+    stage = make_backend("torch", source, 0, layers, device="cpu", dtype="float32")
+    assert isinstance(stage, TorchBackend)
+    stage.allocate_kv_cache(num_blocks, block_size)
+    # layers of different groups share a page's tensors: count each tensor once
+    tensors = {t.data_ptr(): t.nbytes for c in stage.kv_caches for t in (c.key, c.value)}
+    allocated = sum(tensors.values())
+    footprint = serving_footprint(capacity, stage, view((0, layers), num_kv_blocks=num_blocks))
+    assert footprint.kv_bytes == allocated
+    assert capacity.page_layers(0, layers) < layers  # less than every layer's KV per block id

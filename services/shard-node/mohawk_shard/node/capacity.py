@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from mohawk_common.kv_groups import group_of_layer, model_kv_groups, page_layers
 from mohawk_common.model_store import ModelSource
 from mohawk_common.model_store.config import ModelConfig
 from mohawk_proto.v1 import bus_pb2
@@ -44,6 +45,15 @@ class Capacity:
     embedding_weight_bytes: int
     head_weight_bytes: int
     weights_format: str
+    # each decoder layer's KV group (`kv_groups.group_of_layer`); empty: one group, every layer
+    layer_groups: tuple[int, ...] = ()
+
+    def page_layers(self, start: int, end: int) -> int:
+        """Layers of [start, end) one KV block id costs: all of them, but with sliding-window
+        groups only the most that one group has among them (`kv_groups.page_layers`)."""
+        if not self.layer_groups:
+            return end - start
+        return page_layers(self.layer_groups, start, end)
 
     def describe(self, heartbeat: bus_pb2.Heartbeat, config: ModelConfig) -> None:
         """Fill in the model's shape and this node's weight bytes: all the coordinator needs to plan."""
@@ -120,6 +130,7 @@ def measure_capacity(
         embedding_weight_bytes=ends.embedding,
         head_weight_bytes=ends.head,
         weights_format=weights_format(source, weights, held_dtype),
+        layer_groups=tuple(group_of_layer(model_kv_groups(source.config), source.config.num_layers)),
     )
 
 

@@ -56,15 +56,19 @@ def stage_footprint(
             weights += capacity.embedding_weight_bytes
         if placement.end == view.num_layers:
             weights += capacity.head_weight_bytes
-    kv = view.num_kv_blocks * capacity.kv_block_bytes_per_layer * num_layers
+    kv = (
+        view.num_kv_blocks
+        * capacity.kv_block_bytes_per_layer
+        * capacity.page_layers(placement.start, placement.end)
+    )
     return StageFootprint(weights, kv)
 
 
 def serving_footprint(capacity: Capacity, backend: Backend, view: bus_pb2.Plan) -> StageFootprint:
     """What the stage the node serves now holds: its backend's weights and its KV pool."""
-    num_layers = backend.end - backend.start
+    kv_layers = capacity.page_layers(backend.start, backend.end)
     return StageFootprint(
-        backend.weight_bytes, view.num_kv_blocks * capacity.kv_block_bytes_per_layer * num_layers
+        backend.weight_bytes, view.num_kv_blocks * capacity.kv_block_bytes_per_layer * kv_layers
     )
 
 

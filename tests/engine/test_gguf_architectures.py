@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import ModelSource, open_model
 from tests.model_store.gguf_export import export_gguf
 
@@ -161,3 +162,28 @@ def test_native_logits(kind: str, tmp_path: Path) -> None:
     ours = full_logits(source, PROMPT, (1,), block_size=4, weights="native")
     diff = _assert_close(ours, theirs, 0.02)
     print(f"{kind}: max |native - transformers| {diff:.4f} of {theirs.abs().max().item():.2f}")
+
+
+def test_a_mixtral_file_with_a_tensor_per_expert(tmp_path: Path) -> None:
+    """Mixtral GGUFs written before llama.cpp stacked experts (April 2024; TheBloke's files) hold
+    each expert's matrices as 2-D `blk.N.ffn_gate.E.weight` tensors: read as the 3-D layout is,
+    natively, and a missing expert is named."""
+    model = build_reference("mixtral")
+    path = tmp_path / "tiny-mixtral-per-expert.gguf"
+    export_gguf(path, model, "llama", VARIANTS["mixtral"].native, split_experts=True)
+    source = open_model(path)
+    assert "blk.1.ffn_down.3.weight" in source._file.tensors
+    assert "blk.1.ffn_down_exps.weight" not in source._file.tensors
+    source.check_tensors()
+    assert source.stored_format("layers.1.mlp.experts.3.down_proj.weight") == "Q6_K"
+    theirs = reference_logits(model, PROMPT)
+    _assert_close(full_logits(source, PROMPT, (1,), block_size=4), theirs, 1e-4)
+    _assert_close(full_logits(source, PROMPT, (1,), block_size=4, weights="native"), theirs, 0.02)
+
+    broken = tmp_path / "tiny-mixtral-missing-expert.gguf"
+    content = path.read_bytes()
+    broken.write_bytes(content.replace(b"blk.1.ffn_up.2.weight", b"blk.1.ffn_up.9.weight"))
+    with pytest.raises(
+        ModelLoadError, match=r"no tensor blk\.1\.ffn_up_exps\.weight or blk\.1\.ffn_up\.2\.weight"
+    ):
+        open_model(broken).check_tensors()

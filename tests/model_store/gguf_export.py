@@ -33,12 +33,14 @@ def export_gguf(
     formats: Mapping[str, str] | None = None,
     metadata: Mapping[str, Any] | None = None,
     fields: Sequence[tuple[str, Any, Sequence[Any]]] = (),
+    split_experts: bool = False,
 ) -> dict[str, str]:
     """Write `model` (fp32) to `path` as a GGUF of `arch`; `formats` maps a GGUF tensor kind
     (`attn_q`, `ffn_down_exps`, `token_embd`, ...) to a type name (default F32). `metadata`:
     extra `add_*` calls of `GGUFWriter` (`{"rope_freq_base_swa": 10000.0}`); `fields`: keys copied
-    from another file, `(key, contents, value types)` as `GGUFReader` reads them. Returns each
-    tensor's written type by GGUF name."""
+    from another file, `(key, contents, value types)` as `GGUFReader` reads them; `split_experts`:
+    each expert's matrices as 2-D `blk.N.ffn_gate.E.weight` tensors, the layout before the 3-D
+    `ffn_*_exps`. Returns each tensor's written type by GGUF name."""
     import gguf
 
     formats = dict(formats or {})
@@ -54,23 +56,39 @@ def export_gguf(
     for seed, (name, (array, set_back)) in enumerate(tensors.items()):
         kind = name.split(".")[-2]
         type_name = formats.get(kind, "F32") if array.ndim > 1 else "F32"
-        if type_name == "F32":
-            writer.add_tensor(name, array)
-        elif type_name == "F16":
-            half = array.astype(np.float16)
-            writer.add_tensor(name, half)
-            set_back(half.astype(np.float32))
+        if split_experts and kind in _EXPERT_PARTS:
+            # llama.cpp before April 2024 (TheBloke's Mixtral files): one 2-D tensor per expert
+            layer, base = name.split(".")[1], kind.removesuffix("_exps")
+            decoded = [
+                _write_tensor(writer, f"blk.{layer}.{base}.{e}.weight", array[e], type_name, seed * 1000 + e)
+                for e in range(array.shape[0])
+            ]
+            set_back(np.stack(decoded))
         else:
-            qtype = GGMLQuantizationType[type_name]
-            raw = _blocks(array, type_name, seed)
-            writer.add_tensor(name, raw, raw_dtype=qtype)
-            set_back(gguf.quants.dequantize(raw, qtype).reshape(array.shape))
+            set_back(_write_tensor(writer, name, array, type_name, seed))
         written[name] = type_name
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return written
+
+
+def _write_tensor(writer: Any, name: str, array: np.ndarray, type_name: str, seed: int) -> np.ndarray:
+    """Write `array` as `name` in `type_name`; returns what the written bytes decode to."""
+    import gguf
+
+    if type_name == "F32":
+        writer.add_tensor(name, array)
+        return array
+    if type_name == "F16":
+        half = array.astype(np.float16)
+        writer.add_tensor(name, half)
+        return half.astype(np.float32)
+    qtype = GGMLQuantizationType[type_name]
+    raw = _blocks(array, type_name, seed)
+    writer.add_tensor(name, raw, raw_dtype=qtype)
+    return np.asarray(gguf.quants.dequantize(raw, qtype)).reshape(array.shape)
 
 
 def _blocks(array: np.ndarray, type_name: str, seed: int) -> np.ndarray:

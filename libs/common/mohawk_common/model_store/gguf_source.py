@@ -44,7 +44,8 @@ _LAYER_PARTS = {
     "self_attn.qkv_proj": "attn_qkv",
     "mlp.gate_up_proj": "ffn_up",
 }
-# a MoE layer's experts: one 3-D tensor [experts, rows, columns] a matrix kind
+# a MoE layer's experts: one 3-D tensor [experts, rows, columns] a matrix kind (files written before
+# April 2024, Mixtral's above all, hold one 2-D `blk.N.ffn_gate.E.weight` per expert instead)
 _EXPERT_PARTS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 _EXPERT_NAME = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
 # Gemma's layer norms: after attention, before and after the MLP (`ffn_norm` is Llama's second)
@@ -120,8 +121,16 @@ class GGUFSource(ModelSource):
         return GGUFFile(self.path)
 
     def _info(self, name: str) -> GGUFTensorInfo:
-        gguf_name = gguf_tensor_name(self.file_tensor(name)[0], self._arch)
+        canonical = self.file_tensor(name)[0]
+        gguf_name = gguf_tensor_name(canonical, self._arch)
         info = self._file.tensors.get(gguf_name)
+        if info is None:
+            expert = _EXPERT_NAME.fullmatch(canonical)
+            if expert is not None:  # llama.cpp before April 2024: a 2-D tensor per expert
+                layer, index, kind = expert.groups()
+                base = _EXPERT_PARTS[kind].removesuffix("_exps")
+                info = self._file.tensors.get(f"blk.{layer}.{base}.{index}.weight")
+                gguf_name += f" or blk.{layer}.{base}.{index}.weight"
         if info is None:
             raise ModelLoadError(f"GGUF file {self.path} has no tensor {gguf_name} (for {name})")
         return info

@@ -1,33 +1,36 @@
-"""MLX backend: a layer range of a Llama-family model on MLX, run by mlx-lm's own model classes.
+"""MLX backend: a layer range of any architecture Mohawk reads, run by mlx-lm's own model classes.
 
-Design. The stage's layers are mlx-lm `TransformerBlock`s (and its embedding, final norm and LM
-head where the stage holds them), built from an mlx-lm `ModelArgs` with the stage's layer count,
-and loaded with this project's weights under mlx-lm's parameter names; nothing of the model is
-rewritten here. The RoPE base is passed from our config, because mlx-lm's llama reads only a
-top-level `rope_theta` and falls back to 10000 without a word (transformers 5 keeps it under
-`rope_parameters`). The KV cache is the project's paged cache, as on a torch stage: per layer one
-array of keys and one of values, `[num_blocks × block_size, kv_heads, head_dim]`. mlx-lm's
-attention reaches it through `PagedLayerCache`, an object with mlx-lm's cache interface (`offset`,
-`update_and_fetch`) that writes a sequence's new keys and values into its slots and hands back its
-whole context, gathered through its block table. So block ids mean on an MLX stage what they mean
-on a torch stage: prefix blocks shared by stage 0's block manager are reused as they are, and a
-cancelled sequence's blocks are simply reused. The sequences of a step run one after another
-(mlx-lm's attention takes one offset per batch row); that is the thing to batch for speed on Apple
-Silicon, while on a Linux CPU MLX is here for correctness and for mixing with torch stages.
-Sampling turns the logits rows into a torch CPU tensor and uses the torch stage's sampler, so
-both backends sample identically. Matmul weights are held as `mlx_quant` decides from the weight
-format: a GGUF file's Q4_0/Q4_1/Q8_0 tensors as mlx-lm's `QuantizedLinear`/`QuantizedEmbedding`
-(swapped in by `nn.quantize` before loading) with the file's own blocks as their groups, so a
-4-bit stage computes with exactly the values a float32 stage holds and hands on the same hidden
-states; everything else in the compute dtype (or bf16/fp32 when asked).
+Design. The stage's layers are mlx-lm's decoder blocks of the model's architecture (and its
+embedding, final norm and LM head where the stage holds them), built by `mlx_models` from an
+mlx-lm `ModelArgs` mapped explicitly from our config (mlx-lm's llama, for one, reads only a
+top-level `rope_theta` and falls back to 10000 without a word; transformers 5 keeps it under
+`rope_parameters`), and loaded with this project's weights under mlx-lm's parameter names;
+nothing of the model is rewritten here. The KV cache is the project's paged cache, as on a torch
+stage, and grouped as there (`mohawk_common.kv_groups`): `page_layers` pairs of arrays
+`[num_blocks × block_size, kv_heads, head_dim]`, the j-th layer of each KV group in the stage
+using pair j through its group's block table. mlx-lm's attention reaches it through
+`PagedLayerCache`, an object with mlx-lm's cache interface (`offset`, `update_and_fetch`) that
+writes a sequence's new keys and values into its slots and hands back the context it holds,
+gathered through its block table. A sliding layer's table starts at the first block its window
+still needs (stage 0's block manager has given the earlier ones back, `NULL_BLOCK`), and its
+mask, built here, lets a query at p see keys in (p − window, p], as transformers and the torch
+stage do. So block ids mean on an MLX stage what they mean on a torch stage: prefix blocks shared
+by stage 0's block manager are reused as they are, and a cancelled sequence's blocks are simply
+reused. The sequences of a step run one after another (mlx-lm's attention takes one offset per
+batch row); that is the thing to batch for speed on Apple Silicon, while on a Linux CPU MLX is
+here for correctness and for mixing with torch stages. Sampling turns the logits rows into a
+torch CPU tensor and uses the torch stage's sampler, so both backends sample identically. Matmul
+weights are held as `mlx_quant` decides from the weight format and the compute dtype: a GGUF
+file's Q4_0/Q4_1/Q4_K/Q5_x/Q8_0 tensors as mlx-lm's `QuantizedLinear`/`QuantizedEmbedding`/
+`QuantizedSwitchLinear` (swapped in by `nn.quantize` before loading) with the file's own groups,
+where the compute dtype holds their scales exactly (float32 always), so a quantized stage
+computes with exactly the values a float32 stage holds; everything else in the compute dtype.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -36,9 +39,10 @@ import structlog
 import torch
 
 from mohawk_common.errors import ConfigError
+from mohawk_common.kv_groups import group_of_layer, model_kv_groups, page_layers, tensor_slots
 from mohawk_common.model_store import ModelSource
-from mohawk_common.model_store.config import ModelConfig
-from mohawk_common.model_store.source import expected_shape, weight_names
+from mohawk_common.model_store.source import LM_HEAD, expected_shape, weight_names
+from mohawk_shard.backends import mlx_models
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.mlx_quant import (
     GROUP_SIZE,
@@ -54,50 +58,39 @@ from mohawk_shard.model.weight_formats import weights_dtype
 _DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 _NAMES = {v: k for k, v in _DTYPES.items()}
 _WEIGHT_DTYPES = {"bf16": mx.bfloat16, "fp32": mx.float32}  # formats that fix the held dtype
-# mlx-lm module per architecture (Mistral's decoder is llama's)
-_MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 log = structlog.get_logger("mohawk.shard.mlx")
 
 
-def model_args(config: ModelConfig, num_layers: int) -> Any:
-    """mlx-lm's ModelArgs for `num_layers` layers of `config`, RoPE base and scaling explicit."""
-    module = importlib.import_module(f"mlx_lm.models.{_MODULES[config.architecture]}")
-    fields = {
-        "model_type": config.architecture,
-        "hidden_size": config.hidden_size,
-        "num_hidden_layers": num_layers,
-        "intermediate_size": config.intermediate_size,
-        "num_attention_heads": config.num_heads,
-        "num_key_value_heads": config.num_kv_heads,
-        "head_dim": config.head_dim,
-        "rms_norm_eps": config.rms_norm_eps,
-        "vocab_size": config.vocab_size,
-        "max_position_embeddings": config.max_position_embeddings,
-        "rope_theta": config.rope_theta,
-        "rope_scaling": config.rope_scaling,
-        "tie_word_embeddings": config.tie_word_embeddings,
-        "attention_bias": config.attention_bias,
-    }
-    return module.ModelArgs.from_dict(fields), module
-
-
 class PagedLayerCache:
-    """mlx-lm's cache interface over one layer of the paged KV store, for one sequence and one step."""
+    """mlx-lm's cache interface over one layer of the paged KV store, for one sequence and one step.
 
-    def __init__(self, store: list[mx.array], slots: mx.array, offset: int) -> None:
+    `offset` is the step's first position (what mlx-lm rotates by); `slots` are the KV slots of
+    positions [first, context length), `first` 0 except on a sliding layer whose earlier blocks
+    are gone."""
+
+    def __init__(self, store: list[mx.array], slots: mx.array, offset: int, first: int = 0) -> None:
         self._store = store  # [keys, values], each [num_slots, kv_heads, head_dim]
-        self._slots = slots  # KV slots of positions [0, context length)
+        self._slots = slots
         self.offset = offset
+        self._first = first
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Write the step's keys/values ([1, kv_heads, n, head_dim]); return the whole context's."""
-        count = keys.shape[2]
-        new = self._slots[self.offset : self.offset + count]
+        """Write the step's keys/values ([1, kv_heads, n, head_dim]); return the held context's."""
+        count, start = keys.shape[2], self.offset - self._first
+        new = self._slots[start : start + count]
         self._store[0][new] = keys[0].transpose(1, 0, 2)
         self._store[1][new] = values[0].transpose(1, 0, 2)
         context_keys = self._store[0][self._slots].transpose(1, 0, 2)[None]
         context_values = self._store[1][self._slots].transpose(1, 0, 2)[None]
         return context_keys, context_values
+
+
+class _Stage(nn.Module):
+    """The stage's mlx-lm modules under the names its weights load by (`mlx_models.target`)."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = layers
 
 
 class MlxBackend:
@@ -114,15 +107,8 @@ class MlxBackend:
         weights: str = "native",
     ) -> None:
         config = source.config
-        if config.architecture not in _MODULES:
+        if config.architecture not in mlx_models.MODULES:
             raise ConfigError(f"the mlx backend does not run {config.architecture!r} models")
-        if config.sliding_window is not None:
-            # mlx-lm's llama/qwen2 attend to the whole context: past the window its answers would
-            # differ from the torch stages', which mask it as transformers does
-            raise ConfigError(
-                f"the mlx backend does not mask sliding windows (this model's is {config.sliding_window} "
-                "tokens): run it on torch"
-            )
         if device not in ("auto", "cpu", "gpu"):
             raise ConfigError(f"the mlx backend runs on cpu or gpu, not {device!r}")
         if device != "auto":
@@ -137,45 +123,82 @@ class MlxBackend:
         self.config = config
         self.start, self.end = start, end
         self.has_embedding, self.has_head = start == 0, end == config.num_layers
-        args, module = model_args(config, end - start)
-        model = module.Model(args)  # parameters are lazy: only what is loaded below is ever made
-        self._weights = self._load(model, source)
-        self.layers = list(model.model.layers)
-        self.embed_tokens = model.model.embed_tokens if self.has_embedding or self._tied_head else None
-        self.norm = model.model.norm if self.has_head else None
-        self.lm_head = model.lm_head if self.has_head and not config.tie_word_embeddings else None
+        # KV groups as on a torch stage (`mohawk_common.kv_groups`): the j-th layer of each group
+        # in the stage uses KV pair j, read through its group's table
+        groups = model_kv_groups(config)
+        owner = group_of_layer(groups, config.num_layers)
+        self.layer_groups = owner[start:end]
+        self.windows = [groups[g].window for g in self.layer_groups]
+        self.page_layers = page_layers(owner, start, end)
+        self._tensor_slots = tensor_slots(owner, start, end)
+        args, module = mlx_models.model_args(config)
+        hf_config = getattr(source, "hf_config", None)
+        stage = _Stage([mlx_models.make_layer(config, hf_config, args, module, i) for i in range(start, end)])
+        # parameters are lazy: only what is loaded below is ever made
+        if self.has_embedding or self._tied_head:
+            stage.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        if self.has_head:
+            stage.norm = mlx_models.make_norm(config, module)
+            if not config.tie_word_embeddings:
+                stage.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._weights = self._load(stage, source)
+        self.layers = list(stage.layers)
+        self.embed_tokens = stage.get("embed_tokens")
+        self.norm = stage.get("norm")
+        self.lm_head = stage.get("lm_head")
+        self._embed_scale = mlx_models.embed_scale(config)
         self.kv: list[list[mx.array]] = []
         self.sampler = Sampler(config.eos_token_ids) if self.has_head else None
 
-    def _load(self, model: nn.Module, source: ModelSource) -> list[mx.array]:
-        """Load the stage's weights into `model` in their formats (see `mlx_quant`); the arrays held."""
+    def _load(self, stage: nn.Module, source: ModelSource) -> list[mx.array]:
+        """Load the stage's weights into `stage` in their formats (see `mlx_quant`); the arrays held."""
         held = _WEIGHT_DTYPES.get(self.weights, self.dtype)
         names = weight_names(
             self.config, self.start, self.end, embedding=self.has_embedding, head=self.has_head
         )
-        floats: list[tuple[str, mx.array]] = []
-        quantized: dict[str, QuantizedWeight] = {}  # module path -> weight
+        targets: dict[str, mlx_models.Target] = {}
+        parts: dict[str, dict[int, mx.array | QuantizedWeight]] = {}
         formats: Counter[str] = Counter()
         for name in names:
-            mlx_name = self._mlx_name(name)
-            if mlx_name is None:
+            target = self._target(name)
+            if target is None:
                 continue
             stored = source.stored_format(name)
-            bits = _held_bits(name, stored, expected_shape(self.config, name)[-1], self.weights)
+            columns = expected_shape(self.config, name)[-1]
+            bits = _held_bits(name, stored, columns, self.weights, _NAMES[self.dtype])
             if bits is None:
-                floats.append((mlx_name, mx.array(source.read_tensor(name)).astype(held)))
+                value: mx.array | QuantizedWeight = mx.array(source.read_tensor(name)).astype(held)
                 formats[_NAMES[held]] += 1
             else:
-                quantized[mlx_name.removesuffix(".weight")] = quantize_weight(source, name, bits, self.dtype)
+                value = quantize_weight(source, name, bits, self.dtype)
                 formats[f"{bits}-bit from {stored}"] += 1
-        nn.quantize(model, class_predicate=lambda path, _: _group_params(quantized.get(path)))
+            targets[target.path] = target
+            parts.setdefault(target.path, {})[target.index] = value
+        floats: list[tuple[str, mx.array]] = []
+        quantized: dict[str, QuantizedWeight] = {}  # module path -> weight
+        for path, got in parts.items():
+            target, values = targets[path], [got[i] for i in sorted(got)]
+            kinds = {v.bits if isinstance(v, QuantizedWeight) else None for v in values}
+            if len(kinds) == 1 and None not in kinds:
+                qs = [v for v in values if isinstance(v, QuantizedWeight)]
+                quantized[path.removesuffix(".weight")] = QuantizedWeight(
+                    qs[0].bits, *(mlx_models.combine(target, [getattr(q, k) for q in qs]) for k in _QUANTIZED)
+                )
+                continue
+            if len(kinds) > 1:  # one mlx-lm matrix of parts held differently: all in the compute dtype
+                log.warning(
+                    "MLX holds this fused weight in the compute dtype", tensor=path, reason="parts differ"
+                )
+            floats.append((path, mlx_models.combine(target, [_as_float(v, held) for v in values])))
+        nn.quantize(stage, class_predicate=lambda path, _: _group_params(quantized.get(path)))
         for path, weight in quantized.items():
-            floats += [(f"{path}.{key}", getattr(weight, key)) for key in ("weight", "scales", "biases")]
-        model.load_weights(floats, strict=False)
+            floats += [(f"{path}.{key}", getattr(weight, key)) for key in _QUANTIZED]
+        stage.load_weights(floats, strict=False)
         arrays = [array for _, array in floats]
         mx.eval(arrays)
         log.info(
             "mlx stage weights loaded",
+            architecture=self.config.architecture,
             layers=f"[{self.start}, {self.end})",
             weights=self.weights,
             formats=dict(formats),
@@ -187,16 +210,11 @@ class MlxBackend:
     def _tied_head(self) -> bool:
         return self.has_head and self.config.tie_word_embeddings
 
-    def _mlx_name(self, name: str) -> str | None:
-        if name.startswith("layers."):
-            index, rest = name[len("layers.") :].split(".", 1)
-            return f"model.layers.{int(index) - self.start}.{rest}"
-        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+    def _target(self, name: str) -> mlx_models.Target | None:
+        if name == LM_HEAD and self.config.tie_word_embeddings:
             # a tied head is the embedding matrix: the first stage has it already, the last loads it
-            return None if self.has_embedding else "model.embed_tokens.weight"
-        if name == "lm_head.weight":
-            return name
-        return f"model.{name}"
+            return None if self.has_embedding else mlx_models.Target("embed_tokens.weight")
+        return mlx_models.target(self.config, name, self.start)
 
     @property
     def weight_bytes(self) -> int:
@@ -204,32 +222,42 @@ class MlxBackend:
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         per_slot = 2 * self.config.num_kv_heads * self.config.head_dim * self.dtype.size
-        return (self.end - self.start) * block_size * per_slot
+        return self.page_layers * block_size * per_slot
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
         shape = (num_blocks * block_size, self.config.num_kv_heads, self.config.head_dim)
-        self.kv = [[mx.zeros(shape, self.dtype), mx.zeros(shape, self.dtype)] for _ in self.layers]
-        mx.eval(self.kv)
+        pages = [[mx.zeros(shape, self.dtype), mx.zeros(shape, self.dtype)] for _ in range(self.page_layers)]
+        mx.eval(pages)
+        self.kv = [pages[j] for j in self._tensor_slots]
 
     def forward(self, batch: ForwardBatch, hidden: mx.array | None) -> mx.array:
+        if len(set(self.layer_groups)) > 1 and not batch.group_tables:
+            raise ValueError(f"layers [{self.start}, {self.end}) need a block table per KV group")
         if self.has_embedding:
             if self.embed_tokens is None:
                 raise ValueError("the first stage holds the embedding")
             inputs = self.embed_tokens(mx.array(batch.token_ids))
+            if self._embed_scale is not None:
+                inputs = inputs * mx.array(self._embed_scale, self.dtype)
         elif hidden is None:
             raise ValueError("a stage without the embedding needs hidden states from the stage before")
         else:
             inputs = hidden.astype(self.dtype)
-        context_slots = batch.context_slots()
+        views = {
+            (group, window): _GroupView(batch, group, window)
+            for group, window in zip(self.layer_groups, self.windows, strict=True)
+        }
         outputs, row = [], 0
         for index in range(batch.num_seqs):
             count, context = int(batch.query_lens[index]), int(batch.context_lens[index])
             offset = context - count
-            slots = mx.array(context_slots[index, :context])
-            mask = _causal_mask(count, offset) if count > 1 else None
             h = inputs[row : row + count][None]
-            for layer, store in zip(self.layers, self.kv, strict=True):
-                h = layer(h, mask, cache=PagedLayerCache(store, slots, offset))
+            steps = {key: view.sequence(index, count, offset) for key, view in views.items()}
+            for layer, store, group, window in zip(
+                self.layers, self.kv, self.layer_groups, self.windows, strict=True
+            ):
+                slots, first, mask = steps[(group, window)]
+                h = layer(h, mask, cache=PagedLayerCache(store, slots, offset, first))
             outputs.append(h[0])
             row += count
         out = mx.concatenate(outputs, axis=0) if len(outputs) > 1 else outputs[0]
@@ -243,10 +271,13 @@ class MlxBackend:
             raise ValueError("only the last stage computes logits")
         hidden = self.norm(hidden)
         if self.lm_head is not None:
-            return self.lm_head(hidden).astype(mx.float32)
-        if self.embed_tokens is None:
+            logits = self.lm_head(hidden).astype(mx.float32)
+        elif self.embed_tokens is None:
             raise ValueError("a tied LM head needs the embedding")
-        return self.embed_tokens.as_linear(hidden).astype(mx.float32)
+        else:
+            logits = self.embed_tokens.as_linear(hidden).astype(mx.float32)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else cap * mx.tanh(logits / cap)
 
     def sample(
         self, logits: mx.array, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]]
@@ -272,9 +303,40 @@ class MlxBackend:
         return mx.array(np.frombuffer(data, dtype=np.dtype(dtype))).reshape(tuple(shape))
 
 
-def _held_bits(name: str, stored: str, columns: int, weights: str) -> int | None:
+_QUANTIZED = ("weight", "scales", "biases")
+
+
+class _GroupView:
+    """One KV group's side of a step: each sequence's slots from the first block it still holds,
+    and the mask of its queries over them (causal, and within the window on a sliding layer)."""
+
+    def __init__(self, batch: ForwardBatch, group: int, window: int | None) -> None:
+        view = batch.for_group(group)
+        if window is not None:
+            view = view.from_window(window)
+        self.window = window
+        self.first = batch.context_lens - view.context_lens  # positions before the held blocks
+        self.slots = view.context_slots()
+
+    def sequence(self, index: int, count: int, offset: int) -> tuple[mx.array, int, mx.array | None]:
+        """(slots of the held context, its first position, mask or None) of sequence `index`."""
+        first = int(self.first[index])
+        held = offset + count - first
+        slots = mx.array(self.slots[index, :held])
+        if self.window is None or offset + count <= self.window:
+            return slots, first, _causal_mask(count, offset) if count > 1 else None
+        queries = mx.arange(count)[:, None] + offset
+        keys = mx.arange(first, offset + count)[None, :]
+        return slots, first, (keys <= queries) & (keys > queries - self.window)
+
+
+def _as_float(value: mx.array | QuantizedWeight, dtype: mx.Dtype) -> mx.array:
+    return value.dequantize().astype(dtype) if isinstance(value, QuantizedWeight) else value
+
+
+def _held_bits(name: str, stored: str, columns: int, weights: str, scales_dtype: str) -> int | None:
     """`mlx_quant.held_bits`, with a log line for each weight held otherwise than asked."""
-    bits, reason = held_bits(name, stored, columns, weights)
+    bits, reason = held_bits(name, stored, columns, weights, scales_dtype)
     if reason is not None:
         log.warning("MLX holds this weight in the compute dtype", tensor=name, format=stored, reason=reason)
     return bits

@@ -20,6 +20,14 @@ exactly (the same scale and bias, the codes zero-extended: more bits than the fi
 Q6_K's groups are 16 weights, which no MLX group size holds (a group of 32 would need one scale
 for two of its sub-blocks): like any other type with no exact form here, it is held dequantized in
 the compute dtype, and the stage says so in its log.
+
+Exact also depends on the dtype MLX keeps scales and biases in, the stage's compute dtype. The
+plain blocks' d and m are fp16 numbers (11 significant bits; −8·d and −128·d only shift the
+exponent); a K-quant's d·sc and dmin·m are an fp16 times a 6-bit integer, up to 17 bits. float32
+(24 bits, the MLX default) holds both; float16 (11) holds the plain blocks but not the K-quants;
+bfloat16 (8) holds neither. Where the stage's dtype would round a format's scales, `held_bits`
+holds the weight dequantized in the compute dtype instead and says why, rather than keeping it
+4-bit with scales that are no longer the file's; it never requantizes to fewer bits.
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ from mohawk_shard.model.weight_formats import FLOAT_FORMATS
 # one MLX group is one GGUF block (GROUP_SIZE weights)
 # stored formats MLX holds exactly, and the bits it holds them in (Q5_x's 5-bit codes in 8 bits)
 _EXACT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q8_0": 8}
+# significant bits each format's scales and biases need, and what each scale dtype holds
+_SCALE_BITS = {"Q4_0": 11, "Q4_1": 11, "Q5_0": 11, "Q5_1": 11, "Q8_0": 11, "Q4_K": 17, "Q5_K": 17}
+_MANTISSA_BITS = {"float32": 24, "float16": 11, "bfloat16": 8}
 
 
 @dataclass(frozen=True)
@@ -82,13 +93,19 @@ def has_no_kernel(stored: str) -> bool:
     return stored not in _EXACT_BITS and stored not in FLOAT_FORMATS
 
 
-def held_bits(name: str, stored: str, columns: int, weights: str) -> tuple[int | None, str | None]:
-    """How an MLX stage holds weight `name` of `columns` columns: its bits (None: the compute
-    dtype) and, where that is not what `weights` asked for, why. The stage logs the reason and
-    `mohawk model inspect` shows it; both take it from here."""
+def held_bits(
+    name: str, stored: str, columns: int, weights: str, scales_dtype: str = "float32"
+) -> tuple[int | None, str | None]:
+    """How an MLX stage whose scales are `scales_dtype` (its compute dtype) holds weight `name` of
+    `columns` columns: its bits (None: the compute dtype) and, where that is not what `weights`
+    asked for, why. The stage logs the reason and `mohawk model inspect` shows it; both take it
+    from here."""
     bits = chosen_bits(name, stored, weights)
     if bits is not None and columns % GROUP_SIZE:
         return None, f"rows are not whole groups of {GROUP_SIZE}"
+    need, have = _SCALE_BITS.get(stored, 0), _MANTISSA_BITS.get(scales_dtype, 24)
+    if bits is not None and need > have:
+        return None, f"{stored} scales need {need} significant bits, {scales_dtype} holds {have}"
     if bits is None and has_no_kernel(stored):
         return None, f"no MLX kernel for {stored}"
     return bits, None

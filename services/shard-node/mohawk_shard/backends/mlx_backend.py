@@ -193,7 +193,7 @@ class MlxBackend:
         nn.quantize(stage, class_predicate=lambda path, _: _group_params(quantized.get(path)))
         for path, weight in quantized.items():
             floats += [(f"{path}.{key}", getattr(weight, key)) for key in _QUANTIZED]
-        stage.load_weights(floats, strict=False)
+        stage.load_weights(floats)  # strict: every parameter of the stage, by its mlx-lm name
         arrays = [array for _, array in floats]
         mx.eval(arrays)
         log.info(

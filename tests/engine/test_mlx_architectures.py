@@ -131,18 +131,36 @@ def test_quantized_gguf_on_mlx_stages_matches_torch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("stored", "dtype", "bits"),
-    [("Q4_K", "float32", 4), ("Q4_K", "float16", None), ("Q4_0", "float16", 4), ("Q4_1", "bfloat16", None)],
+    ("stored", "dtype", "exact"),
+    [
+        ("Q4_K", "float32", True),
+        ("Q4_K", "float16", False),
+        ("Q4_0", "float16", True),
+        ("Q4_1", "bfloat16", False),
+    ],
 )
-def test_groups_are_held_natively_only_where_their_scales_are_exact(
-    stored: str, dtype: str, bits: int | None
-) -> None:
+def test_groups_stay_in_their_bits_and_rounded_scales_are_said(stored: str, dtype: str, exact: bool) -> None:
     """Q4_K's scales d·sc are fp16 × 6-bit (17 significant bits): exact in float32 only; Q4_0's d
-    is fp16 (11 bits): exact in float16 too, never in bfloat16 (8). Otherwise dequantized, saying why."""
-    from mohawk_shard.backends.mlx_quant import held_bits
+    is fp16 (11 bits): exact in float16 too, never in bfloat16 (8). Held 4-bit in every dtype; where
+    the dtype rounds the scales, `scale_rounding` says so."""
+    from mohawk_shard.backends.mlx_quant import held_bits, scale_rounding
 
-    held, reason = held_bits("layers.0.mlp.up_proj.weight", stored, 256, "native", dtype)
-    assert held == bits
-    assert (reason is None) == (bits is not None)
-    if reason is not None:
-        assert stored in reason and dtype in reason
+    assert held_bits("layers.0.mlp.up_proj.weight", stored, 256, "native") == (4, None)
+    note = scale_rounding(stored, dtype)
+    assert (note is None) == exact
+    if note is not None:
+        assert stored in note and dtype in note
+
+
+def test_a_bfloat16_stage_holds_the_files_4_bit_groups(bundled: ModelSource) -> None:
+    """The bundled Q4_1 file's layers on a bfloat16 MLX stage: 4-bit groups with bf16 scales and
+    biases (5 bits a weight), not a dequantized bf16 copy (16 bits a weight)."""
+    from mohawk_shard.backends import make_backend
+
+    def held(weights: str) -> int:
+        return make_backend(
+            "mlx", bundled, 1, 3, device="cpu", dtype="bfloat16", weights=weights
+        ).weight_bytes
+
+    ratio = held("native") / held("bf16")
+    assert 0.3 < ratio < 0.35, ratio

@@ -23,8 +23,9 @@ torch CPU tensor and uses the torch stage's sampler, so both backends sample ide
 weights are held as `mlx_quant` decides from the weight format and the compute dtype: a GGUF
 file's Q4_0/Q4_1/Q4_K/Q5_x/Q8_0 tensors as mlx-lm's `QuantizedLinear`/`QuantizedEmbedding`/
 `QuantizedSwitchLinear` (swapped in by `nn.quantize` before loading) with the file's own groups,
-where the compute dtype holds their scales exactly (float32 always), so a quantized stage
-computes with exactly the values a float32 stage holds; everything else in the compute dtype.
+their scales exact in float32 (the default; so a quantized stage computes with exactly the values
+a float32 stage holds) and rounded, as the log says, in a narrower dtype; everything else in the
+compute dtype.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from mohawk_shard.backends.mlx_quant import (
     QuantizedWeight,
     held_bits,
     quantize_weight,
+    scale_rounding,
 )
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
 from mohawk_shard.engine.outputs import SampledToken
@@ -165,13 +167,16 @@ class MlxBackend:
                 continue
             stored = source.stored_format(name)
             columns = expected_shape(self.config, name)[-1]
-            bits = _held_bits(name, stored, columns, self.weights, _NAMES[self.dtype])
+            bits = _held_bits(name, stored, columns, self.weights)
             if bits is None:
                 value: mx.array | QuantizedWeight = mx.array(source.read_tensor(name)).astype(held)
                 formats[_NAMES[held]] += 1
             else:
                 value = quantize_weight(source, name, bits, self.dtype)
                 formats[f"{bits}-bit from {stored}"] += 1
+                rounding = scale_rounding(stored, _NAMES[self.dtype])
+                if rounding is not None and formats[f"{bits}-bit from {stored}"] == 1:
+                    log.info("MLX holds these scales in the compute dtype", format=stored, note=rounding)
             targets[target.path] = target
             parts.setdefault(target.path, {})[target.index] = value
         floats: list[tuple[str, mx.array]] = []
@@ -334,9 +339,9 @@ def _as_float(value: mx.array | QuantizedWeight, dtype: mx.Dtype) -> mx.array:
     return value.dequantize().astype(dtype) if isinstance(value, QuantizedWeight) else value
 
 
-def _held_bits(name: str, stored: str, columns: int, weights: str, scales_dtype: str) -> int | None:
+def _held_bits(name: str, stored: str, columns: int, weights: str) -> int | None:
     """`mlx_quant.held_bits`, with a log line for each weight held otherwise than asked."""
-    bits, reason = held_bits(name, stored, columns, weights, scales_dtype)
+    bits, reason = held_bits(name, stored, columns, weights)
     if reason is not None:
         log.warning("MLX holds this weight in the compute dtype", tensor=name, format=stored, reason=reason)
     return bits

@@ -24,10 +24,12 @@ the compute dtype, and the stage says so in its log.
 Exact also depends on the dtype MLX keeps scales and biases in, the stage's compute dtype. The
 plain blocks' d and m are fp16 numbers (11 significant bits; −8·d and −128·d only shift the
 exponent); a K-quant's d·sc and dmin·m are an fp16 times a 6-bit integer, up to 17 bits. float32
-(24 bits, the MLX default) holds both; float16 (11) holds the plain blocks but not the K-quants;
-bfloat16 (8) holds neither. Where the stage's dtype would round a format's scales, `held_bits`
-holds the weight dequantized in the compute dtype instead and says why, rather than keeping it
-4-bit with scales that are no longer the file's; it never requantizes to fewer bits.
+(24 bits, the MLX default) holds both exactly; float16 (11) holds the plain blocks but not the
+K-quants; bfloat16 (8) holds neither. Where the stage's dtype rounds a format's scales, the weight
+stays in its bits with the scales rounded to that dtype (`scale_rounding` says so, in the stage's
+log and in `mohawk model inspect`), as a torch stage's bf16 tinygemm scales are: holding it
+dequantized instead would round every weight to the same dtype and cost 2-4x the memory. It never
+requantizes to fewer bits.
 """
 
 from __future__ import annotations
@@ -93,22 +95,25 @@ def has_no_kernel(stored: str) -> bool:
     return stored not in _EXACT_BITS and stored not in FLOAT_FORMATS
 
 
-def held_bits(
-    name: str, stored: str, columns: int, weights: str, scales_dtype: str = "float32"
-) -> tuple[int | None, str | None]:
-    """How an MLX stage whose scales are `scales_dtype` (its compute dtype) holds weight `name` of
-    `columns` columns: its bits (None: the compute dtype) and, where that is not what `weights`
-    asked for, why. The stage logs the reason and `mohawk model inspect` shows it; both take it
-    from here."""
+def held_bits(name: str, stored: str, columns: int, weights: str) -> tuple[int | None, str | None]:
+    """How an MLX stage holds weight `name` of `columns` columns: its bits (None: the compute dtype)
+    and, where that is not what `weights` asked for, why. The stage logs the reason and `mohawk
+    model inspect` shows it; both take it from here."""
     bits = chosen_bits(name, stored, weights)
     if bits is not None and columns % GROUP_SIZE:
         return None, f"rows are not whole groups of {GROUP_SIZE}"
-    need, have = _SCALE_BITS.get(stored, 0), _MANTISSA_BITS.get(scales_dtype, 24)
-    if bits is not None and need > have:
-        return None, f"{stored} scales need {need} significant bits, {scales_dtype} holds {have}"
     if bits is None and has_no_kernel(stored):
         return None, f"no MLX kernel for {stored}"
     return bits, None
+
+
+def scale_rounding(stored: str, scales_dtype: str) -> str | None:
+    """Where `scales_dtype` (the stage's compute dtype) cannot hold a `stored` format's scales and
+    biases exactly, what rounding them costs; None where it holds them exactly."""
+    need, have = _SCALE_BITS.get(stored, 0), _MANTISSA_BITS.get(scales_dtype, 24)
+    if need <= have:
+        return None
+    return f"{stored} scales need {need} significant bits, {scales_dtype} holds {have}: rounded"
 
 
 def quantize_weight(source: ModelSource, name: str, bits: int, dtype: mx.Dtype) -> QuantizedWeight:

@@ -21,7 +21,7 @@ from mohawk_shard.backends.batch import ForwardBatch
 from . import test_gguf_architectures as gguf
 from . import test_moe_architectures as moe
 from . import test_more_architectures as more
-from .conftest import full_logits, reference_logits
+from .conftest import full_logits, reference_greedy, reference_logits
 
 pytest.importorskip("mlx_lm", reason="the mlx extra (mlx, mlx-cpu, mlx-lm) is not installed")
 
@@ -64,6 +64,29 @@ def test_an_all_mlx_pipeline_matches_transformers(tiny: tuple[ModelSource, Any])
     theirs = reference_logits(model, PROMPT)
     ours = full_logits(source, PROMPT, (2,), block_size=4, backends=("mlx", "mlx"))
     assert (ours - theirs).abs().max().item() < 1e-4 * max(1.0, theirs.abs().max().item())
+
+
+def test_greedy_tokens_through_the_engine_with_an_mlx_last_stage(
+    tiny: tuple[ModelSource, Any], engine_factory: Any
+) -> None:
+    """The engine's own steps (chunked prefill, batched decode of two sequences) with MLX holding
+    the last layers, the head and sampling: transformers' greedy tokens."""
+    from mohawk_shard.engine.sampling_params import SamplingParams
+
+    source, model = tiny
+    engine = engine_factory(
+        split=(1,), source=source, backends=("torch", "mlx"), block_size=4, max_num_batched_tokens=8
+    )
+    prompts = [PROMPT, PROMPT[3:11]]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, params)
+    got: dict[str, list[int]] = {"r0": [], "r1": []}
+    for event in engine.run():
+        if event.token_id is not None:
+            got[event.request_id].append(event.token_id)
+    for i, prompt in enumerate(prompts):
+        assert got[f"r{i}"] == reference_greedy(model, prompt, 12, eos=None), i
 
 
 def _decode_past_the_window(source: ModelSource, backend_name: str, block_size: int = 4) -> torch.Tensor:

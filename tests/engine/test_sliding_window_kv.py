@@ -95,3 +95,24 @@ def test_a_pool_smaller_than_one_sequence_without_windows(
     for prompt, tokens in zip(PROMPTS, got, strict=True):
         assert tokens == reference_greedy(model, prompt, NEW_TOKENS, eos=None)
     assert peak <= 4 and engine.scheduler.num_preemptions > 0
+
+
+def test_an_mlx_last_stage_keeps_the_tokens_as_windows_free_blocks(
+    tiny: tuple[ModelSource, Any], engine_factory: Any
+) -> None:
+    """The same run with an MLX stage holding the windowed last layers, the head and sampling: its
+    sliding layers read only the blocks their window still holds, while freed ids are reused."""
+    pytest.importorskip("mlx_lm", reason="the mlx extra (mlx, mlx-cpu, mlx-lm) is not installed")
+    source, model = tiny
+    engine = engine_factory(
+        split=(2,),
+        source=source,
+        backends=("torch", "mlx"),
+        block_size=BLOCK,
+        num_kv_blocks=48,
+        max_num_batched_tokens=8,
+    )
+    got, _ = run_tracking_blocks(engine, PROMPTS)
+    for prompt, tokens in zip(PROMPTS, got, strict=True):
+        assert tokens == reference_greedy(model, prompt, NEW_TOKENS, eos=None)
+    assert engine.scheduler.block_manager.num_window_freed > 0

@@ -76,7 +76,9 @@ class SplitQ8Head(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.approximate.forward(x).float()
         candidates = logits.topk(self.shortlist, dim=-1).indices  # [M, shortlist]
-        exact = torch.matmul(self.rows(candidates), x.float().unsqueeze(-1)).squeeze(-1)
+        # a product and a sum over the row, not a batched matmul: its kernel's result for one row
+        # changes with how many rows share the call, and a logit must not depend on the batch
+        exact = (self.rows(candidates) * x.float().unsqueeze(-2)).sum(-1)
         return logits.scatter_(-1, candidates, exact)
 
 

@@ -74,26 +74,9 @@ def test_three_way_split_generates_same_text(engine_factory: Any, prompts: list[
     assert all(c.text for c in whole)
 
 
-def test_sixteen_prompts_together_equal_each_alone(bundled: ModelSource, engine_factory: Any) -> None:
+def test_eight_prompts_together_equal_each_alone(bundled: ModelSource, engine_factory: Any) -> None:
     tokenizer = bundled.load_tokenizer()
-    topics = [
-        "the moon",
-        "bread",
-        "rivers",
-        "chess",
-        "volcanoes",
-        "owls",
-        "jazz",
-        "glaciers",
-        "bicycles",
-        "tea",
-        "comets",
-        "libraries",
-        "bees",
-        "lighthouses",
-        "maps",
-        "violins",
-    ]
+    topics = ["the moon", "bread", "rivers", "chess", "volcanoes", "owls", "jazz", "glaciers"]
     prompts = [
         encode_chat(
             tokenizer,
@@ -107,7 +90,7 @@ def test_sixteen_prompts_together_equal_each_alone(bundled: ModelSource, engine_
         )
         for i, t in enumerate(topics)
     ]
-    assert len({len(p) for p in prompts}) == 16
+    assert len({len(p) for p in prompts}) == 8
     params = SamplingParams(temperature=0.0, max_tokens=24)
     engine = engine_factory(max_num_batched_tokens=256)
     together = engine.generate(prompts, params)

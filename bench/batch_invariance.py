@@ -13,12 +13,14 @@ component, whether a row's result depends on how many rows share its call (`--op
 
     python bench/batch_invariance.py                 # the default settings (native weights)
     python bench/batch_invariance.py --weights fp32  # for comparison
+    python bench/batch_invariance.py --throughput 3  # also the cost: 32 streams, invariant or not
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -91,12 +93,39 @@ def row_dependence(rows: int = 200) -> dict[str, float]:
     return {name: (fn(x)[0] - fn(x[:1])[0]).abs().max().item() for name, fn in kernels.items()}
 
 
+def throughput(settings: dict[str, Any], runs: int, tokens: int = 16) -> dict[str, Any]:
+    """32 concurrent chat prompts (36 to 378 tokens) × `tokens` greedy tokens, aggregate tokens/s,
+    with `batch_invariant` on and off, interleaved; median (min-max) of `runs`."""
+    source = open_model(settings.get("model"))
+    batch = prompts(source.load_tokenizer(), 32)
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    base = {**settings, "enable_prefix_caching": False}
+    engines = {}
+    for on in (1, 0):
+        engines[on] = build_local_engine(EngineSettings(**base, batch_invariant=bool(on)), source=source)
+    for engine in engines.values():
+        engine.generate(batch[:4], params)
+    rates: dict[int, list[float]] = {1: [], 0: []}
+    for _ in range(runs):
+        for on, engine in engines.items():
+            started = time.perf_counter()
+            engine.generate(batch, params)
+            rates[on].append(len(batch) * tokens / (time.perf_counter() - started))
+    figures: dict[str, Any] = {
+        f"batch_invariant={bool(on)}": f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f}) tokens/s"
+        for on, v in rates.items()
+    }
+    figures["invariant / not"] = round(statistics.median(rates[1]) / statistics.median(rates[0]), 3)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--weights", default=None, help="weight format (default: the engine's default)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ops", action="store_true", help="also each matmul kernel's row dependence")
+    parser.add_argument("--throughput", type=int, default=0, help="runs of the 32-stream cost check")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     settings: dict[str, Any] = {"num_threads": args.threads, "num_kv_blocks": 2048}
@@ -104,11 +133,14 @@ def main() -> None:
         settings["weights"] = args.weights
     started = time.perf_counter()
     figures: dict[str, Any] = {"settings": settings, "tokens": args.tokens, **checks(settings, args.tokens)}
+    if args.throughput:
+        figures["32 streams x 16 tokens"] = throughput(settings, args.throughput)
     if args.ops:
         figures["row 0 alone vs among 200 rows, max |difference|"] = row_dependence()
     figures["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(figures, indent=2))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=2))
 
 

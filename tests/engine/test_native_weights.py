@@ -20,12 +20,14 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model import quantized_layers
 from mohawk_shard.model.groupwise_linear import GroupwiseLinear
 from mohawk_shard.model.quantized_layers import (
-    DENSE_MIN_ROWS,
-    DENSE_ROW_MULTIPLE,
+    DENSE_MIN_PROMPT,
+    DENSE_TILE,
     GroupwiseEmbedding,
     Int4Linear,
     RescoredHead,
+    RowKernels,
     native_bf16_matmul,
+    row_kernels,
     unpack_int4_cpu,
 )
 from mohawk_shard.model.split_head import SplitQ8Head
@@ -60,8 +62,12 @@ def test_int4_linear_multiplies_by_the_stored_weights() -> None:
     torch.testing.assert_close(layer(x), expected, atol=0.02 * expected.abs().max().item(), rtol=0)
 
 
+def dense(rows: np.ndarray) -> RowKernels | None:
+    return RowKernels.of(rows, torch.device("cpu"))
+
+
 @pytest.mark.skipif(not native_bf16_matmul(), reason="this CPU has no native bf16 matmul (AVX512-BF16/AMX)")
-def test_many_rows_run_dense_bf16_with_the_kernels_weights() -> None:
+def test_prompt_rows_run_dense_bf16_with_the_kernels_weights() -> None:
     weights = np.random.default_rng(5).standard_normal((128, 96), dtype=np.float32)
     quantized = quantize_groupwise(weights)
     layer = Int4Linear(quantized, torch.device("cpu"))
@@ -71,15 +77,20 @@ def test_many_rows_run_dense_bf16_with_the_kernels_weights() -> None:
     stored = torch.from_numpy(quantized.dequantize())
     # the unpacked weight is the stored one up to bf16 rounding (scales and zeros are bf16)
     torch.testing.assert_close(layer.dense_weight().float(), stored, atol=0.02, rtol=0.01)
-    x = torch.randn(DENSE_MIN_ROWS, 96)
+    x = torch.randn(DENSE_MIN_PROMPT, 96)
     kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(
         x.bfloat16(), layer.packed, layer.group_size, layer.scales_and_zeros
     ).float()
-    torch.testing.assert_close(layer(x), kernel, atol=0.02 * kernel.abs().max().item(), rtol=0)
+    assert torch.equal(layer(x), kernel)  # no split given: the kernel, for every row
+    with row_kernels(dense(np.ones(DENSE_MIN_PROMPT, dtype=bool))):
+        through_dense = layer(x)
+    torch.testing.assert_close(through_dense, kernel, atol=0.02 * kernel.abs().max().item(), rtol=0)
 
 
 @pytest.mark.skipif(not native_bf16_matmul(), reason="this CPU has no native bf16 matmul (AVX512-BF16/AMX)")
-def test_dense_rows_are_padded_to_few_shapes_with_the_same_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rows_result_depends_on_the_row_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the step holds, a row gives the same bits: dense rows through tiles of one size,
+    kernel rows through the kernel, each the same alone and among others."""
     weights = np.random.default_rng(6).standard_normal((128, 96), dtype=np.float32)
     layer = Int4Linear(quantize_groupwise(weights), torch.device("cpu"))
     linear = quantized_layers.F.linear
@@ -90,16 +101,20 @@ def test_dense_rows_are_padded_to_few_shapes_with_the_same_answers(monkeypatch: 
         return linear(x, weight, bias)
 
     monkeypatch.setattr(quantized_layers.F, "linear", spy)
-    dense = layer.dense_weight()
-    for num_rows in range(DENSE_MIN_ROWS, 513, 5):
-        x = torch.randn(num_rows, 96)
-        y = layer(x)
-        assert y.shape == (num_rows, 128)
-        # the padding rows change nothing in the real ones, bit for bit
-        assert torch.equal(y, linear(x.bfloat16(), dense).float())
-    row_counts = set(seen)  # the reference above calls the real F.linear, unseen
-    assert all(count % DENSE_ROW_MULTIPLE == 0 for count in row_counts)
-    assert len(row_counts) == 512 // DENSE_ROW_MULTIPLE - DENSE_MIN_ROWS // DENSE_ROW_MULTIPLE + 1  # 14
+    rng = np.random.default_rng(7)
+    x = torch.randn(300, 96)
+    with row_kernels(dense(np.ones(1, dtype=bool))):
+        dense_alone = torch.cat([layer(x[i : i + 1]) for i in range(300)])
+    kernel_alone = torch.cat([layer(x[i : i + 1]) for i in range(300)])
+    assert not torch.equal(dense_alone, kernel_alone)  # two arithmetics
+    for num_rows in (3, 64, 97, 300):
+        rows = rng.permutation(300)[:num_rows]
+        prompt = rng.random(num_rows) < 0.7
+        with row_kernels(dense(prompt)):
+            y = layer(x[rows])
+        expected = torch.where(torch.from_numpy(prompt)[:, None], dense_alone[rows], kernel_alone[rows])
+        assert torch.equal(y, expected), num_rows
+    assert set(seen) == {DENSE_TILE}  # one shape: one oneDNN kernel, one arithmetic
 
 
 def test_rescored_head_gives_exact_logits_on_its_shortlist() -> None:

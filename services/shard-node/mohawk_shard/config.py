@@ -50,4 +50,10 @@ class EngineSettings(MohawkSettings):
         "auto", description="auto: KV in the compute dtype; int8: older full blocks int8 (two tiers)"
     )
     enable_prefix_caching: bool = True
+    batch_invariant: bool = Field(
+        True,
+        description="a row's arithmetic depends on the row alone (its sequence's tokens do not change "
+        "with the batch, the chunking or a failover); false: prefill-heavy steps run every row "
+        "through the faster dense matmul",
+    )
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; none = torch's default")

@@ -91,6 +91,7 @@ def build_local_engine(
             dtype=settings.dtype,
             weights=settings.weights,
             kv_cache_dtype=settings.kv_cache_dtype,
+            batch_invariant=settings.batch_invariant,
         )
         log.info(
             "stage loaded",

@@ -19,15 +19,24 @@ def make_backend(
     dtype: str = "auto",
     weights: str = "native",
     kv_cache_dtype: str = "auto",
+    batch_invariant: bool = True,
 ) -> Backend:
     """Layers [start, end) of `source` on backend `name` (torch: CPU or CUDA; mlx: Apple Silicon, or
     a Linux CPU through the mlx-cpu wheel). `weights` is the settings' weight format (native, int4,
-    bf16, fp32); `kv_cache_dtype` auto (the compute dtype) or int8 (two tiers, torch only)."""
+    bf16, fp32); `kv_cache_dtype` auto (the compute dtype) or int8 (two tiers, torch only);
+    `batch_invariant` off lets a torch stage pick its 4-bit matmul by the step's size."""
     if name == "torch":
         from mohawk_shard.backends.torch_backend import TorchBackend
 
         return TorchBackend(
-            source, start, end, device=device, dtype=dtype, weights=weights, kv_cache_dtype=kv_cache_dtype
+            source,
+            start,
+            end,
+            device=device,
+            dtype=dtype,
+            weights=weights,
+            kv_cache_dtype=kv_cache_dtype,
+            batch_invariant=batch_invariant,
         )
     if name == "mlx":
         if kv_cache_dtype != "auto":

@@ -24,6 +24,7 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.attention import KVCache
 from mohawk_shard.model.attention_metadata import AttentionMetadata
 from mohawk_shard.model.kv_quant import Int8Store, KVTiers
+from mohawk_shard.model.quantized_layers import DENSE_MIN_PROMPT, DENSE_TILE, RowKernels, row_kernels
 from mohawk_shard.model.rope import RotaryTable
 from mohawk_shard.model.weight_formats import weights_dtype
 from mohawk_shard.model.weight_loading import build_stage
@@ -61,9 +62,11 @@ class TorchBackend:
         dtype: str = "auto",
         weights: str = "native",
         kv_cache_dtype: str = "auto",
+        batch_invariant: bool = True,
     ) -> None:
         config = source.config
         self.start, self.end = start, end
+        self.batch_invariant = batch_invariant
         self.has_embedding, self.has_head = start == 0, end == config.num_layers
         self.torch_device = resolve_device(device)
         self.device = str(self.torch_device)
@@ -154,10 +157,20 @@ class TorchBackend:
         rows = None
         if self.has_head and batch.logits_rows.shape[0] != batch.num_tokens:
             rows = torch.from_numpy(np.ascontiguousarray(batch.logits_rows)).to(self.torch_device)
-        out = self.model(inputs, meta, self.kv_caches, rows)
+        tile = DENSE_TILE if self.batch_invariant else None
+        split = RowKernels.of(self._dense_rows(batch), self.torch_device, tile)
+        with row_kernels(split):
+            out = self.model(inputs, meta, self.kv_caches, rows)
         if self.kv_tiers is not None:
             self.kv_tiers.settle(batch, self.kv_caches)
         return out
+
+    def _dense_rows(self, batch: ForwardBatch) -> np.ndarray:
+        """Rows the dense matmul takes (`quantized_layers`): long prompts' own positions, or, not
+        batch invariant, every row of a step of `DENSE_MIN_PROMPT` rows or more."""
+        if self.batch_invariant:
+            return batch.prompt_rows(DENSE_MIN_PROMPT)
+        return np.full(batch.num_tokens, batch.num_tokens >= DENSE_MIN_PROMPT)
 
     def sample(
         self, logits: torch.Tensor, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]]

@@ -10,16 +10,24 @@ against 25.4 ms in fp32; the kernel's fast path takes bf16 activations (fp32 and
 activations run about 30x slower), so
 activations are cast to bf16 at the kernel and the result back to the caller's dtype. The scales
 and zeros are bf16 too, the kernel's only choice: a GGUF scale (fp16) loses 3 mantissa bits there,
-an error of at most 1/64 of a quantization step per weight. The kernel suits a few rows (decode):
-from `DENSE_MIN_ROWS` rows on (prefill chunks) a CPU with native bf16 matmuls (AVX512-BF16 or AMX)
-unpacks the codes to a bf16 weight for the one call and runs a dense bf16 matmul, 4x faster at 512
-rows for SmolLM2's MLP on this machine's AMX (`python bench/int4_kernels.py` prints both); nothing
-dense is kept between calls. The dense matmul's rows are padded with zeros to a multiple of
-`DENSE_ROW_MULTIPLE`: oneDNN compiles a kernel, with its scratch memory, for every row count it
-meets, and torch's caches keep up to 1,024 of them (`native_caches.py` bounds them), so a server
-whose steps take every count from 96 to 512 rows grew by hundreds of MiB; padded, a 512-token step
-budget meets 14 counts, whose kernels stay cached (the padded rows cost less than
-recompiling, and the real rows come out bit for bit the same: `python bench/native_caches.py`).
+an error of at most 1/64 of a quantization step per weight.
+
+The kernel suits a few rows (decode); a CPU with native bf16 matmuls (AVX512-BF16 or AMX) runs
+long prompts faster by unpacking the codes to a bf16 weight for the one call and running a dense
+bf16 matmul (nothing dense is kept between calls; `python bench/int4_kernels.py` prints both). The
+two give slightly different numbers, and a sequence's tokens must not depend on which one its rows
+met, so the choice belongs to the row, never to the step: a row takes the dense matmul when it is
+a position of its sequence's prompt and that prompt is at least `DENSE_MIN_PROMPT` tokens long
+(`ForwardBatch.prompt_rows`, set for the step by `row_kernels`), the kernel otherwise. Both
+arithmetics are row-invariant: the kernel computes each row alone (measured bit for bit, any row
+among 1 to 200, 1 or 2 threads: `python bench/batch_invariance.py --ops`), and the dense matmul
+always runs on tiles of `DENSE_TILE` rows, zero-padded, because oneDNN's result for a row changes
+with the call's row count (from 64 rows here) but not with its neighbours or its place in a tile
+of a fixed size. A generated token re-prefilled after a failover is still a generated row, so it
+meets the kernel as when it was decoded. Fixed tiles also keep oneDNN to one compiled kernel per
+shape (it compiles one, with scratch memory, for every row count it meets: `native_caches.py`).
+A call whose rows are not the step's (the head's logits rows, a MoE expert's routed rows) runs the
+kernel for all of them.
 `GroupwiseEmbedding` keeps a token table's codes (4-bit ones two a byte, wider ones one a byte) and
 dequantizes only the rows a step looks up.
 """
@@ -27,6 +35,10 @@ dequantizes only the rows a step looks up.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -36,8 +48,41 @@ from torch import nn
 from mohawk_common.model_store.quantized import GroupQuantized
 
 KERNEL_DTYPE = torch.bfloat16
-DENSE_MIN_ROWS = 96  # from here on a bf16 matmul over the unpacked weight beats the 4-bit kernel
-DENSE_ROW_MULTIPLE = 32  # the dense matmul's row count is padded to a multiple of this
+DENSE_MIN_PROMPT = 96  # a prompt this long prefills faster through the unpacked weight than the kernel
+DENSE_TILE = 128  # rows of every dense matmul call (zero-padded): one arithmetic per row
+DENSE_ROW_MULTIPLE = 32  # not batch invariant: one call, its rows padded to a multiple of this
+
+
+@dataclass(frozen=True, slots=True)
+class RowKernels:
+    """One step's split of its token rows: those the dense matmul takes, and the rest."""
+
+    num_rows: int
+    dense: torch.Tensor  # row indices
+    kernel: torch.Tensor
+    tile: int | None = DENSE_TILE  # rows of each dense call; None: one call (not row-invariant)
+
+    @classmethod
+    def of(
+        cls, dense_rows: np.ndarray, device: torch.device, tile: int | None = DENSE_TILE
+    ) -> RowKernels | None:
+        if not dense_rows.any():
+            return None
+        dense, kernel = (torch.from_numpy(np.flatnonzero(m)).to(device) for m in (dense_rows, ~dense_rows))
+        return cls(dense_rows.shape[0], dense, kernel, tile)
+
+
+_ROW_KERNELS: ContextVar[RowKernels | None] = ContextVar("row_kernels", default=None)
+
+
+@contextmanager
+def row_kernels(split: RowKernels | None) -> Iterator[None]:
+    """Within the block, `Int4Linear` calls over the step's rows follow `split`."""
+    token = _ROW_KERNELS.set(split)
+    try:
+        yield
+    finally:
+        _ROW_KERNELS.reset(token)
 
 
 class Int4Linear(nn.Module):
@@ -71,15 +116,30 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        num_rows = flat.shape[0]
-        if self._cpu_block is not None and num_rows >= DENSE_MIN_ROWS:
-            padding = -num_rows % DENSE_ROW_MULTIPLE
-            rows = F.pad(flat.to(KERNEL_DTYPE), (0, 0, 0, padding))
-            y = F.linear(rows, self.dense_weight())[:num_rows]
+        split = _ROW_KERNELS.get() if self._cpu_block is not None else None
+        rows = flat.to(KERNEL_DTYPE)
+        if split is None or split.num_rows != rows.shape[0]:
+            y = self._kernel(rows)
+        elif split.kernel.shape[0] == 0:
+            y = self._dense(rows, split.tile)
         else:
-            y = self._matmul(flat.to(KERNEL_DTYPE), self.packed, self.group_size, self.scales_and_zeros)
+            y = rows.new_empty(rows.shape[0], self.out_features)
+            y.index_copy_(0, split.dense, self._dense(rows.index_select(0, split.dense), split.tile))
+            y.index_copy_(0, split.kernel, self._kernel(rows.index_select(0, split.kernel)))
         y = y.to(x.dtype) if x.dim() == 2 else y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return self._matmul(rows, self.packed, self.group_size, self.scales_and_zeros)
+
+    def _dense(self, rows: torch.Tensor, tile: int | None) -> torch.Tensor:
+        """bf16 rows through the unpacked weight, `tile` rows a call (None: one call, its rows
+        padded to a multiple of `DENSE_ROW_MULTIPLE`)."""
+        weight, num_rows = self.dense_weight(), rows.shape[0]
+        padded = F.pad(rows, (0, 0, 0, -num_rows % (tile or DENSE_ROW_MULTIPLE)))
+        if tile is None:
+            return F.linear(padded, weight)[:num_rows]
+        return torch.cat([F.linear(part, weight) for part in padded.split(tile)])[:num_rows]
 
     def dense_weight(self) -> torch.Tensor:
         """The bf16 weight [out, in] the kernel computes with, from the CPU packing."""

@@ -494,6 +494,7 @@ class ShardNode:
             dtype=s.dtype,
             weights=s.weights,
             kv_cache_dtype=s.kv_cache_dtype,
+            batch_invariant=s.batch_invariant,
         )
 
     async def _stop_role(self) -> None:

@@ -5,9 +5,9 @@ Six chat prompts of different lengths, greedy, each run:
   * among 26 other prompts of mixed lengths, all 32 admitted together;
   * alone with another chunked-prefill budget (`max_num_batched_tokens` 48 instead of 512), so the
     prompt is cut into different chunks;
-  * resumed: prompt plus the first half of its reference tokens prefilled as one prompt, as a new
-    stage 0 does after a failover, then decoded on; the tokens after the cut must be the rest of
-    the reference.
+  * resumed: the request queued again with the first half of its reference tokens as already
+    emitted (`output_token_ids`), as a new stage 0 resumes it after a failover: prompt and those
+    tokens re-prefilled, then decoded on; its new tokens must be the rest of the reference.
 and for each check prints how many of the six came out token for token the same. Also, per
 component, whether a row's result depends on how many rows share its call (`--ops`).
 
@@ -51,6 +51,15 @@ def run(settings: dict[str, Any], batch: list[list[int]], tokens: int) -> list[l
     return [c.token_ids for c in engine.generate(batch, params)]
 
 
+def resume(settings: dict[str, Any], prompt: list[int], emitted: list[int], tokens: int) -> list[int]:
+    """The tokens after `emitted` of a request resumed with them, as stage 0 resumes one."""
+    engine = build_local_engine(EngineSettings(**settings))
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    seq = engine.core.add_request("resumed", prompt, params, output_token_ids=emitted)
+    engine.emitter.track(seq.seq_id, "resumed", params, seq.num_prompt_tokens, engine.core.prompt_tail(seq))
+    return [event.token_id for event in engine.run() if event.token_id is not None][:tokens]
+
+
 def checks(settings: dict[str, Any], tokens: int) -> dict[str, Any]:
     source = open_model(settings.get("model"))
     tokenizer = source.load_tokenizer()
@@ -59,7 +68,7 @@ def checks(settings: dict[str, Any], tokens: int) -> dict[str, Any]:
     mixed = run(settings, six + others, tokens)[:6]
     chunked = [run({**settings, "max_num_batched_tokens": 48}, [p], tokens)[0] for p in six]
     cut = tokens // 2
-    resumed = [run(settings, [p + ref[:cut]], tokens - cut)[0] for p, ref in zip(six, alone, strict=True)]
+    resumed = [resume(settings, p, ref[:cut], tokens - cut) for p, ref in zip(six, alone, strict=True)]
 
     def same(got: list[list[int]], expected: list[list[int]]) -> int:
         return sum(a == b for a, b in zip(got, expected, strict=True))

@@ -6,7 +6,7 @@ row counts are drawn from 96 to 512, the dense path's range under a 512-token st
 run prints its time and how much its RSS grew. Three setups, interleaved over `--rounds`:
 torch's defaults with exact rows (what the shard did before), the shard's cache bounds with exact
 rows, and the bounds with rows padded to `DENSE_ROW_MULTIPLE` (what it does with `batch_invariant`
-off; on, every dense call has `DENSE_TILE` rows, one shape). Prints the
+off; on, no call is dense). Prints the
 median and range of each, and the time as a ratio to the first setup in the same round.
 `python bench/native_caches.py [--steps 400] [--rounds 3] [--threads 2] [--json PATH]`.
 """
@@ -36,7 +36,7 @@ import json, random, sys, time
 import numpy as np, psutil, torch
 from mohawk_common.model_store.quantized import quantize_groupwise
 from mohawk_shard.model import quantized_layers
-from mohawk_shard.model.quantized_layers import DENSE_MIN_PROMPT, Int4Linear, RowKernels, native_bf16_matmul
+from mohawk_shard.model.quantized_layers import DENSE_MIN_PROMPT, Int4Linear, native_bf16_matmul
 
 steps, threads, pad = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 torch.set_num_threads(threads)
@@ -53,8 +53,8 @@ inputs = {k: torch.randn(512, k) for k in (576, 1536)}
 process = psutil.Process()
 start_rss = process.memory_info().rss
 start = time.perf_counter()
-for n in rows:  # every row dense in one call (batch_invariant off; on, every call has 128 rows)
-    with quantized_layers.row_kernels(RowKernels.of(np.ones(n, dtype=bool), torch.device("cpu"), tile=None)):
+for n in rows:  # every row dense in one call (batch_invariant off; on, no call is dense)
+    with quantized_layers.dense_rows(n):
         for layer in layers:
             layer(inputs[layer.in_features][:n])
 seconds = time.perf_counter() - start

@@ -17,17 +17,14 @@ from mohawk_common.model_store.source import weight_names
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.engine.sampling_params import SamplingParams
-from mohawk_shard.model import quantized_layers
 from mohawk_shard.model.groupwise_linear import GroupwiseLinear
 from mohawk_shard.model.quantized_layers import (
     DENSE_MIN_PROMPT,
-    DENSE_TILE,
     GroupwiseEmbedding,
     Int4Linear,
     RescoredHead,
-    RowKernels,
+    dense_rows,
     native_bf16_matmul,
-    row_kernels,
     unpack_int4_cpu,
 )
 from mohawk_shard.model.split_head import SplitQ8Head
@@ -62,12 +59,10 @@ def test_int4_linear_multiplies_by_the_stored_weights() -> None:
     torch.testing.assert_close(layer(x), expected, atol=0.02 * expected.abs().max().item(), rtol=0)
 
 
-def dense(rows: np.ndarray) -> RowKernels | None:
-    return RowKernels.of(rows, torch.device("cpu"))
-
-
 @pytest.mark.skipif(not native_bf16_matmul(), reason="this CPU has no native bf16 matmul (AVX512-BF16/AMX)")
-def test_prompt_rows_run_dense_bf16_with_the_kernels_weights() -> None:
+def test_a_long_step_runs_dense_bf16_with_the_kernels_weights() -> None:
+    """`batch_invariant` off: a step's rows run through the unpacked weight, padded to a multiple of
+    DENSE_ROW_MULTIPLE; calls over other rows (the head's logits rows) keep the kernel."""
     weights = np.random.default_rng(5).standard_normal((128, 96), dtype=np.float32)
     quantized = quantize_groupwise(weights)
     layer = Int4Linear(quantized, torch.device("cpu"))
@@ -77,44 +72,29 @@ def test_prompt_rows_run_dense_bf16_with_the_kernels_weights() -> None:
     stored = torch.from_numpy(quantized.dequantize())
     # the unpacked weight is the stored one up to bf16 rounding (scales and zeros are bf16)
     torch.testing.assert_close(layer.dense_weight().float(), stored, atol=0.02, rtol=0.01)
-    x = torch.randn(DENSE_MIN_PROMPT, 96)
+    x = torch.randn(DENSE_MIN_PROMPT + 3, 96)
     kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(
         x.bfloat16(), layer.packed, layer.group_size, layer.scales_and_zeros
     ).float()
-    assert torch.equal(layer(x), kernel)  # no split given: the kernel, for every row
-    with row_kernels(dense(np.ones(DENSE_MIN_PROMPT, dtype=bool))):
+    assert torch.equal(layer(x), kernel)  # not inside dense_rows: the kernel, for every row
+    with dense_rows(x.shape[0]):
         through_dense = layer(x)
+        assert torch.equal(layer(x[:1]), kernel[:1])  # not the step's rows: the kernel
+    assert not torch.equal(through_dense, kernel)  # two arithmetics
     torch.testing.assert_close(through_dense, kernel, atol=0.02 * kernel.abs().max().item(), rtol=0)
 
 
-@pytest.mark.skipif(not native_bf16_matmul(), reason="this CPU has no native bf16 matmul (AVX512-BF16/AMX)")
-def test_a_rows_result_depends_on_the_row_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whatever the step holds, a row gives the same bits: dense rows through tiles of one size,
-    kernel rows through the kernel, each the same alone and among others."""
-    weights = np.random.default_rng(6).standard_normal((128, 96), dtype=np.float32)
+def test_a_rows_result_depends_on_the_row_alone() -> None:
+    """The default (batch invariant): every row on the kernel, which gives a row the same bits alone,
+    among up to 511 others and at any place among them."""
+    weights = np.random.default_rng(6).standard_normal((256, 576), dtype=np.float32)
     layer = Int4Linear(quantize_groupwise(weights), torch.device("cpu"))
-    linear = quantized_layers.F.linear
-    seen: list[int] = []
-
-    def spy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        seen.append(x.shape[0])
-        return linear(x, weight, bias)
-
-    monkeypatch.setattr(quantized_layers.F, "linear", spy)
     rng = np.random.default_rng(7)
-    x = torch.randn(300, 96)
-    with row_kernels(dense(np.ones(1, dtype=bool))):
-        dense_alone = torch.cat([layer(x[i : i + 1]) for i in range(300)])
-    kernel_alone = torch.cat([layer(x[i : i + 1]) for i in range(300)])
-    assert not torch.equal(dense_alone, kernel_alone)  # two arithmetics
-    for num_rows in (3, 64, 97, 300):
-        rows = rng.permutation(300)[:num_rows]
-        prompt = rng.random(num_rows) < 0.7
-        with row_kernels(dense(prompt)):
-            y = layer(x[rows])
-        expected = torch.where(torch.from_numpy(prompt)[:, None], dense_alone[rows], kernel_alone[rows])
-        assert torch.equal(y, expected), num_rows
-    assert set(seen) == {DENSE_TILE}  # one shape: one oneDNN kernel, one arithmetic
+    x = torch.randn(512, 576)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(512)])
+    for num_rows in (2, 3, 17, 64, 97, 300, 512):
+        rows = rng.permutation(512)[:num_rows]
+        assert torch.equal(layer(x[rows]), alone[rows]), num_rows
 
 
 def test_rescored_head_gives_exact_logits_on_its_shortlist() -> None:

@@ -63,7 +63,6 @@ class _SequenceState:
     params: SamplingParams
     output_token_ids: list[int]
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV group
-    num_prompt_tokens: int = -1
 
 
 class Stage:
@@ -89,7 +88,6 @@ class Stage:
             return StageOutput(batch.step_id)
         chunks = []
         more_tables = []
-        prompt_lens = []
         for step in batch.sequences:
             state = self._state_for(step)
             per_group = len(step.new_block_ids) // self.num_kv_groups
@@ -97,11 +95,8 @@ class Stage:
                 table.extend(step.new_block_ids[group * per_group : (group + 1) * per_group])
             chunks.append((list(step.token_ids), step.start_position, state.block_tables[0], step.sample))
             more_tables.append(state.block_tables[1:])
-            prompt_lens.append(state.num_prompt_tokens)
         group_tables = more_tables if self.num_kv_groups > 1 else ()
-        forward = ForwardBatch.build(
-            chunks, self.block_size, group_tables=group_tables, prompt_lens=prompt_lens
-        )
+        forward = ForwardBatch.build(chunks, self.block_size, group_tables=group_tables)
         output = self.backend.forward(forward, hidden_states)
         if not self.backend.has_head:
             return StageOutput(batch.step_id, hidden_states=output)
@@ -111,9 +106,7 @@ class Stage:
         if step.new_sequence is not None:
             spec = step.new_sequence
             tables: list[list[int]] = [[] for _ in range(self.num_kv_groups)]
-            self._sequences[step.seq_id] = _SequenceState(
-                spec.params, list(spec.output_token_ids), tables, spec.num_prompt_tokens
-            )
+            self._sequences[step.seq_id] = _SequenceState(spec.params, list(spec.output_token_ids), tables)
         state = self._sequences.get(step.seq_id)
         if state is None:
             raise KeyError(f"stage got a step for unknown sequence {step.seq_id}")

@@ -24,7 +24,8 @@ def make_backend(
     """Layers [start, end) of `source` on backend `name` (torch: CPU or CUDA; mlx: Apple Silicon, or
     a Linux CPU through the mlx-cpu wheel). `weights` is the settings' weight format (native, int4,
     bf16, fp32); `kv_cache_dtype` auto (the compute dtype) or int8 (two tiers, torch only);
-    `batch_invariant` off lets a torch stage pick its 4-bit matmul by the step's size."""
+    `batch_invariant` off lets a torch stage pick its 4-bit matmul by the step's size and attend
+    through fused kernels (faster, but a row's numbers then depend on its step)."""
     if name == "torch":
         from mohawk_shard.backends.torch_backend import TorchBackend
 

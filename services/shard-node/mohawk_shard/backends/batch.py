@@ -17,8 +17,7 @@ class ForwardBatch:
     `logits_rows` picks the token rows whose logits the last stage needs (one per sampled sequence).
     A model with several KV groups (`mohawk_common.kv_groups`) has a table per group: `block_tables`
     is group 0's, `group_tables` the others' (a sliding group's entries behind its window are
-    `NULL_BLOCK`, never read). `prompt_lens` holds each sequence's prompt length (its positions
-    before it are prompt rows, the rest generated ones), or -1 where the builder does not know it.
+    `NULL_BLOCK`, never read).
     """
 
     token_ids: np.ndarray
@@ -29,7 +28,6 @@ class ForwardBatch:
     logits_rows: np.ndarray
     block_size: int
     group_tables: tuple[np.ndarray, ...] = ()
-    prompt_lens: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -46,14 +44,6 @@ class ForwardBatch:
     @property
     def max_context_len(self) -> int:
         return int(self.context_lens.max())
-
-    def prompt_rows(self, min_prompt_len: int) -> np.ndarray:
-        """For each token row, whether it is a position of its sequence's prompt and that prompt is
-        at least `min_prompt_len` tokens long: a property of the row, whatever else the step holds."""
-        if self.prompt_lens is None:
-            return np.zeros(self.num_tokens, dtype=bool)
-        lens = self.prompt_lens[self.token_seq_index]
-        return (self.positions < lens) & (lens >= min_prompt_len)
 
     @property
     def token_seq_index(self) -> np.ndarray:
@@ -106,11 +96,9 @@ class ForwardBatch:
         *,
         all_logits: bool = False,
         group_tables: Sequence[Sequence[list[int]]] = (),
-        prompt_lens: Sequence[int] | None = None,
     ) -> ForwardBatch:
         """From (token ids, start position, block table, sample) per sequence, in batch order;
-        `group_tables`, with several KV groups: per sequence, the tables of groups 1, 2, ...;
-        `prompt_lens`: per sequence, its prompt's length."""
+        `group_tables`, with several KV groups: per sequence, the tables of groups 1, 2, ..."""
         query_lens = np.array([len(c[0]) for c in chunks], dtype=np.int64)
         starts = np.array([c[1] for c in chunks], dtype=np.int64)
         tables = _pad([c[2] for c in chunks])
@@ -128,17 +116,8 @@ class ForwardBatch:
             logits_rows = np.arange(int(ends[-1]), dtype=np.int64)
         else:
             logits_rows = np.array([ends[i] - 1 for i, c in enumerate(chunks) if c[3]], dtype=np.int64)
-        prompts = None if prompt_lens is None else np.asarray(prompt_lens, dtype=np.int64)
         return cls(
-            token_ids,
-            positions,
-            query_lens,
-            starts + query_lens,
-            tables,
-            logits_rows,
-            block_size,
-            more,
-            prompts,
+            token_ids, positions, query_lens, starts + query_lens, tables, logits_rows, block_size, more
         )
 
 

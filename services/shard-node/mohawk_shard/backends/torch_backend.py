@@ -24,7 +24,7 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.attention import KVCache
 from mohawk_shard.model.attention_metadata import AttentionMetadata
 from mohawk_shard.model.kv_quant import Int8Store, KVTiers
-from mohawk_shard.model.quantized_layers import DENSE_MIN_PROMPT, DENSE_TILE, RowKernels, row_kernels
+from mohawk_shard.model.quantized_layers import DENSE_MIN_PROMPT, dense_rows
 from mohawk_shard.model.rope import RotaryTable
 from mohawk_shard.model.weight_formats import weights_dtype
 from mohawk_shard.model.weight_loading import build_stage
@@ -147,7 +147,9 @@ class TorchBackend:
         if len(self._windows) > 1 and not batch.group_tables:
             raise ValueError(f"layers [{self.start}, {self.end}) need a block table per KV group")
         plan = None if self.kv_tiers is None else self.kv_tiers.prepare(batch, self.kv_caches)
-        meta = AttentionMetadata.build(batch, self.rotary, self.torch_device, plan, self._windows)
+        meta = AttentionMetadata.build(
+            batch, self.rotary, self.torch_device, plan, self._windows, fixed_chunks=self.batch_invariant
+        )
         if self.has_embedding:
             inputs = torch.from_numpy(batch.token_ids).to(self.torch_device)
         elif hidden is None:
@@ -157,20 +159,13 @@ class TorchBackend:
         rows = None
         if self.has_head and batch.logits_rows.shape[0] != batch.num_tokens:
             rows = torch.from_numpy(np.ascontiguousarray(batch.logits_rows)).to(self.torch_device)
-        tile = DENSE_TILE if self.batch_invariant else None
-        split = RowKernels.of(self._dense_rows(batch), self.torch_device, tile)
-        with row_kernels(split):
+        # batch invariant: every row on the 4-bit kernel (`quantized_layers` says why)
+        dense = not self.batch_invariant and batch.num_tokens >= DENSE_MIN_PROMPT
+        with dense_rows(batch.num_tokens if dense else None):
             out = self.model(inputs, meta, self.kv_caches, rows)
         if self.kv_tiers is not None:
             self.kv_tiers.settle(batch, self.kv_caches)
         return out
-
-    def _dense_rows(self, batch: ForwardBatch) -> np.ndarray:
-        """Rows the dense matmul takes (`quantized_layers`): long prompts' own positions, or, not
-        batch invariant, every row of a step of `DENSE_MIN_PROMPT` rows or more."""
-        if self.batch_invariant:
-            return batch.prompt_rows(DENSE_MIN_PROMPT)
-        return np.full(batch.num_tokens, batch.num_tokens >= DENSE_MIN_PROMPT)
 
     def sample(
         self, logits: torch.Tensor, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]]

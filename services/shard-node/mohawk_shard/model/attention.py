@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from mohawk_shard.model.attention_metadata import AttentionMetadata, AttentionPart
+from mohawk_shard.model.fixed_chunk_attention import fixed_chunk_attention, pad_keys, padded_length
 from mohawk_shard.model.kv_quant import Int8Store, dequantize
 
 
@@ -73,6 +74,7 @@ def paged_attention(
     step = meta.groups[cache.group]
     cache.key.index_copy_(1, step.slot_mapping, key.transpose(0, 1))
     cache.value.index_copy_(1, step.slot_mapping, value.transpose(0, 1))
+    attend = attend_fixed_chunks if meta.fixed_chunks else attend_fast
     if len(step.parts) == 1:
         return attend(step.parts[0], query, key, value, cache, options)
     num_tokens, num_heads, head_dim = query.shape
@@ -92,7 +94,40 @@ def paged_attention(
     return out
 
 
-def attend(
+def attend_fixed_chunks(
+    part: AttentionPart,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cache: KVCache,
+    options: AttentionOptions = FULL_ATTENTION,
+) -> torch.Tensor:
+    """One part's attention, each query in the one order of `fixed_chunk_attention` (batch invariant)."""
+    num_tokens, num_heads, head_dim = query.shape
+    if part.context_lens is None:
+        raise RuntimeError("an attention part without its sequence lengths")
+    padded = padded_length(int(part.context_lens.max()))
+    if part.fresh_prompt:
+        keys, values = (t.transpose(0, 1).unsqueeze(1) for t in (key, value))  # [KVH, 1, P, D]
+    else:
+        batch, kv_heads = part.num_seqs, cache.key.shape[0]
+        keys = gather_context(cache.key, cache.key_int8, part, "key")
+        values = gather_context(cache.value, cache.value_int8, part, "value")
+        keys, values = (t.view(kv_heads, batch, -1, head_dim) for t in (keys, values))
+    mask, reach = part.fixed_chunk_mask(options.window, padded, query.device)
+    out = fixed_chunk_attention(
+        query.reshape(part.num_seqs, part.max_query_len, num_heads, head_dim),
+        pad_keys(keys, padded),
+        pad_keys(values, padded),
+        mask,
+        options.scale,
+        options.softcap,
+        reach,
+    )
+    return out.view(num_tokens, num_heads * head_dim)
+
+
+def attend_fast(
     part: AttentionPart,
     query: torch.Tensor,
     key: torch.Tensor,

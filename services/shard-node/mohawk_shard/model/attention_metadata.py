@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from mohawk_shard.backends.batch import ForwardBatch
+from mohawk_shard.model.fixed_chunk_attention import allowed_keys, key_reach
 from mohawk_shard.model.kv_quant import TierPlan
 from mohawk_shard.model.rope import RotaryTable
 
@@ -55,6 +56,7 @@ class AttentionPart:
     cold: ColdContext | None = None
     mask: torch.Tensor | None = None
     scratch: dict[str, torch.Tensor] = field(default_factory=dict)
+    fixed_masks: dict[str, tuple[torch.Tensor, np.ndarray]] = field(default_factory=dict)
     query_lens: np.ndarray | None = None
     context_lens: np.ndarray | None = None
 
@@ -79,6 +81,21 @@ class AttentionPart:
             mask = additive_mask(torch.from_numpy(allowed[None]).to(like.device), like.dtype)
             self.scratch[key] = mask
         return mask
+
+    def fixed_chunk_mask(
+        self, window: int | None, padded_len: int, device: torch.device
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Additive float32 mask [num_seqs, max_query, padded_len] for `fixed_chunk_attention`, and
+        each query index's `key_reach`; built once a step per window."""
+        key = f"fixed{window}"
+        cached = self.fixed_masks.get(key)
+        if cached is None:
+            if self.query_lens is None or self.context_lens is None:
+                raise RuntimeError("an attention part without its sequence lengths")
+            allowed = allowed_keys(self.query_lens, self.context_lens, window, padded_len)
+            mask = additive_mask(torch.from_numpy(allowed).to(device), torch.float32)
+            cached = self.fixed_masks[key] = (mask, key_reach(allowed))
+        return cached
 
     def head_rows(self, pool: torch.Tensor) -> torch.Tensor:
         """The context slots as rows of `pool` viewed [kv_heads × slots, dim], head by head."""
@@ -116,6 +133,7 @@ class AttentionMetadata:
     sin: torch.Tensor
     groups: dict[int, GroupStep]
     local_rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # sliding layers' own base (Gemma 3)
+    fixed_chunks: bool = False  # attend every query in one order (`fixed_chunk_attention.py`)
 
     @property
     def slot_mapping(self) -> torch.Tensor:
@@ -138,9 +156,11 @@ class AttentionMetadata:
         device: torch.device,
         tiers: TierPlan | None = None,
         windows: Mapping[int, int | None] | None = None,
+        fixed_chunks: bool = False,
     ) -> AttentionMetadata:
         """Everything a step's layers share; `tiers` maps slots to the hot pool in two-tier mode;
-        `windows`: the stage's KV groups and their windows (default one full-attention group 0)."""
+        `windows`: the stage's KV groups and their windows (default one full-attention group 0);
+        `fixed_chunks`: batch-invariant attention."""
 
         def tensor(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
@@ -151,7 +171,7 @@ class AttentionMetadata:
             group: group_step(batch.for_group(group), window, tiers, rotary.cos.dtype, tensor)
             for group, window in (windows or {0: None}).items()
         }
-        return cls(cos, sin, groups, rotary.lookup_local(positions))
+        return cls(cos, sin, groups, rotary.lookup_local(positions), fixed_chunks)
 
 
 def group_step(

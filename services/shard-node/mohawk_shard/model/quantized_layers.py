@@ -13,21 +13,18 @@ and zeros are bf16 too, the kernel's only choice: a GGUF scale (fp16) loses 3 ma
 an error of at most 1/64 of a quantization step per weight.
 
 The kernel suits a few rows (decode); a CPU with native bf16 matmuls (AVX512-BF16 or AMX) runs
-long prompts faster by unpacking the codes to a bf16 weight for the one call and running a dense
-bf16 matmul (nothing dense is kept between calls; `python bench/int4_kernels.py` prints both). The
-two give slightly different numbers, and a sequence's tokens must not depend on which one its rows
-met, so the choice belongs to the row, never to the step: a row takes the dense matmul when it is
-a position of its sequence's prompt and that prompt is at least `DENSE_MIN_PROMPT` tokens long
-(`ForwardBatch.prompt_rows`, set for the step by `row_kernels`), the kernel otherwise. Both
-arithmetics are row-invariant: the kernel computes each row alone (measured bit for bit, any row
-among 1 to 200, 1 or 2 threads: `python bench/batch_invariance.py --ops`), and the dense matmul
-always runs on tiles of `DENSE_TILE` rows, zero-padded, because oneDNN's result for a row changes
-with the call's row count (from 64 rows here) but not with its neighbours or its place in a tile
-of a fixed size. A generated token re-prefilled after a failover is still a generated row, so it
-meets the kernel as when it was decoded. Fixed tiles also keep oneDNN to one compiled kernel per
-shape (it compiles one, with scratch memory, for every row count it meets: `native_caches.py`).
-A call whose rows are not the step's (the head's logits rows, a MoE expert's routed rows) runs the
-kernel for all of them.
+long prompts somewhat faster by unpacking the codes to a bf16 weight for the one call and running
+a dense bf16 matmul (nothing dense is kept between calls; `python bench/int4_kernels.py` prints
+both). The two give slightly different numbers, and in the default, batch-invariant mode a
+sequence's tokens must not depend on which one its rows met, so there every row takes the kernel,
+which computes each row alone (bit for bit the same among 1 to 512 rows, at any offset:
+`tests/engine/test_native_weights.py`). A rule by row (long prompts' positions dense, the rest on
+the kernel) was tried and is not enough: a prefix-cache hit, a session's next turn or a resume
+reuses KV that another row class computed. Only with `batch_invariant` off does a step of
+`DENSE_MIN_PROMPT` rows or more run all its rows dense (`dense_rows`), in one call padded to a
+multiple of `DENSE_ROW_MULTIPLE` rows, which bounds the shapes oneDNN compiles a kernel for
+(`native_caches.py`). The kernel is within 1.22x of a dense bf16 matmul on weights already
+unpacked at 512 rows on this machine's CPU, before the unpacking the dense path pays each call.
 `GroupwiseEmbedding` keeps a token table's codes (4-bit ones two a byte, wider ones one a byte) and
 dequantizes only the rows a step looks up.
 """
@@ -38,7 +35,6 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -49,40 +45,21 @@ from mohawk_common.model_store.quantized import GroupQuantized
 
 KERNEL_DTYPE = torch.bfloat16
 DENSE_MIN_PROMPT = 96  # a prompt this long prefills faster through the unpacked weight than the kernel
-DENSE_TILE = 128  # rows of every dense matmul call (zero-padded): one arithmetic per row
-DENSE_ROW_MULTIPLE = 32  # not batch invariant: one call, its rows padded to a multiple of this
+DENSE_ROW_MULTIPLE = 32  # a dense call's rows are padded to a multiple of this
 
 
-@dataclass(frozen=True, slots=True)
-class RowKernels:
-    """One step's split of its token rows: those the dense matmul takes, and the rest."""
-
-    num_rows: int
-    dense: torch.Tensor  # row indices
-    kernel: torch.Tensor
-    tile: int | None = DENSE_TILE  # rows of each dense call; None: one call (not row-invariant)
-
-    @classmethod
-    def of(
-        cls, dense_rows: np.ndarray, device: torch.device, tile: int | None = DENSE_TILE
-    ) -> RowKernels | None:
-        if not dense_rows.any():
-            return None
-        dense, kernel = (torch.from_numpy(np.flatnonzero(m)).to(device) for m in (dense_rows, ~dense_rows))
-        return cls(dense_rows.shape[0], dense, kernel, tile)
-
-
-_ROW_KERNELS: ContextVar[RowKernels | None] = ContextVar("row_kernels", default=None)
+_DENSE_ROWS: ContextVar[int | None] = ContextVar("dense_rows", default=None)
 
 
 @contextmanager
-def row_kernels(split: RowKernels | None) -> Iterator[None]:
-    """Within the block, `Int4Linear` calls over the step's rows follow `split`."""
-    token = _ROW_KERNELS.set(split)
+def dense_rows(num_rows: int | None) -> Iterator[None]:
+    """Within the block, `Int4Linear` calls over `num_rows` rows (a step's rows; None: none) run
+    the dense bf16 matmul where this CPU has one; calls over other rows run the kernel."""
+    token = _DENSE_ROWS.set(num_rows)
     try:
         yield
     finally:
-        _ROW_KERNELS.reset(token)
+        _DENSE_ROWS.reset(token)
 
 
 class Int4Linear(nn.Module):
@@ -116,30 +93,21 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        split = _ROW_KERNELS.get() if self._cpu_block is not None else None
         rows = flat.to(KERNEL_DTYPE)
-        if split is None or split.num_rows != rows.shape[0]:
-            y = self._kernel(rows)
-        elif split.kernel.shape[0] == 0:
-            y = self._dense(rows, split.tile)
-        else:
-            y = rows.new_empty(rows.shape[0], self.out_features)
-            y.index_copy_(0, split.dense, self._dense(rows.index_select(0, split.dense), split.tile))
-            y.index_copy_(0, split.kernel, self._kernel(rows.index_select(0, split.kernel)))
+        dense = self._cpu_block is not None and _DENSE_ROWS.get() == rows.shape[0]
+        y = self._dense(rows) if dense else self._kernel(rows)
         y = y.to(x.dtype) if x.dim() == 2 else y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
         return self._matmul(rows, self.packed, self.group_size, self.scales_and_zeros)
 
-    def _dense(self, rows: torch.Tensor, tile: int | None) -> torch.Tensor:
-        """bf16 rows through the unpacked weight, `tile` rows a call (None: one call, its rows
-        padded to a multiple of `DENSE_ROW_MULTIPLE`)."""
-        weight, num_rows = self.dense_weight(), rows.shape[0]
-        padded = F.pad(rows, (0, 0, 0, -num_rows % (tile or DENSE_ROW_MULTIPLE)))
-        if tile is None:
-            return F.linear(padded, weight)[:num_rows]
-        return torch.cat([F.linear(part, weight) for part in padded.split(tile)])[:num_rows]
+    def _dense(self, rows: torch.Tensor) -> torch.Tensor:
+        """bf16 rows through the unpacked weight in one call, padded to a multiple of
+        `DENSE_ROW_MULTIPLE` rows."""
+        num_rows = rows.shape[0]
+        padded = F.pad(rows, (0, 0, 0, -num_rows % DENSE_ROW_MULTIPLE))
+        return F.linear(padded, self.dense_weight())[:num_rows]
 
     def dense_weight(self) -> torch.Tensor:
         """The bf16 weight [out, in] the kernel computes with, from the CPU packing."""

@@ -1,5 +1,5 @@
-"""The clusters the chaos tests break: real processes, one thread per shard node, fp32 weights (a
-re-batched recompute then gives the undisturbed run's text exactly)."""
+"""The clusters the chaos tests break: real processes, one thread per shard node, the default
+settings (batch invariant: a re-batched recompute gives the undisturbed run's text exactly)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import httpx
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus.server import free_port
-from tests.integration.cluster_helpers import PROMPTS, REFERENCE_TOKENS, REFERENCE_WEIGHTS, stream_chat
+from tests.integration.cluster_helpers import PROMPTS, REFERENCE_TOKENS, stream_chat
 
 Outcome = tuple[str, tuple[str, str | None]]  # prompt, (text, finish reason)
 
@@ -26,7 +26,7 @@ def chaos_spec(data_dir: Path, nodes: int, coordinators: int = 1, **env: str) ->
         nats_port=free_port(),
         data_dir=data_dir,
         threads_per_node=1,
-        env={"MOHAWK_WEIGHTS": REFERENCE_WEIGHTS, **env},
+        env=env,
         max_payload=256 * 1024,  # a 512-token step's activations cross in chunks
     )
 

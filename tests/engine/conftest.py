@@ -42,10 +42,9 @@ def engine_factory(bundled: ModelSource) -> Callable[..., LLMEngine]:
         backends: Sequence[str] = (),
         **settings: Any,
     ) -> LLMEngine:
+        # the default settings (batch invariant: texts compare exactly across batch shapes); a test
+        # against transformers' fp32 reference pins weights="fp32"
         settings.setdefault("num_kv_blocks", 1024)
-        # these tests compare texts exactly across batch shapes: fp32 weights keep that exact (4-bit
-        # kernels round to bf16; test_native_weights.py covers the native format)
-        settings.setdefault("weights", "fp32")
         return build_local_engine(EngineSettings(**settings), split, source or bundled, backends)
 
     return make

@@ -65,7 +65,8 @@ def chats(bundled: ModelSource, engine_factory: Any) -> tuple[list[list[int]], l
     tokenizer = bundled.load_tokenizer()
     system = {"role": "system", "content": "You are a careful assistant who answers briefly. " * 4}
     prompts = [encode_chat(tokenizer, [system, {"role": "user", "content": q}]) for q in QUESTIONS]
-    expected = [c.text for c in engine_factory().generate(prompts, GREEDY)]
+    # torch and MLX compute with different kernels: their texts agree token for token in fp32
+    expected = [c.text for c in engine_factory(weights="fp32").generate(prompts, GREEDY)]
     assert all(len(text) > 10 for text in expected)
     return prompts, expected
 
@@ -78,7 +79,7 @@ def test_greedy_text_equals_the_torch_engine(
     request cancelled midway: every other text equals the single-process torch engine's."""
     prompts, expected = chats
     split, backends = PIPELINES[pipeline]
-    engine = engine_factory(split=split, backends=backends, max_num_batched_tokens=48)
+    engine = engine_factory(split=split, backends=backends, max_num_batched_tokens=48, weights="fp32")
     engine.add_request("doomed", prompts[0], SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True))
     for _ in range(3):
         engine.step()

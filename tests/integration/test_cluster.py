@@ -22,7 +22,6 @@ import pytest
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from tests.integration.cluster_helpers import (
     PROMPTS,
-    REFERENCE_WEIGHTS,
     chat,
     current_leader,
     current_plan,
@@ -42,7 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         nats_port=_free_port(),
         data_dir=tmp_path_factory.mktemp("cluster"),
         threads_per_node=1,
-        env={"MOHAWK_LEASE_TTL_S": str(LEASE_TTL_S), "MOHAWK_WEIGHTS": REFERENCE_WEIGHTS},
+        env={"MOHAWK_LEASE_TTL_S": str(LEASE_TTL_S)},
         max_payload=256 * 1024,  # a 512-token step's activations (1.2 MB) cross in chunks
     )
     with LocalCluster(spec) as running:

@@ -14,7 +14,14 @@ import pytest
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus.server import free_port
-from tests.integration.cluster_helpers import PROMPTS, REFERENCE_WEIGHTS, chat, current_plan, stream_many
+from tests.integration.cluster_helpers import (
+    MIXED_BACKENDS_WEIGHTS,
+    PROMPTS,
+    chat,
+    current_plan,
+    reference_texts,
+    stream_many,
+)
 
 pytest.importorskip("mlx_lm", reason="the mlx extra (mlx, mlx-cpu, mlx-lm) is not installed")
 
@@ -28,11 +35,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         nats_port=free_port(),
         data_dir=tmp_path_factory.mktemp("mixed"),
         threads_per_node=1,
-        env={"MOHAWK_LEASE_TTL_S": "2.0", "MOHAWK_WEIGHTS": REFERENCE_WEIGHTS},
+        env={"MOHAWK_LEASE_TTL_S": "2.0", "MOHAWK_WEIGHTS": MIXED_BACKENDS_WEIGHTS},
     )
     with LocalCluster(spec) as running:
         running.wait_ready(timeout=300)
         yield running
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, str]:
+    """The single-process torch engine's texts in the weights this cluster runs."""
+    return reference_texts(MIXED_BACKENDS_WEIGHTS)
 
 
 def test_the_slower_mlx_node_gets_fewer_layers(cluster: LocalCluster) -> None:

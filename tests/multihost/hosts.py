@@ -47,9 +47,6 @@ MONITOR_PORT = 8222
 GATEWAY_PORT = 8000
 MODEL = BUNDLED_MODEL_NAME
 STOP_TIMEOUT_S = 15.0
-# fp32 weights: a pipeline's greedy text equals the single process's token for token, whatever the
-# batch (tests/integration/cluster_helpers.py says why)
-WEIGHTS = "fp32"
 
 _MODULES = {"coordinator": "mohawk_coordinator", "shard": "mohawk_shard", "gateway": "mohawk_gateway"}
 
@@ -212,7 +209,6 @@ class MultiHostCluster:
             "MOHAWK_NATS_REPLICAS": "3",
             CREDS_ENV: str(self.auth.creds(svc.role)),
             TLS_CA_ENV: str(self.tls_ca.cert),
-            "MOHAWK_WEIGHTS": WEIGHTS,
             "TRANSFORMERS_VERBOSITY": "error",
             "TOKENIZERS_PARALLELISM": "false",
         }

@@ -21,7 +21,7 @@ from mohawk_common.bus.control import decode_json
 from mohawk_common.bus.pipelines import pipelines
 from mohawk_proto.v1 import bus_pb2
 from tests.integration.cluster_helpers import PROMPTS
-from tests.multihost.hosts import WEIGHTS, MultiHostCluster
+from tests.multihost.hosts import MultiHostCluster
 from tests.multihost.netns import Lab, wait_for
 from tests.multihost.probes import (
     Progress,
@@ -53,7 +53,7 @@ def reference() -> dict[str, str]:
     from mohawk_shard.engine.sampling_params import SamplingParams
     from mohawk_shard.local import build_local_engine
 
-    engine = build_local_engine(EngineSettings.model_validate({"num_threads": 1, "weights": WEIGHTS}))
+    engine = build_local_engine(EngineSettings.model_validate({"num_threads": 1}))
     prompts = [encode_chat(engine.tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
     params = SamplingParams.create(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     done = engine.generate(prompts, params)

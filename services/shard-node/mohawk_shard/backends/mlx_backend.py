@@ -266,7 +266,11 @@ class MlxBackend:
             outputs.append(h[0])
             row += count
         out = mx.concatenate(outputs, axis=0) if len(outputs) > 1 else outputs[0]
-        if self.has_head:
+        if self.has_head and batch.logits_rows.shape[0] == 0:
+            # a step that samples nothing (a prompt chunk short of its end): mlx-cpu's quantized
+            # matmul over 0 rows dies with SIGFPE, which would take the whole node down
+            out = mx.zeros((0, self.config.vocab_size), mx.float32)
+        elif self.has_head:
             out = self._logits(out[mx.array(batch.logits_rows)])
         mx.eval(out, self.kv)
         return out

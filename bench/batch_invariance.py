@@ -13,7 +13,7 @@ component, whether a row's result depends on how many rows share its call (`--op
 
     python bench/batch_invariance.py                 # the default settings (native weights)
     python bench/batch_invariance.py --weights fp32  # for comparison
-    python bench/batch_invariance.py --throughput 3  # also the cost: 32 streams, invariant or not
+    python bench/batch_invariance.py --throughput 3  # also the cost: 32 streams and batch-1, on vs off
 """
 
 from __future__ import annotations
@@ -103,11 +103,14 @@ def row_dependence(rows: int = 200) -> dict[str, float]:
 
 
 def throughput(settings: dict[str, Any], runs: int, tokens: int = 16) -> dict[str, Any]:
-    """32 concurrent chat prompts (36 to 378 tokens) × `tokens` greedy tokens, aggregate tokens/s,
-    with `batch_invariant` on and off, interleaved; median (min-max) of `runs`."""
+    """The cost of invariance, with `batch_invariant` on and off interleaved, median (min-max) of
+    `runs`: 32 concurrent chat prompts (36 to 378 tokens) × `tokens` greedy tokens, aggregate
+    tokens/s; and one request alone, 128 tokens after a 36-token prompt (its prefill included),
+    tokens/s."""
     source = open_model(settings.get("model"))
     batch = prompts(source.load_tokenizer(), 32)
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    single = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
     base = {**settings, "enable_prefix_caching": False}
     engines = {}
     for on in (1, 0):
@@ -115,16 +118,24 @@ def throughput(settings: dict[str, Any], runs: int, tokens: int = 16) -> dict[st
     for engine in engines.values():
         engine.generate(batch[:4], params)
     rates: dict[int, list[float]] = {1: [], 0: []}
+    decode: dict[int, list[float]] = {1: [], 0: []}
     for _ in range(runs):
         for on, engine in engines.items():
             started = time.perf_counter()
             engine.generate(batch, params)
             rates[on].append(len(batch) * tokens / (time.perf_counter() - started))
-    figures: dict[str, Any] = {
-        f"batch_invariant={bool(on)}": f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f}) tokens/s"
-        for on, v in rates.items()
-    }
-    figures["invariant / not"] = round(statistics.median(rates[1]) / statistics.median(rates[0]), 3)
+            started = time.perf_counter()
+            engine.generate([batch[0]], single)
+            decode[on].append(128 / (time.perf_counter() - started))
+    figures: dict[str, Any] = {}
+    for name, table in (("32 streams", rates), ("batch-1", decode)):
+        for on, v in table.items():
+            figures[f"{name}, batch_invariant={bool(on)}"] = (
+                f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f}) tokens/s"
+            )
+        figures[f"{name}, invariant / not"] = round(
+            statistics.median(table[1]) / statistics.median(table[0]), 3
+        )
     return figures
 
 
@@ -143,7 +154,7 @@ def main() -> None:
     started = time.perf_counter()
     figures: dict[str, Any] = {"settings": settings, "tokens": args.tokens, **checks(settings, args.tokens)}
     if args.throughput:
-        figures["32 streams x 16 tokens"] = throughput(settings, args.throughput)
+        figures["cost"] = throughput(settings, args.throughput)
     if args.ops:
         figures["row 0 alone vs among 200 rows, max |difference|"] = row_dependence()
     figures["seconds"] = round(time.perf_counter() - started, 1)

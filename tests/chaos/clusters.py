@@ -4,8 +4,9 @@ settings (batch invariant: a re-batched recompute gives the undisturbed run's te
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ from mohawk_common.bus.server import free_port
 from tests.integration.cluster_helpers import PROMPTS, REFERENCE_TOKENS, stream_chat
 
 Outcome = tuple[str, tuple[str, str | None]]  # prompt, (text, finish reason)
+FIRST_TEXT_CHUNKS = 2  # a stream's role chunk, then its first text
 
 
 def chaos_spec(data_dir: Path, nodes: int, coordinators: int = 1, **env: str) -> ClusterSpec:
@@ -32,20 +34,42 @@ def chaos_spec(data_dir: Path, nodes: int, coordinators: int = 1, **env: str) ->
 
 
 def streams_through(
-    cluster: LocalCluster, fault: Callable[[], None], num_streams: int, bound_s: float = 60.0
+    cluster: LocalCluster,
+    fault: Callable[[], Awaitable[None] | None],
+    num_streams: int,
+    bound_s: float = 60.0,
 ) -> tuple[list[Outcome], float]:
-    """`num_streams` greedy streams of the reference prompts; `fault()` 1.5 s in, once every stream
-    is generating. Every outcome, and how long after the fault the last stream finished."""
+    """`num_streams` greedy streams of the reference prompts; `fault()` (awaited when it returns an
+    awaitable) as soon as every stream has its first text, so it lands mid-answer for all of them
+    (asserted: a fault after the answers would test nothing). Every outcome, and how long after the
+    fault was done the last stream finished."""
 
     async def scenario() -> tuple[list[Outcome], float]:
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(num_streams)]
+        chunks = [0] * num_streams
+
+        def counter(i: int) -> Callable[[], None]:
+            def count() -> None:
+                chunks[i] += 1
+
+            return count
+
         limits = httpx.Limits(max_connections=num_streams + 4)
         async with httpx.AsyncClient(base_url=cluster.url, limits=limits) as client:
-            tasks = [asyncio.create_task(stream_chat(client, p, REFERENCE_TOKENS)) for p in prompts]
-            await asyncio.sleep(1.5)
-            fault()
+            tasks = [
+                asyncio.create_task(stream_chat(client, p, REFERENCE_TOKENS, counter(i)))
+                for i, p in enumerate(prompts)
+            ]
+            async with asyncio.timeout(bound_s):
+                while min(chunks) < FIRST_TEXT_CHUNKS:
+                    await asyncio.sleep(0.01)
+            finished = sum(task.done() for task in tasks)
+            outcome = fault()
+            if inspect.isawaitable(outcome):
+                await outcome
             fault_at = time.monotonic()
             results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=bound_s)
+            assert not finished, f"{finished} of {num_streams} streams had finished before the fault"
             return list(zip(prompts, results, strict=True)), time.monotonic() - fault_at
 
     return asyncio.run(scenario())

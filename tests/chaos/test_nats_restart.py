@@ -14,16 +14,13 @@ full form (10 s down, as operators see a restart) in `make chaos`.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from mohawk_cli.cluster import LocalCluster
-from tests.chaos.clusters import chaos_spec
+from tests.chaos.clusters import assert_identical, chaos_spec, streams_through
 from tests.chaos.memory import grown, resident_bytes
-from tests.integration.cluster_helpers import PROMPTS, REFERENCE_TOKENS, stream_chat
 
 NUM_STREAMS = 16
 BOUND_S = 60.0  # every stream done within this long after nats-server is back
@@ -37,36 +34,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield running
 
 
-async def _streams_through_a_restart(cluster: LocalCluster, down_s: float) -> tuple[list, float]:
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(NUM_STREAMS)]
-    limits = httpx.Limits(max_connections=NUM_STREAMS + 4)
-    async with httpx.AsyncClient(base_url=cluster.url, limits=limits) as client:
-        tasks = [asyncio.create_task(stream_chat(client, p, REFERENCE_TOKENS)) for p in prompts]
-        await asyncio.sleep(1.5)  # every stream admitted and generating
+def _check(cluster: LocalCluster, reference: dict[str, str], down_s: float) -> None:
+    streams_through(cluster, lambda: None, NUM_STREAMS)  # the same load undisturbed: steady allocations
+    before = resident_bytes(cluster)
+
+    async def restart() -> None:
         cluster.nats.kill()
         await asyncio.sleep(down_s)
         await asyncio.to_thread(cluster.nats.start)
-        back_at = time.monotonic()
-        results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=BOUND_S)
-        took = time.monotonic() - back_at
-    return list(zip(prompts, results, strict=True)), took
 
-
-async def _warm_up(cluster: LocalCluster) -> None:
-    limits = httpx.Limits(max_connections=NUM_STREAMS + 4)
-    async with httpx.AsyncClient(base_url=cluster.url, limits=limits) as client:
-        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(NUM_STREAMS)]
-        await asyncio.gather(*(stream_chat(client, p, REFERENCE_TOKENS) for p in prompts))
-
-
-def _check(cluster: LocalCluster, reference: dict[str, str], down_s: float) -> None:
-    asyncio.run(_warm_up(cluster))  # the same load undisturbed: steady allocations first
-    before = resident_bytes(cluster)
-    done, took = asyncio.run(_streams_through_a_restart(cluster, down_s))
+    done, took = streams_through(cluster, restart, NUM_STREAMS, BOUND_S)
     print(f"\nnats-server down {down_s:.0f} s: all {len(done)} streams done {took:.1f} s after the restart")
-    for prompt, (text, finish) in done:
-        assert finish in ("stop", "length"), (prompt, text, finish)
-        assert text == reference[prompt], prompt
+    assert_identical(done, reference)
     for name, proc in cluster.processes.items():
         assert proc.poll() is None, f"{name} exited"
     assert not grown(before, resident_bytes(cluster)), "memory did not come back to its level"

@@ -2,7 +2,8 @@
 
 Runs one stage of all 30 layers on a 200-token context and times a one-token decode forward
 (median and min of 40) as it is, with the 4-bit matmuls replaced by empty outputs, and with
-attention replaced too, which leaves the small ops (norms, rotary, residuals) and the metadata.
+attention replaced too, which leaves the small ops (norms, rotary, residuals) and the metadata;
+with `batch_invariant` on (the default: attention in fixed chunks) and off (fused attention).
 Then times the post-attention half of every layer (o_proj, norm, gate/up, SiLU, down) as plain
 tensor calls, eager and under `torch.compile`, against its 4-bit kernels alone.
 `python bench/decode_breakdown.py [--threads N]`.
@@ -102,7 +103,10 @@ def main() -> None:
     source = open_model(None)
     backend = TorchBackend(source, 0, source.config.num_layers, device="cpu", weights="native")
     with torch.inference_mode():
-        forward_breakdown(backend)
+        for invariant in (True, False):
+            backend.batch_invariant = invariant
+            print(f"batch_invariant={invariant}")
+            forward_breakdown(backend)
         post_attention_breakdown(backend)
 
 

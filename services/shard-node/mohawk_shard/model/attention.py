@@ -1,5 +1,10 @@
 """Attention over a paged KV cache, batched across sequences of different lengths.
 
+Two ways to attend a part, chosen per step (`AttentionMetadata.fixed_chunks`, from the stage's
+`batch_invariant` setting): by default `attend_fixed_chunks`, which computes every query in one
+fixed order whatever part it is in (`fixed_chunk_attention.py`: the bits of a sequence's output
+do not depend on its batch); with the setting off, `attend_fast`, whose shapes are described here.
+
 Design. Each layer's cache is two head-major tensors of shape [kv_heads, num_blocks × block_size,
 head_dim]; a step writes its new keys and values into their slots with one `index_copy_`, then
 gathers every sequence's context through its block table into a padded [kv_heads, batch, context,

@@ -116,3 +116,24 @@ def test_an_mlx_last_stage_keeps_the_tokens_as_windows_free_blocks(
     for prompt, tokens in zip(PROMPTS, got, strict=True):
         assert tokens == reference_greedy(model, prompt, NEW_TOKENS, eos=None)
     assert engine.scheduler.block_manager.num_window_freed > 0
+
+
+def test_past_the_window_a_prompt_gets_the_same_bits_whatever_its_chunks(
+    tiny: tuple[ModelSource, Any], engine_factory: Any
+) -> None:
+    """The default mode past the window: a sliding layer reads from the first block its window
+    still holds, and fixed-chunk attention counts its chunks of 64 from there, so that start is
+    kept on a multiple of 64 positions (blocks already given back read as masked slot 0). A prompt
+    prefilled in one step, or 8 tokens a step while blocks behind the window go back, then decoded,
+    gives the same log-probabilities bit for bit."""
+    source, _ = tiny
+    prompt = [(7 * i + 3) % 5000 + 10 for i in range(150)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
+    runs = [
+        engine_factory(
+            source=source, block_size=BLOCK, num_kv_blocks=128, max_num_batched_tokens=budget
+        ).generate([prompt], params)[0]
+        for budget in (512, 8)
+    ]
+    assert runs[1].token_ids == runs[0].token_ids
+    assert runs[1].logprobs == runs[0].logprobs

@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from mohawk_common.kv_groups import NULL_BLOCK
+
 
 @dataclass(frozen=True, slots=True)
 class ForwardBatch:
@@ -60,8 +62,9 @@ class ForwardBatch:
         """[num_seqs, max_context_len] KV slots of each position a sequence attends to (0 past its end)."""
         positions = np.arange(self.max_context_len)
         blocks = np.minimum(positions // self.block_size, self.block_tables.shape[1] - 1)
-        slots = self.block_tables[:, blocks] * self.block_size + positions % self.block_size
-        return np.where(positions[None, :] < self.context_lens[:, None], slots, 0)
+        table = self.block_tables[:, blocks]
+        slots = table * self.block_size + positions % self.block_size
+        return np.where((positions[None, :] < self.context_lens[:, None]) & (table != NULL_BLOCK), slots, 0)
 
     def for_group(self, group: int) -> ForwardBatch:
         """This step as KV group `group` sees it: its block table in `block_tables` (a batch with one
@@ -70,12 +73,14 @@ class ForwardBatch:
             return self
         return replace(self, block_tables=self.group_tables[group - 1], group_tables=())
 
-    def from_window(self, window: int) -> ForwardBatch:
+    def from_window(self, window: int, align: int = 1) -> ForwardBatch:
         """This step from the first block each sequence's `window` still needs (its first query's
-        window start, rounded down to a block), positions counted from there: the context a sliding
-        layer reads. Differences of positions, all that causality and the window look at, stay."""
+        window start, rounded down to a block, and to a multiple of `align` blocks), positions
+        counted from there: the context a sliding layer reads. Differences of positions, all that
+        causality and the window look at, stay. Blocks taken in by `align` that were given back
+        read as slot 0 (`context_slots`), before the window and so masked."""
         first_query = self.context_lens - self.query_lens
-        first_block = np.maximum(0, first_query - window + 1) // self.block_size
+        first_block = np.maximum(0, first_query - window + 1) // self.block_size // align * align
         if not first_block.any():
             return self
         num_blocks = self.block_tables.shape[1] - int(first_block.min())

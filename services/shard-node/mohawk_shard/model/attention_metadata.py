@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from mohawk_shard.backends.batch import ForwardBatch
-from mohawk_shard.model.fixed_chunk_attention import allowed_keys, key_reach
+from mohawk_shard.model.fixed_chunk_attention import CHUNK, allowed_keys, key_reach
 from mohawk_shard.model.kv_quant import TierPlan
 from mohawk_shard.model.rope import RotaryTable
 
@@ -167,8 +167,10 @@ class AttentionMetadata:
 
         positions = tensor(batch.positions)
         cos, sin = rotary.lookup(positions)
+        # fixed chunks count from a sliding part's first block: keep that on a multiple of CHUNK
+        align = CHUNK // batch.block_size if fixed_chunks and CHUNK % batch.block_size == 0 else 1
         groups = {
-            group: group_step(batch.for_group(group), window, tiers, rotary.cos.dtype, tensor)
+            group: group_step(batch.for_group(group), window, tiers, rotary.cos.dtype, tensor, align)
             for group, window in (windows or {0: None}).items()
         }
         return cls(cos, sin, groups, rotary.lookup_local(positions), fixed_chunks)
@@ -180,12 +182,14 @@ def group_step(
     tiers: TierPlan | None,
     dtype: torch.dtype,
     tensor: Callable[[np.ndarray], torch.Tensor],
+    align: int = 1,
 ) -> GroupStep:
     """A group's writes go where its table says; a sliding group attends from the first block its
-    window still holds, positions counted from there (the mask keeps only their differences)."""
+    window still holds (rounded down to a multiple of `align` blocks), positions counted from there
+    (the mask keeps only their differences)."""
     slot_mapping = batch.slot_mapping if tiers is None else tiers.slot_mapping
     if window is not None:
-        batch = batch.from_window(window)
+        batch = batch.from_window(window, align)
     context = StepContext(batch, tiers)
     groups = part_groups(batch.query_lens)
     first_rows = np.cumsum(batch.query_lens) - batch.query_lens

@@ -13,6 +13,9 @@ multiplied into the values per chunk of exactly CHUNK keys (one gemm shape whate
 and the chunks are added in order by a cumulative sum, so masked chunks past a query's end add
 exact zeros and a longer padded context changes nothing. Prompt chunks, decodes, a sequence alone
 or among 31 others, before or after a failover's recompute: the same arithmetic for each query.
+A sliding layer reads from the first block its window still holds; that start is kept on a
+multiple of CHUNK positions (`ForwardBatch.from_window`'s `align`), so its chunks stay where the
+prefill had them (leading chunks the prefill masked added exact zeros there).
 This is the default (`batch_invariant`); the faster path of `attention.py` serves with it off.
 """
 

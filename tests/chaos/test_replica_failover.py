@@ -31,6 +31,7 @@ from tests.integration.cluster_helpers import current_plan
 pytestmark = pytest.mark.slow
 
 NUM_STREAMS = 8
+HEARTBEAT_S = 0.2
 BLOCK_SIZE = 16  # the coordinator's default: the prefix cache keeps whole blocks
 MODEL = "smollm2-135m-instruct"
 
@@ -43,6 +44,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         MOHAWK_REPLICAS="2",
         MOHAWK_PLACEMENT="pack",
         MOHAWK_ROUTING="round-robin",  # half the streams on the victim's own route
+        # the kill comes as the answers begin: a heartbeat listing the victim's requests must have
+        # reached the leader by then, for it to hand them back at once
+        MOHAWK_HEARTBEAT_INTERVAL_S=str(HEARTBEAT_S),
     )
     with LocalCluster(spec) as running:
         running.wait_ready(timeout=240)
@@ -102,7 +106,9 @@ def test_a_spare_replaces_a_killed_replica_and_the_other_serves_on(
     survivor, victim, spare = first.node_ids[0], second.node_ids[0], plan.spares[0]
     loads_before = _loads(cluster, survivor)
 
-    done, took = streams_through(cluster, lambda: cluster.kill(victim), NUM_STREAMS)
+    done, took = streams_through(
+        cluster, lambda: cluster.kill(victim), NUM_STREAMS, settle_s=1.5 * HEARTBEAT_S
+    )
     print(f"\nreplica {victim} killed: all {len(done)} streams done {took:.1f} s later")
     assert_identical(done, reference)
     deadline = time.monotonic() + 30

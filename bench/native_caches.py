@@ -36,7 +36,7 @@ import json, random, sys, time
 import numpy as np, psutil, torch
 from mohawk_common.model_store.quantized import quantize_groupwise
 from mohawk_shard.model import quantized_layers
-from mohawk_shard.model.quantized_layers import DENSE_MIN_PROMPT, Int4Linear, native_bf16_matmul
+from mohawk_shard.model.quantized_layers import DENSE_MIN_ROWS, Int4Linear, native_bf16_matmul
 
 steps, threads, pad = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 torch.set_num_threads(threads)
@@ -48,7 +48,7 @@ layers = [
     Int4Linear(quantize_groupwise(rng.standard_normal(s, dtype=np.float32)), torch.device("cpu"))
     for s in shapes
 ]
-rows = random.Random(0).choices(range(DENSE_MIN_PROMPT, 513), k=steps)
+rows = random.Random(0).choices(range(DENSE_MIN_ROWS, 513), k=steps)
 inputs = {k: torch.randn(512, k) for k in (576, 1536)}
 process = psutil.Process()
 start_rss = process.memory_info().rss

@@ -34,7 +34,9 @@ def test_decoders_go_together_and_each_chunk_alone() -> None:
     assert [g.tolist() for g in part_groups(np.array([9]))] == [[0]]
 
 
-def test_mixed_step_matches_each_sequence_alone(tiny_source: ModelSource) -> None:
+@pytest.mark.parametrize("invariant", [True, False], ids=["fixed-chunks", "fast"])
+def test_mixed_step_matches_each_sequence_alone(tiny_source: ModelSource, invariant: bool) -> None:
+    """Both ways to attend (the default, and `batch_invariant` off, which no other test runs)."""
     config = tiny_source.config
     history = {  # sequence -> (tokens already in its cache, tokens this step, block table)
         "decoder a": (list(range(100, 111)), [5], [7, 2, 9]),
@@ -45,7 +47,14 @@ def test_mixed_step_matches_each_sequence_alone(tiny_source: ModelSource) -> Non
 
     def backend_with_history() -> TorchBackend:
         backend = make_backend(
-            "torch", tiny_source, 0, config.num_layers, device="cpu", dtype="float32", weights="fp32"
+            "torch",
+            tiny_source,
+            0,
+            config.num_layers,
+            device="cpu",
+            dtype="float32",
+            weights="fp32",
+            batch_invariant=invariant,
         )
         assert isinstance(backend, TorchBackend)
         backend.allocate_kv_cache(16, BLOCK)
@@ -57,7 +66,7 @@ def test_mixed_step_matches_each_sequence_alone(tiny_source: ModelSource) -> Non
     mixed_backend = backend_with_history()
     chunks = [(step, len(past), table, True) for past, step, table in history.values()]
     batch = ForwardBatch.build(chunks, BLOCK)
-    meta = AttentionMetadata.build(batch, mixed_backend.rotary, torch.device("cpu"))
+    meta = AttentionMetadata.build(batch, mixed_backend.rotary, torch.device("cpu"), fixed_chunks=invariant)
     assert [(p.num_seqs, p.max_query_len, p.fresh_prompt) for p in meta.parts] == [
         (2, 1, False),
         (1, 4, False),

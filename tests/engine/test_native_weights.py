@@ -19,7 +19,7 @@ from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.groupwise_linear import GroupwiseLinear
 from mohawk_shard.model.quantized_layers import (
-    DENSE_MIN_PROMPT,
+    DENSE_MIN_ROWS,
     GroupwiseEmbedding,
     Int4Linear,
     RescoredHead,
@@ -72,7 +72,7 @@ def test_a_long_step_runs_dense_bf16_with_the_kernels_weights() -> None:
     stored = torch.from_numpy(quantized.dequantize())
     # the unpacked weight is the stored one up to bf16 rounding (scales and zeros are bf16)
     torch.testing.assert_close(layer.dense_weight().float(), stored, atol=0.02, rtol=0.01)
-    x = torch.randn(DENSE_MIN_PROMPT + 3, 96)
+    x = torch.randn(DENSE_MIN_ROWS + 3, 96)
     kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(
         x.bfloat16(), layer.packed, layer.group_size, layer.scales_and_zeros
     ).float()

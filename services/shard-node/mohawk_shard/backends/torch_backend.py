@@ -24,7 +24,7 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.attention import KVCache
 from mohawk_shard.model.attention_metadata import AttentionMetadata
 from mohawk_shard.model.kv_quant import Int8Store, KVTiers
-from mohawk_shard.model.quantized_layers import DENSE_MIN_PROMPT, dense_rows
+from mohawk_shard.model.quantized_layers import DENSE_MIN_ROWS, dense_rows
 from mohawk_shard.model.rope import RotaryTable
 from mohawk_shard.model.weight_formats import weights_dtype
 from mohawk_shard.model.weight_loading import build_stage
@@ -160,7 +160,7 @@ class TorchBackend:
         if self.has_head and batch.logits_rows.shape[0] != batch.num_tokens:
             rows = torch.from_numpy(np.ascontiguousarray(batch.logits_rows)).to(self.torch_device)
         # batch invariant: every row on the 4-bit kernel (`quantized_layers` says why)
-        dense = not self.batch_invariant and batch.num_tokens >= DENSE_MIN_PROMPT
+        dense = not self.batch_invariant and batch.num_tokens >= DENSE_MIN_ROWS
         with dense_rows(batch.num_tokens if dense else None):
             out = self.model(inputs, meta, self.kv_caches, rows)
         if self.kv_tiers is not None:

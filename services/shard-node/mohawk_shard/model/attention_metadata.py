@@ -72,12 +72,8 @@ class AttentionPart:
         if mask is None:
             if self.query_lens is None or self.context_lens is None:
                 raise RuntimeError("an attention part without its sequence lengths")
-            q_lens, c_lens = self.query_lens, self.context_lens
-            query_pos = (c_lens - q_lens)[:, None, None] + np.arange(int(q_lens.max()))[None, :, None]
-            key_pos = np.arange(int(c_lens.max()))[None, None, :]
-            allowed = (key_pos <= query_pos) & (key_pos < c_lens[:, None, None])
-            if window is not None:
-                allowed &= key_pos > query_pos - window
+            length = int(self.context_lens.max())
+            allowed = allowed_keys(self.query_lens, self.context_lens, window, length)
             mask = additive_mask(torch.from_numpy(allowed[None]).to(like.device), like.dtype)
             self.scratch[key] = mask
         return mask

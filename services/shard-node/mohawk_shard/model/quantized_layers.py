@@ -21,7 +21,7 @@ which computes each row alone (bit for bit the same among 1 to 512 rows, at any 
 `tests/engine/test_native_weights.py`). A rule by row (long prompts' positions dense, the rest on
 the kernel) was tried and is not enough: a prefix-cache hit, a session's next turn or a resume
 reuses KV that another row class computed. Only with `batch_invariant` off does a step of
-`DENSE_MIN_PROMPT` rows or more run all its rows dense (`dense_rows`), in one call padded to a
+`DENSE_MIN_ROWS` rows or more run all its rows dense (`dense_rows`), in one call padded to a
 multiple of `DENSE_ROW_MULTIPLE` rows, which bounds the shapes oneDNN compiles a kernel for
 (`native_caches.py`). The kernel is within 1.22x of a dense bf16 matmul on weights already
 unpacked at 512 rows on this machine's CPU, before the unpacking the dense path pays each call.
@@ -44,7 +44,7 @@ from torch import nn
 from mohawk_common.model_store.quantized import GroupQuantized
 
 KERNEL_DTYPE = torch.bfloat16
-DENSE_MIN_PROMPT = 96  # a prompt this long prefills faster through the unpacked weight than the kernel
+DENSE_MIN_ROWS = 96  # batch_invariant off: a step this long runs faster through the unpacked weight
 DENSE_ROW_MULTIPLE = 32  # a dense call's rows are padded to a multiple of this
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mohawk_common.bus import names
-from mohawk_common.bus.connect import connect
+from mohawk_common.bus.connect import connect, server_has_all
 from mohawk_common.bus.server import NatsServer, free_port
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
 from tests.cli.helpers import mohawk_in_process
@@ -112,7 +112,7 @@ def test_sub_shows_senders_and_sizes_but_no_payload(bus: NatsServer) -> None:
         header = security_pb2.FrameHeader(plan_version=4, stage=1, step_id=12, kind=KIND_ACTIVATIONS)
         for message in encode_frames(header, b"SECRET-ACTIVATIONS", 1 << 20, None):
             await nc.publish(names.activation_subject(4, 0, 1), message)
-        await nc.flush()
+        await server_has_all(nc)
         await nc.close()
 
     command = [sys.executable, "-m", "mohawk_cli", "bus", "--nats-url", bus.url, "sub", f"{names.PREFIX}.>"]

@@ -55,7 +55,7 @@ class Sniffer:
 
     def publish(self, subject: str, data: bytes) -> None:
         self._run(self._nc.publish(subject, data))
-        self._run(self._nc.flush())
+        self._run(server_has_all(self._nc))
 
     def request(self, subject: str, data: bytes, kind: str) -> security_pb2.HandshakeReply:
         msg = self._run(self._nc.request(subject, data, timeout=10, headers={"Mohawk-Handshake": kind}))

@@ -18,7 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from mohawk_common.bus import names
-from mohawk_common.bus.connect import connect, credential_options
+from mohawk_common.bus.connect import connect, credential_options, server_has_all
 from mohawk_common.bus.nats_auth import ROLES, NatsAuth, init_auth, role_permissions
 from mohawk_common.bus.server import NatsServer
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
@@ -138,8 +138,8 @@ def test_every_role_does_its_job(on_bus: Callable[[Callable[[Bus], Awaitable[Non
         await coordinator.subscribe(names.HEARTBEAT_WILDCARD, cb=heartbeats.put)
         telemetry_heard: asyncio.Queue[Msg] = asyncio.Queue()
         await bus["telemetry"].subscribe(names.HEARTBEAT_WILDCARD, cb=telemetry_heard.put)
-        await coordinator.flush()
-        await bus["telemetry"].flush()
+        await server_has_all(coordinator)
+        await server_has_all(bus["telemetry"])
         buckets = await ensure_buckets(coordinator.jetstream(timeout=WITHIN_S))
         await buckets.leader.put(names.LEADER_KEY, b"coordinator-1")
         revision = await buckets.plan.put(names.PLAN_KEY, b"plan v1")
@@ -187,7 +187,7 @@ def test_every_role_does_its_job(on_bus: Callable[[Callable[[Bus], Awaitable[Non
         # The last stage's tokens reach the gateway, live and from the stream.
         tokens: asyncio.Queue[Msg] = asyncio.Queue()
         await gateway.subscribe(names.token_subject("r1"), cb=tokens.put)
-        await gateway.flush()
+        await server_has_all(gateway)
         await shard.publish(names.token_subject("r1"), b"token 0")
         assert (await asyncio.wait_for(tokens.get(), WITHIN_S)).data == b"token 0"
         async with asyncio.timeout(WITHIN_S):
@@ -211,7 +211,7 @@ def test_every_role_does_its_job(on_bus: Callable[[Callable[[Bus], Awaitable[Non
             await msg.respond(b"finish")
 
         await shard.subscribe(names.handshake_subject("shard-2"), cb=answer)
-        await shard.flush()
+        await server_has_all(shard)
         other = bus["shard"]
         assert (
             await other.request(names.handshake_subject("shard-2"), b"offer", timeout=WITHIN_S)
@@ -297,7 +297,7 @@ def test_readers_cannot_publish_requests_or_forge_heartbeats(
     async def scenario(bus: Bus) -> None:
         seen: asyncio.Queue[Msg] = asyncio.Queue()
         await bus["coordinator"].subscribe(names.HEARTBEAT_WILDCARD, cb=seen.put)
-        await bus["coordinator"].flush()
+        await server_has_all(bus["coordinator"])
         before = (
             await bus["coordinator"].jetstream(timeout=WITHIN_S).stream_info(names.REQUESTS_STREAM)
         ).state.messages
@@ -307,9 +307,9 @@ def test_readers_cannot_publish_requests_or_forge_heartbeats(
                 js.publish(names.request_subject(MODEL), b"x", headers={"Nats-Msg-Id": f"x-{role}"})
             )
             await bus[role].publish(names.heartbeat_subject("forged"), b"{}")
-            await bus[role].flush()
+            await server_has_all(bus[role])
         await bus["gateway"].publish(names.heartbeat_subject("forged"), b"{}")
-        await bus["gateway"].flush()
+        await server_has_all(bus["gateway"])
         await asyncio.sleep(0.2)
         assert seen.empty()
         after = (

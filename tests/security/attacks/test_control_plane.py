@@ -121,7 +121,7 @@ def test_a_forged_heartbeat_cannot_make_the_leader_nak_a_subject_it_names(cluste
             for started in (1, 2, 3):  # each "restart" would hand the held subjects back
                 heartbeat.started_at_ms = started
                 await forger.nc.publish(names.heartbeat_subject("forged-node"), encode_json(heartbeat))
-                await forger.nc.flush()
+                await server_has_all(forger.nc)
                 await asyncio.sleep(0.3)
 
         async def delivered() -> int:

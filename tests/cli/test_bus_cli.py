@@ -65,6 +65,26 @@ def test_streams_consumers_and_kv_read_like_the_nats_cli(
     assert code == 0 and "revision 1" in out and '"version": 3' in out  # JSON shown pretty
 
 
+def test_the_server_flag_goes_before_or_after_the_subcommand_and_as_s_like_the_nats_cli(
+    bus: NatsServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, expected, _ = mohawk_in_process(capsys, "bus", "--nats-url", bus.url, "streams")
+    for args in [
+        ("bus", "streams", "--nats-url", bus.url),  # what `mohawk up`'s banner prints
+        ("bus", "streams", "-s", bus.url),
+        ("bus", "-s", bus.url, "streams"),
+        ("bus", "--server", bus.url, "streams"),
+        ("bus", "streams", "-s", bus.url, "--creds", "/nonexistent.creds"),
+    ]:
+        code, out, err = mohawk_in_process(capsys, *args)
+        if "--creds" in args:  # parsed after the subcommand too: the missing file is what fails
+            assert code == 1 and "nonexistent.creds" in err, err
+            continue
+        assert (code, out) == (0, expected), (args, err)
+    code, out, _ = mohawk_in_process(capsys, "bus", "kv", "ls", names.PLAN_BUCKET, "-s", bus.url)
+    assert code == 0 and out.split() == [names.PLAN_KEY]
+
+
 def test_unknown_names_and_an_unreachable_server_are_one_line_errors(
     bus: NatsServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

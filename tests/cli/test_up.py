@@ -1,5 +1,6 @@
 """`mohawk up`: the whole local cluster comes up, answers, brings back children killed with -9, and
-Ctrl-C stops every process it started; its NATS takes TLS only (a certificate from the bus CA in
+Ctrl-C (to its whole process group, as a terminal sends it) stops every process it started with
+no restart messages; its NATS takes TLS only (a certificate from the bus CA in
 the data dir) and refuses anonymous clients, plaintext ones and ones that do not trust the bus CA,
 and every service does its work over TLS with its own role's credential (the server logs no
 permission violation)."""
@@ -7,6 +8,7 @@ permission violation)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import stat
@@ -35,8 +37,11 @@ def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(
     command += ["--redis-port", str(redis_port), "--telemetry-port", str(telemetry_port)]
     banner = tmp_path / "stdout.txt"
     with banner.open("wb") as stdout:
-        proc = subprocess.Popen(
-            [*command, "--data-dir", str(tmp_path / "data")], stdout=stdout, stderr=subprocess.PIPE
+        proc = subprocess.Popen(  # its own process group, as a terminal's foreground job
+            [*command, "--data-dir", str(tmp_path / "data")],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
     try:
         # ready when mohawk up says so (its banner), as a user sees it: the gateway's /ready can
@@ -82,7 +87,7 @@ def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(
             time.sleep(1.0)
         children = psutil.Process(proc.pid).children(recursive=True)
         assert len(children) == NUM_CHILDREN
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -92,6 +97,8 @@ def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(
     assert proc.returncode == 0, err.decode()
     assert f"http://127.0.0.1:{port}/v1" in out and "curl" in out
     assert "gateway restarted" in err.decode() and "shard-1 restarted" in err.decode()
+    after_ctrl_c = err.decode().split("mohawk up: stopping...")[0].rsplit(" restarted", 1)[-1]
+    assert "restarting" not in after_ctrl_c and "exited" not in after_ctrl_c, err.decode()
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert (tmp_path / "data" / "nats").is_dir() and (tmp_path / "data" / "logs" / "gateway.log").is_file()
     assert "ops.creds" in out  # the banner's `mohawk bus` line carries the ops credential

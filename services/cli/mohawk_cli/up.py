@@ -165,7 +165,10 @@ def run_up(args: argparse.Namespace) -> int:
         supervisor = Supervisor(cluster)
         while not stopping:
             time.sleep(0.5)
-            supervisor.poll(time.monotonic(), on_event=_say)
+            # Ctrl-C in a terminal reaches the children too (one process group): once it has come,
+            # a child that exits is one being stopped, not one to restart
+            if not stopping:
+                supervisor.poll(time.monotonic(), on_event=_say)
     except MohawkError as exc:  # ClusterError, or a server (nats, redis) that would not start
         print(f"mohawk up: error: {exc}", file=sys.stderr)
         return 1
@@ -188,7 +191,7 @@ def _wait_ready(cluster: LocalCluster, interrupted: object) -> None:
             cluster.wait_ready(timeout=1.0)
             return
         except ClusterError as exc:
-            if "exited" in str(exc):
+            if "exited" in str(exc) and not (callable(interrupted) and interrupted()):
                 raise
     raise ClusterError(f"not ready after 300 s; see the logs in {cluster.log_dir}/")
 

@@ -1,8 +1,9 @@
 """`mohawk bus`: the ops inspector for machines without the `nats` CLI.
 
 It mirrors the `nats` commands operators know, read-only, over the same NATS connection every
-service uses (`--nats-url`, else MOHAWK_NATS_URL, else nats://127.0.0.1:4222), as the ops user
-where NATS needs one (`--creds FILE`, before or after the subcommand, else MOHAWK_NATS_CREDS):
+service uses (`--nats-url`, or `-s`/`--server` as `nats` takes it, else MOHAWK_NATS_URL, else
+nats://127.0.0.1:4222), as the ops user where NATS needs one (`--creds FILE`, else
+MOHAWK_NATS_CREDS); both go before or after the subcommand:
 
     mohawk bus streams [NAME]          nats stream ls / nats stream info NAME
     mohawk bus consumers STREAM        nats consumer ls STREAM (with pending and ack counts)
@@ -70,7 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_connection_flags(parser: argparse.ArgumentParser, default: object) -> None:
     parser.add_argument(
+        "-s",
         "--nats-url",
+        "--server",
+        dest="nats_url",
         default=default,
         help=f"NATS server URL(s) (default: MOHAWK_NATS_URL or {DEFAULT_NATS_URL})",
     )

@@ -19,7 +19,7 @@ from mohawk_shard.engine.kv_tiers import num_cold_blocks
 from mohawk_shard.engine.llm_engine import LLMEngine
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.attention_metadata import AttentionMetadata, AttentionPart
-from mohawk_shard.model.kv_quant import dequantize, quantize_blocks
+from mohawk_shard.model.kv_cache import dequantize, quantize_blocks
 
 from .test_architectures import build_tiny
 

@@ -18,12 +18,12 @@ from mohawk_common.kv_groups import group_of_layer, model_kv_groups, page_layers
 from mohawk_common.model_store import ModelSource
 from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
-from mohawk_shard.engine.kv_tiers import KV_CACHE_DTYPES, TierBytes, num_hot_blocks
+from mohawk_shard.engine.kv_tiers import KV_CACHE_DTYPES, TierBytes, num_cold_blocks, num_hot_blocks
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
-from mohawk_shard.model.attention import KVCache
 from mohawk_shard.model.attention_metadata import AttentionMetadata
-from mohawk_shard.model.kv_quant import Int8Store, KVTiers
+from mohawk_shard.model.kv_cache import Int8Store, KVCache
+from mohawk_shard.model.kv_quant import KVTiers
 from mohawk_shard.model.quantized_layers import DENSE_MIN_ROWS, dense_rows
 from mohawk_shard.model.rope import RotaryTable
 from mohawk_shard.model.weight_formats import weights_dtype
@@ -115,7 +115,7 @@ class TorchBackend:
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
         two_tier = self.kv_cache_dtype == "int8"
         num_hot = num_hot_blocks(num_blocks) if two_tier else num_blocks
-        self.kv_tiers = KVTiers(num_blocks, block_size, num_hot) if two_tier else None
+        self.kv_tiers = KVTiers(num_blocks, block_size, num_hot, num_cold_blocks) if two_tier else None
         kv_heads, head_dim = self.config.num_kv_heads, self.config.head_dim
 
         def zeros(num_slots: int, dtype: torch.dtype) -> torch.Tensor:  # head-major: attention.py

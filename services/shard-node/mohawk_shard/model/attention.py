@@ -20,6 +20,7 @@ SDPA over its context, masked by absolute position, which never materialises the
 context] scores. A single sequence whose context sits in consecutive slots (blocks come off the
 free list in order) reads it as a view, with no gather at all. With an int8 tier (`kv_quant.py`)
 slots are those of the hot pool, and context that is cold is dequantized into the gathered tensor.
+The cache itself (`KVCache`, its int8 store) is `kv_cache.py`'s.
 
 Layers differ in three ways, given per call as `AttentionOptions`: the score scale (Gemma's
 `query_pre_attn_scalar`), a sliding window (a query at position p sees keys in (p - window, p],
@@ -39,19 +40,7 @@ import torch.nn.functional as F
 
 from mohawk_shard.model.attention_metadata import AttentionMetadata, AttentionPart
 from mohawk_shard.model.fixed_chunk_attention import fixed_chunk_attention, pad_keys, padded_length
-from mohawk_shard.model.kv_quant import Int8Store, dequantize
-
-
-@dataclass(slots=True)
-class KVCache:
-    """One layer's cache: K and V [kv_heads, slots, head_dim] in the compute dtype, and their int8
-    homes in two-tier mode."""
-
-    key: torch.Tensor
-    value: torch.Tensor
-    key_int8: Int8Store | None = None
-    value_int8: Int8Store | None = None
-    group: int = 0  # the KV group whose block table the layer reads (the stage shares its tensors)
+from mohawk_shard.model.kv_cache import Int8Store, KVCache, dequantize
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mohawk_common.model_store import ModelConfig
-from mohawk_shard.model.attention import AttentionMetadata, AttentionOptions, KVCache, paged_attention
+from mohawk_shard.model.attention import AttentionMetadata, AttentionOptions, paged_attention
+from mohawk_shard.model.kv_cache import KVCache
 from mohawk_shard.model.linear import Linear
 from mohawk_shard.model.rope import apply_rotary
 

@@ -1,4 +1,6 @@
-"""Where each KV block lives when the cache has two tiers (see `engine/kv_tiers.py` for the rule).
+"""Where each KV block lives when the cache has two tiers. The rule that makes a block cold
+(`engine/kv_tiers.py`, shared with the block manager, which counts) is passed in as `cold_rule`;
+the cache and its int8 store are `kv_cache.py`'s.
 
 Design. Block ids from the block manager are logical. Each has an int8 home (slot `id × block_size +
 offset` of the int8 tensors, one fp32 scale per block and KV head) and, while it is recent, a
@@ -14,41 +16,16 @@ All bookkeeping is numpy, once per step for all layers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mohawk_shard.backends.batch import ForwardBatch
-from mohawk_shard.engine.kv_tiers import num_cold_blocks
+from mohawk_shard.model.kv_cache import Int8Store, KVCache, dequantize, quantize_blocks
 
-if TYPE_CHECKING:
-    from mohawk_shard.model.attention import KVCache
-
-INT8_LEVELS = 127.0
-
-
-def quantize_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[n, block_size, kv_heads, dim] -> (int8 of the same shape, fp32 scales [n, kv_heads])."""
-    scale = blocks.abs().amax(dim=(1, 3)).float() / INT8_LEVELS
-    safe = scale.clamp_min(torch.finfo(torch.float32).tiny)[:, None, :, None]
-    quantized = torch.round(blocks.float() / safe).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
-    return quantized, scale
-
-
-def dequantize(quantized: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """int8 [..., kv_heads, dim] times fp32 scales [..., kv_heads] -> `dtype`."""
-    return (quantized.float() * scale.unsqueeze(-1)).to(dtype)
-
-
-@dataclass(slots=True)
-class Int8Store:
-    """The int8 home of every block of one layer, for K or V."""
-
-    data: torch.Tensor  # int8 [num_blocks × block_size, kv_heads, dim] (the hot pool is head-major)
-    scale: torch.Tensor  # fp32 [num_blocks, kv_heads]
+ColdRule = Callable[[int, int], int]  # (context_len, block_size) -> how many leading blocks are int8
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +48,9 @@ class TierPlan:
 class KVTiers:
     """Which logical blocks hold a hot block, and which are int8, for one stage's layers."""
 
-    def __init__(self, num_blocks: int, block_size: int, num_hot: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, num_hot: int, cold_rule: ColdRule) -> None:
         self.block_size = block_size
+        self.cold_rule = cold_rule
         self.num_hot = num_hot
         self.hot_of = np.full(num_blocks, -1, dtype=np.int64)
         self.is_cold = np.zeros(num_blocks, dtype=bool)
@@ -115,7 +93,7 @@ class KVTiers:
         """Quantize the hot blocks that the rule made cold in this step."""
         cold: list[np.ndarray] = []
         for row in range(batch.num_seqs):
-            num_cold = num_cold_blocks(int(batch.context_lens[row]), self.block_size)
+            num_cold = self.cold_rule(int(batch.context_lens[row]), self.block_size)
             cold.append(batch.block_tables[row, :num_cold])
         if cold:
             blocks = np.unique(np.concatenate(cold))

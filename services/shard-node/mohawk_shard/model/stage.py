@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from mohawk_common.model_store import ModelConfig
-from mohawk_shard.model.attention import AttentionMetadata, KVCache
+from mohawk_shard.model.attention import AttentionMetadata
 from mohawk_shard.model.blocks import RMSNorm, Take
+from mohawk_shard.model.kv_cache import KVCache
 from mohawk_shard.model.linear import Linear
 
 

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from mohawk_common.model_store import ModelConfig
-from mohawk_shard.model.attention import AttentionMetadata, KVCache
+from mohawk_shard.model.attention import AttentionMetadata
 from mohawk_shard.model.blocks import Attention, GatedMLP, RMSNorm, Take
+from mohawk_shard.model.kv_cache import KVCache
 from mohawk_shard.model.moe import SparseMoE
 from mohawk_shard.model.stage import DecoderLayer, DecoderStage
 

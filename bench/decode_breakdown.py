@@ -4,8 +4,13 @@ Runs one stage of all 30 layers on a 200-token context and times a one-token dec
 (median and min of 40) as it is, with the 4-bit matmuls replaced by empty outputs, and with
 attention replaced too, which leaves the small ops (norms, rotary, residuals) and the metadata;
 with `batch_invariant` on (the default: attention in fixed chunks) and off (fused attention).
-Then times the post-attention half of every layer (o_proj, norm, gate/up, SiLU, down) as plain
-tensor calls, eager and under `torch.compile`, against its 4-bit kernels alone.
+Then the floor: one step's 4-bit kernel calls alone (every layer's q/k/v, o, gate/up and down and
+the LM head's, bf16 rows in, nothing around them), at 1 row and at 8, 32 and 128 (a batched decode,
+a prefill chunk), against llama.cpp's whole decode step on the
+same GGUF with the same threads, in the same run (when llama-cpp-python, the bench extra, is
+installed). Last, the post-attention half of every layer (o_proj, norm, gate/up, SiLU, down) as
+plain tensor calls: eager, compiled one layer a call, and all 30 layers compiled as one graph with
+Inductor's freezing and C++ wrapper, against its 4-bit kernels alone.
 `python bench/decode_breakdown.py [--threads N]`.
 """
 
@@ -86,12 +91,64 @@ def post_attention_breakdown(backend: TorchBackend) -> None:
         "post-attention half, 30 layers, plain tensor calls:",
         timed(lambda: [post(x, attn, *w) for w in layers]),
     )
-    print("  the same under torch.compile:", timed(lambda: [compiled(x, attn, *w) for w in layers]))
+    print(
+        "  the same, each layer a torch.compile call:", timed(lambda: [compiled(x, attn, *w) for w in layers])
+    )
+
+    class PostHalves(torch.nn.Module):
+        """The 30 post-attention halves chained into one graph, the weights its buffers."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            for i, w in enumerate(layers):
+                for j, tensor in enumerate(w):
+                    self.register_buffer(f"w{i}_{j}", tensor)
+
+        def forward(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+            for i in range(len(layers)):
+                x = post(x, attn, *(getattr(self, f"w{i}_{j}") for j in range(7)))
+            return x
+
+    eager = PostHalves().eval()
+    with torch._inductor.config.patch(freezing=True, cpp_wrapper=True):
+        start = time.perf_counter()
+        frozen = torch.compile(eager, dynamic=False, fullgraph=True)
+        verdict = "bit-equal to" if torch.equal(frozen(x, attn), eager(x, attn)) else "differs from"
+        took = time.perf_counter() - start
+        how = f"Inductor freezing + C++ wrapper ({took:.0f} s to compile, {verdict} eager)"
+        label = f"  all 30 as one graph, {how}:"
+        print(label, timed(lambda: frozen(x, attn)))
     kernels = lambda: [  # noqa: E731
         (mm(attn.bfloat16(), w[0], 32, w[1]), mm(x.bfloat16(), w[3], 32, w[4]), mm(inner, w[5], 32, w[6]))
         for w in layers
     ]
     print("  its three 4-bit kernels alone:", timed(kernels))
+
+
+def kernel_floor(backend: TorchBackend, threads: int) -> None:
+    """One step's 4-bit kernel calls alone, against llama.cpp's whole step in the same run."""
+    linears = [m for m in backend.model.modules() if isinstance(m, Int4Linear)]
+    rows = {m.in_features: torch.randn(1, m.in_features).bfloat16() for m in linears}
+    floor = lambda: [m._kernel(rows[m.in_features]) for m in linears]  # noqa: E731
+    print(f"one step's {len(linears)} 4-bit kernel calls alone (the floor):", timed(floor))
+    for num_rows in (8, 32, 128):  # batched decode and prefill: the kernel's cost grows by the row
+        many = {k: torch.randn(num_rows, k).bfloat16() for k in rows}
+        every = lambda many=many: [m._kernel(many[m.in_features]) for m in linears]  # noqa: E731
+        print(f"  the same at {num_rows} rows:", timed(every, runs=8))
+    from runners import LlamaCppRunner, llama_cpp_version  # the bench's runners, when llama.cpp is wanted
+
+    if llama_cpp_version() is None:
+        print("llama.cpp's whole step: llama-cpp-python is not installed (`make bench` installs it)")
+        return
+    llama = LlamaCppRunner(open_model(None).path, threads)
+    steps = []
+    for _ in range(5):
+        _, tokens_per_s = llama.batch1(list(range(1, CONTEXT + 1)), 65)
+        steps.append(1 / tokens_per_s)
+    print(
+        f"llama.cpp's whole decode step ({CONTEXT}-token context, 64 steps, median of 5):"
+        f" {statistics.median(steps) * 1e3:.2f} ms (min {min(steps) * 1e3:.2f})"
+    )
 
 
 def main() -> None:
@@ -107,6 +164,7 @@ def main() -> None:
             backend.batch_invariant = invariant
             print(f"batch_invariant={invariant}")
             forward_breakdown(backend)
+        kernel_floor(backend, args.threads)
         post_attention_breakdown(backend)
 
 

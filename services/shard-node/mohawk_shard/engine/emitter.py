@@ -53,9 +53,6 @@ class TokenEmitter:
         self._missed_warning = Throttle()
         self._missed_at_warning = 0
 
-    def is_tracking(self, seq_id: int) -> bool:
-        return seq_id in self._tracked
-
     def track(
         self,
         seq_id: int,

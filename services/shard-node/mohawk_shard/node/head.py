@@ -131,6 +131,7 @@ class HeadDriver:
         traces: StageTraces | None = None,
     ) -> None:
         self.nc, self.js, self.plan = nc, js, plan
+        self.stage_index = 0  # every role has one (`roles.Role`); stage 0 is this one's
         self.link, self.security = link, security
         self.stage, self.scheduler, self.executor = stage, scheduler, executor
         self.core = EngineCore(scheduler, vocab_size=vocab_size, on_finish=self._forget)
@@ -162,10 +163,6 @@ class HeadDriver:
         self.active_routes: set[int] = {self.route}  # the service keeps these two current
         self.drains_routes = False
         self._log = log.bind(plan=plan.version)
-
-    @property
-    def num_active(self) -> int:
-        return self.core.num_unfinished
 
     @property
     def kv_blocks_used(self) -> int:

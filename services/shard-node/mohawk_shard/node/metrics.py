@@ -18,7 +18,7 @@ def node_metrics(node: ShardNode) -> Iterator[Metric]:
     from mohawk_shard.node.head import HeadDriver
 
     role = node.role
-    stage = "none" if role is None else "0" if isinstance(role, HeadDriver) else str(role.stage_index)
+    stage = "none" if role is None else str(role.stage_index)
     labels, values = ["node", "stage"], [node.node_id, stage]
 
     def counter(name: str, text: str, value: float) -> CounterMetricFamily:

@@ -354,8 +354,7 @@ class ShardNode:
         role = self._role
         if role is None:
             return False
-        role_index = 0 if isinstance(role, HeadDriver) else role.stage_index
-        return role_index == index and same_assignment(role.plan, view)
+        return role.stage_index == index and same_assignment(role.plan, view)
 
     async def _leave(self, plan: bus_pb2.Plan) -> None:
         """The plan leaves this node out (a spare, or gone): stop serving, free the memory. While

@@ -117,7 +117,7 @@ def step_report(node: ShardNode, window: StepWindow) -> StepReport:
     if role is None:
         return report
     view = role.plan
-    index = 0 if isinstance(role, HeadDriver) else role.stage_index
+    index = role.stage_index
     placement = view.stages[index]
     report.pipeline, report.epoch, report.stage = pipeline_id(view), view.version, index
     report.num_stages, report.start, report.end = len(view.stages), placement.start, placement.end

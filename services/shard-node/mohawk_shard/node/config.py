@@ -69,3 +69,9 @@ class NodeSettings(BusSettings, EngineSettings):
     step_deadline_floor_s: float = Field(
         5.0, gt=0, description="a pipeline step is given up after this plus 4x its expected round trip"
     )
+    max_resumes: int = Field(
+        3,
+        ge=0,
+        description="a request whose steps are given up this many times in a row, with no token in "
+        "between, ends with a 503 error event (0: at the first)",
+    )

@@ -22,9 +22,9 @@ Every step sent down the pipeline has a deadline (`StepDeadlines`: a floor plus 
 measured round trip). A step whose result has not come by then (its frames were lost: a NATS
 server restarted, a stage died mid-step) is given up: its sequences are freed and resumed from the
 tokens the token stream holds for them, as after a plan change, and a result that still comes late
-is ignored. A request whose steps expire `MAX_RESUMES` times in a row without a token in between
+is ignored. A request whose steps expire `max_resumes` times in a row without a token in between
 ends with an error event (503), so no request waits for its client's timeout: the bound is about
-`MAX_RESUMES × (floor + the expected round trip × factor)`, 15–20 s with the defaults. A request
+`max_resumes × (floor + the expected round trip × factor)`, 15–20 s with the defaults. A request
 names the gateway process that waits for it and its deadline: one whose gateway's presence key has
 lapsed (`GatewayPresence`), or whose deadline has passed, is cancelled and leaves the stream; one
 that is past its deadline when pulled, or entered the stream more than the duplicate window after
@@ -72,6 +72,7 @@ from mohawk_shard.node.gateways import ORPHAN_CHECK_S, GatewayPresence
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.recovery import read_emitted
+from mohawk_shard.node.resume_budget import ResumeBudget
 from mohawk_shard.node.step_deadlines import StepDeadlines
 from mohawk_shard.node.step_stats import StepStats
 from mohawk_shard.node.tokens import TokenPublisher, event_box, publish_error
@@ -85,7 +86,10 @@ _IDLE_WAIT_S = 0.5
 _DEADLINE_TICK_S = 0.25
 _DRAIN_EVERY_S = 2.0
 _PULL_RETRY_S = 0.5
-MAX_RESUMES = 3
+_FULL_WAIT_S = 0.02  # the scheduler has no room: look again this soon
+_PULL_WAIT_S = 1.0  # a fetch on the route's own consumer waits this long for work
+_DRAIN_PULL_WAIT_S = 0.2  # a fetch on another route's consumer (drained between steps) waits less
+_KEEP_ALIVES_PER_ACK_WAIT = 3  # a held request's +WPI goes out this many times per ack wait
 # a request this stage 0 cannot open yet (sealed to a key it has not adopted: a gateway saw the
 # new sealing key a moment earlier) goes back to the stream this many times before it is refused
 UNOPENED_REDELIVERIES = 5
@@ -127,6 +131,7 @@ class HeadDriver:
         max_inflight_steps: int | None,
         ack_wait_s: float,
         step_deadline_floor_s: float = 5.0,
+        max_resumes: int = 3,
         max_waiting: int = 1024,
         traces: StageTraces | None = None,
     ) -> None:
@@ -146,7 +151,7 @@ class HeadDriver:
         self._deliveries: dict[str, _Delivery] = {}
         self._inflight_steps: dict[int, _InflightStep] = {}
         self.deadlines = StepDeadlines(floor_s=step_deadline_floor_s)
-        self._expiries: dict[str, int] = {}  # request id -> steps expired since its last token
+        self.resumes = ResumeBudget(max_resumes)
         self._gateways = GatewayPresence(
             js,
             verifier=RecordVerifier(security.bundle.trust if security.bundle is not None else None),
@@ -236,10 +241,10 @@ class HeadDriver:
         while True:
             room = self.scheduler.num_admittable(self.max_waiting)
             if room == 0:
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(_FULL_WAIT_S)
                 continue
             try:
-                msgs = await pull.fetch(room, timeout=1.0)
+                msgs = await pull.fetch(room, timeout=_PULL_WAIT_S)
             except (TimeoutError, NatsTimeoutError):
                 continue
             except Exception as exc:  # JetStream busy (503 while a cluster re-forms), NATS away
@@ -286,7 +291,7 @@ class HeadDriver:
         if room == 0:
             return
         try:
-            msgs = await pull.fetch(room, timeout=0.2)
+            msgs = await pull.fetch(room, timeout=_DRAIN_PULL_WAIT_S)
         except (TimeoutError, NatsTimeoutError):
             return
         except Exception as exc:
@@ -461,7 +466,7 @@ class HeadDriver:
         if seq is None:
             return  # cancelled while its step was in flight
         delivery = self._deliveries.get(seq.request_id)
-        self._expiries.pop(seq.request_id, None)
+        self.resumes.progressed(seq.request_id)
         self.core.apply_token(sampled.seq_id, sampled.token_id, finished=bool(sampled.finish_reason))
         if sampled.finish_reason and delivery is not None:
             ack = asyncio.create_task(delivery.msg.ack())
@@ -474,7 +479,7 @@ class HeadDriver:
             self.tokens.drop(seq.seq_id)
         self.traces.end(seq.request_id, {"mohawk.output_tokens": seq.num_output_tokens})
         self._deliveries.pop(seq.request_id, None)
-        self._expiries.pop(seq.request_id, None)
+        self.resumes.progressed(seq.request_id)
 
     async def _fail(self, batch: StepBatch, reason: str) -> None:
         for step in batch.sequences:
@@ -507,7 +512,7 @@ class HeadDriver:
 
     async def _keep_alive_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.ack_wait_s / 3)
+            await asyncio.sleep(self.ack_wait_s / _KEEP_ALIVES_PER_ACK_WAIT)
             for delivery in list(self._deliveries.values()):
                 with contextlib.suppress(Exception):
                     await delivery.msg.in_progress()
@@ -549,17 +554,18 @@ class HeadDriver:
 
     async def _resume(self, seq: Seq) -> None:
         """Free `seq` everywhere and queue its request again from the tokens the token stream holds
-        (what the gateway has shown, or will), or end it with an error after `MAX_RESUMES`."""
+        (what the gateway has shown, or will), or end it with an error after `max_resumes`."""
         request_id = seq.request_id
         delivery = self._deliveries.get(request_id)
         if delivery is None:
             self.core.finish(seq)
             return
-        expiries = self._expiries.get(request_id, 0) + 1
-        if expiries > MAX_RESUMES:
-            self._log.error("request made no progress: failed", request_id=request_id, expiries=expiries - 1)
+        expiries = self.resumes.expired(request_id)
+        if expiries is None:
+            max_resumes = self.resumes.max_resumes
+            self._log.error("request made no progress: failed", request_id=request_id, expiries=max_resumes)
             self.core.finish(seq)
-            reason = f"the pipeline gave no result for {MAX_RESUMES} steps in a row; retry the request"
+            reason = f"the pipeline gave no result for {max_resumes} steps in a row; retry the request"
             with contextlib.suppress(Exception):
                 await publish_error(self.nc, request_id, reason, 503, delivery.box)
                 await delivery.msg.term()
@@ -580,7 +586,7 @@ class HeadDriver:
             request_id, seq.token_ids[: seq.num_prompt_tokens], seq.params, emitted, qos=seq.qos
         )
         self._deliveries[request_id] = delivery
-        self._expiries[request_id] = expiries
+        self.resumes.resumed(request_id, expiries)
         resumed = {"mohawk.resumed_from_token": len(emitted)}
         self.traces.begin(request_id, delivery.traceparent, request_id, attributes=resumed)
         self._log.info("request resumed after an overdue step", request_id=request_id, emitted=len(emitted))

@@ -72,5 +72,6 @@ def make_role(node: ShardNode, plan: bus_pb2.Plan, index: int, stage: Stage) -> 
         ack_wait_s=node.settings.request_ack_wait_s,
         max_waiting=node.settings.max_waiting,
         step_deadline_floor_s=node.settings.step_deadline_floor_s,
+        max_resumes=node.settings.max_resumes,
         traces=traces,
     )

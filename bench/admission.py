@@ -7,8 +7,9 @@ here, would swamp the figure). Every answer's status and latency (request writte
 and headers read) is recorded; the
 report gives the count of each status and p50/p99/max latency of the 429s and of the 200s. The
 429s must carry Retry-After and come back fast: admission is decided before tokenizing, by the
-requests in flight and being tokenized (`Gateway.check_room`). The client runs in this process
-on the same 2 cores as the cluster, so its own scheduling is in the figures.
+requests in flight and being tokenized (`Admission.has_room`, `mohawk_gateway/admission.py`).
+The client runs in this process on the same 2 cores as the cluster, so its own scheduling is in
+the figures.
 `python bench/admission.py` (default: 1,200 clients, room for 64).
 
 `--keep-alive SECONDS` measures instead what well-behaved clients see (as the OpenAI SDK behaves:

@@ -1,13 +1,18 @@
 """The admission middleware counts the generation requests it has let into the app: a burst that
-arrives as room frees up is refused at the door, not after a trip through the app."""
+arrives as room frees up is refused at the door, not after a trip through the app. `Admission`,
+which owns the counters, the rule and the 429, as a plain object: its slots, its tokenizing count
+and the one refusal every path gives."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
+import pytest
 from starlette.types import Message, Receive, Scope, Send
 
+from mohawk_gateway.admission import Admission
+from mohawk_gateway.errors import GatewayError
 from mohawk_gateway.middleware import FIRST_LOOK_S, MAX_HOLD_S, QUIET_S, AdmissionMiddleware
 
 PATH = "/v1/chat/completions"
@@ -53,13 +58,12 @@ async def call(app: AdmissionMiddleware, request: Scope) -> list[Message]:
 def test_past_max_active_requests_are_refused_at_the_door_and_room_returns_when_they_end() -> None:
     async def run() -> None:
         inner = Held()
-        app = AdmissionMiddleware(
-            inner, has_room=lambda: True, paths=frozenset({PATH}), retry_after_s=2, max_active=3
-        )
+        admission = Admission(max_in_flight=3, retry_after_s=2)
+        app = AdmissionMiddleware(inner, admission=admission, paths=frozenset({PATH}))
         admitted = [asyncio.create_task(call(app, scope())) for _ in range(3)]
         await asyncio.sleep(0)
         refused = await asyncio.gather(*(call(app, scope()) for _ in range(5)))
-        assert app.num_active == 3
+        assert admission.num_active == 3
         await asyncio.sleep(FIRST_LOOK_S + QUIET_S + 0.05)  # the refusals paused: in they go
         assert inner.entered == 3
         for sent in refused:
@@ -70,10 +74,10 @@ def test_past_max_active_requests_are_refused_at_the_door_and_room_returns_when_
             assert json.loads(sent[1]["body"])["error"]["code"] == "rate_limit_exceeded"
         other = asyncio.create_task(call(app, scope(path="/v1/sessions")))  # not a generation path
         await asyncio.sleep(0.01)
-        assert inner.entered == 4 and app.num_active == 3  # let in, and not counted
+        assert inner.entered == 4 and admission.num_active == 3  # let in, and not counted
         inner.release.set()
         assert [sent[0]["status"] for sent in await asyncio.gather(*admitted, other)] == [200] * 4
-        assert app.num_active == 0
+        assert admission.num_active == 0
         assert (await call(app, scope()))[0]["status"] == 200
 
     asyncio.run(run())
@@ -83,12 +87,12 @@ def test_the_gateways_own_count_refuses_too() -> None:
     async def run() -> None:
         inner = Held()
         inner.release.set()
-        room = [False]
-        app = AdmissionMiddleware(
-            inner, has_room=lambda: room[0], paths=frozenset({PATH}), retry_after_s=1, max_active=8
-        )
-        assert (await call(app, scope()))[0]["status"] == 429 and inner.entered == 0
-        room[0] = True
+        admission = Admission(max_in_flight=8, retry_after_s=1)
+        app = AdmissionMiddleware(inner, admission=admission, paths=frozenset({PATH}))
+        slots = [admission.take_slot() for _ in range(6)]  # requests in flight
+        with admission.tokenizing(), admission.tokenizing():  # and two prompts being tokenized
+            assert (await call(app, scope()))[0]["status"] == 429 and inner.entered == 0
+        slots.pop().release()
         assert (await call(app, scope()))[0]["status"] == 200 and inner.entered == 1
 
     asyncio.run(run())
@@ -101,7 +105,7 @@ def test_a_bursts_refusals_go_out_before_the_requests_it_let_in_enter_the_app() 
     async def run() -> None:
         inner = Held()
         app = AdmissionMiddleware(
-            inner, has_room=lambda: True, paths=frozenset({PATH}), retry_after_s=2, max_active=2
+            inner, admission=Admission(max_in_flight=2, retry_after_s=2), paths=frozenset({PATH})
         )
         admitted = [asyncio.create_task(call(app, scope())) for _ in range(2)]
         await asyncio.sleep(0)
@@ -129,3 +133,23 @@ def test_a_bursts_refusals_go_out_before_the_requests_it_let_in_enter_the_app() 
         await asyncio.gather(held, second)
 
     asyncio.run(run())
+
+
+def test_admission_holds_the_room_rule_and_the_one_429() -> None:
+    admission = Admission(max_in_flight=2, retry_after_s=3)
+    first = admission.take_slot()
+    with admission.tokenizing():
+        assert not admission.has_room()
+        with pytest.raises(GatewayError) as refused:
+            admission.check_room()
+        assert refused.value.body() == admission.error.body()  # the one 429 every path gives
+        assert refused.value.status == 429 and refused.value.headers["Retry-After"] == "3"
+        second = admission.take_slot()  # submission counts in-flight requests only
+    with pytest.raises(GatewayError):
+        admission.take_slot()
+    first.release()
+    first.release()  # a slot gives its room back once
+    assert admission.num_in_flight == 1 and admission.has_room()
+    second.release()
+    assert (admission.num_in_flight, admission.num_tokenizing, admission.num_active) == (0, 0, 0)
+    assert json.loads(admission.error_body)["error"]["code"] == "rate_limit_exceeded"

@@ -91,13 +91,7 @@ def create_app(
     paths = (str(getattr(route, "path", "")) for router in ROUTERS for route in router.routes)
     endpoints = frozenset(path for path in paths if path and "{" not in path)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(
-        AdmissionMiddleware,
-        has_room=gateway.has_room,
-        paths=GENERATION_PATHS,
-        retry_after_s=settings.retry_after_s,
-        max_active=settings.max_in_flight,
-    )
+    app.add_middleware(AdmissionMiddleware, admission=gateway.admission, paths=GENERATION_PATHS)
     app.add_middleware(MetricsMiddleware, metrics=gateway_metrics, endpoints=endpoints)
     app.add_middleware(TraceContextMiddleware)
     return app

@@ -33,9 +33,10 @@ from mohawk_common.bus.token_log import TokenLogReader
 from mohawk_common.telemetry import REQUESTS
 from mohawk_common.tenancy import RateDecision, Tenant, completion_cap
 from mohawk_gateway.access import Access
+from mohawk_gateway.admission import Admission, Slot
 from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
-from mohawk_gateway.errors import GatewayError, invalid, overloaded, unavailable
+from mohawk_gateway.errors import GatewayError, invalid, unavailable
 from mohawk_gateway.metrics import GatewayMetrics
 from mohawk_gateway.request_reports import RequestReporter
 from mohawk_gateway.request_trace import RequestTrace
@@ -92,8 +93,7 @@ class Gateway:
         self.codec: PromptCodec | None = None
         self.router = Router(settings.routing)
         self.tokenizer_error: str | None = None
-        self.num_in_flight = 0
-        self.num_tokenizing = 0
+        self.admission = Admission(settings.max_in_flight, settings.retry_after_s)
         self.num_started = 0  # requests submitted, and ended: the idle memory collector watches them
         self.num_ended = 0
         self.reports = RequestReporter(bus.instance, lambda data: bus.publish_telemetry(REQUESTS, data))
@@ -132,35 +132,23 @@ class Gateway:
             raise unavailable(f"not ready: {reason}", self.settings.retry_after_s)
         return self.codec
 
-    def has_room(self) -> bool:
-        """Whether the requests running here and those being tokenized leave room for one more."""
-        return self.num_in_flight + self.num_tokenizing < self.settings.max_in_flight
-
-    def check_room(self) -> None:
-        """429 at once when there is no room (`has_room`): called before tokenizing, so a refusal
-        costs no tokenizer time however long the prompt."""
-        if not self.has_room():
-            raise overloaded("too many requests in flight; retry later", self.settings.retry_after_s)
-
     async def start(self, submission: Submission) -> Generation:
         """Admit and submit a request; the caller must `close()` the returned generation."""
         self.ready_codec()
         self._check_context(submission)
-        if self.num_in_flight >= self.settings.max_in_flight:
-            raise overloaded("too many requests in flight; retry later", self.settings.retry_after_s)
-        self.num_in_flight += 1  # held from here, so requests admitted at once cannot overshoot
+        slot = self.admission.take_slot()
         try:
             lease = await self.access.admit(submission.tenant, self._charge(submission))
             lease = await self._grant_completion(submission, lease)
         except BaseException:
-            self.num_in_flight -= 1
+            slot.release()
             raise
-        generation = Generation(self, submission, lease)
+        generation = Generation(self, submission, slot, lease)
         self.num_started += 1
         try:
             await generation.submit()
         except BaseException:
-            self.num_in_flight -= 1
+            slot.release()
             await self.access.release(submission.tenant, lease, 0)
             raise
         return generation
@@ -228,9 +216,12 @@ class Gateway:
 class Generation:
     """One submitted request: read `next_event()` until an event has a finish_reason, then `close()`."""
 
-    def __init__(self, gateway: Gateway, submission: Submission, lease: RateDecision | None = None) -> None:
+    def __init__(
+        self, gateway: Gateway, submission: Submission, slot: Slot, lease: RateDecision | None = None
+    ) -> None:
         self.gateway = gateway
         self.submission = submission
+        self.slot = slot  # its hold on the gateway's room, given back when it closes
         self.request_id = submission.request_id
         self.lease = lease
         loop = asyncio.get_running_loop()
@@ -385,7 +376,7 @@ class Generation:
             await _unsubscribe(self._subscription)
             used = len(self.submission.prompt_token_ids) + self.num_tokens
             await self.gateway.access.release(self.submission.tenant, self.lease, used)
-        self.gateway.num_in_flight -= 1
+        self.slot.release()
         self.gateway.num_ended += 1
         metrics = self.gateway.metrics
         metrics.in_flight.labels(endpoint=self.submission.endpoint).dec()

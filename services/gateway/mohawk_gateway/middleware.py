@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mohawk_gateway.errors import GatewayError, overloaded
+from mohawk_gateway.admission import Admission
+from mohawk_gateway.errors import GatewayError
 from mohawk_gateway.metrics import GatewayMetrics
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -30,35 +30,20 @@ MAX_HOLD_S = 0.5  # the longest an admitted request waits for refusals to pause
 
 class AdmissionMiddleware:
     """429 with Retry-After for a generation request when there is no room, before anything else
-    is done with it. Room is `max_active` generation requests inside the app at once, counted here
-    from the moment one is let in until its answer is sent, and `has_room()`, the gateway's own
-    count (requests tokenizing and in flight, sessions' turns included). Counting here matters:
-    the gateway counts a request only once its route starts tokenizing, after the body is read and
-    the dependencies are solved, and a burst that arrives as room frees up would otherwise all
-    pass this check and be refused later, each at the cost of a whole trip through the app. A
-    body of a declared length up to `drain_bytes` is read and dropped, so the client's keep-alive
-    connection serves its retry (as the OpenAI SDK's pooled connections expect); a longer or
-    chunked one is left unread and the connection closed."""
+    is done with it: the door of `Admission` (`admission.py`, which owns the counters, the rule and
+    the answer). A body of a declared length up to `drain_bytes` is read and dropped, so the
+    client's keep-alive connection serves its retry (as the OpenAI SDK's pooled connections
+    expect); a longer or chunked one is left unread and the connection closed."""
 
     def __init__(
-        self,
-        app: ASGIApp,
-        has_room: Callable[[], bool],
-        paths: frozenset[str],
-        retry_after_s: int,
-        max_active: int,
-        drain_bytes: int = 1 << 20,
+        self, app: ASGIApp, admission: Admission, paths: frozenset[str], drain_bytes: int = 1 << 20
     ) -> None:
-        self.app, self.has_room, self.paths, self.drain_bytes = app, has_room, paths, drain_bytes
-        self.max_active = max_active
-        self.num_active = 0
+        self.app, self.admission, self.paths, self.drain_bytes = app, admission, paths, drain_bytes
         self._refused_at = float("-inf")  # loop time of the last refusal
-        error = overloaded("too many requests in flight; retry later", retry_after_s)
-        self._body = json.dumps(error.body()).encode()
         headers = [
             (b"content-type", b"application/json"),
-            (b"content-length", str(len(self._body)).encode()),
-            *((k.lower().encode(), v.encode()) for k, v in error.headers.items()),
+            (b"content-length", str(len(admission.error_body)).encode()),
+            *((k.lower().encode(), v.encode()) for k, v in admission.error.headers.items()),
         ]
         self._keep_headers = headers
         self._close_headers = [*headers, (b"connection", b"close")]
@@ -67,16 +52,13 @@ class AdmissionMiddleware:
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("path") not in self.paths:
             await self.app(scope, receive, send)
             return
-        if self.num_active >= self.max_active or not self.has_room():
+        if not self.admission.door_open():
             self._refused_at = asyncio.get_running_loop().time()
             await self._refuse(scope, receive, send)
             return
-        self.num_active += 1
-        try:
+        with self.admission.inside():
             await self._refusals_first()
             await self.app(scope, receive, send)
-        finally:
-            self.num_active -= 1
 
     async def _refusals_first(self) -> None:
         """While refusals are being sent (a burst past the room), hold an admitted request back until
@@ -97,7 +79,7 @@ class AdmissionMiddleware:
                 return  # the client left
             headers = self._keep_headers
         await send({"type": "http.response.start", "status": 429, "headers": headers})
-        await send({"type": "http.response.body", "body": self._body})
+        await send({"type": "http.response.body", "body": self.admission.error_body})
 
 
 async def _drain(receive: Receive) -> bool:

@@ -106,12 +106,8 @@ async def encode_in_thread(
 ) -> list[int]:
     """Tokenize off the event loop, in a few threads, once there is room for the request (else 429 at
     once); 400 if it comes out empty."""
-    gateway.check_room()
-    gateway.num_tokenizing += 1
-    try:
+    with gateway.admission.tokenizing():
         token_ids = await anyio.to_thread.run_sync(encode, prompt, limiter=gateway.tokenize_limiter)
-    finally:
-        gateway.num_tokenizing -= 1
     gateway.metrics.prompts_tokenized.inc()
     if not token_ids:
         raise invalid("the prompt is empty after tokenization", param)

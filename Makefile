@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test up bench chaos loadtest multihost models proto clean
+.PHONY: setup test docs up bench chaos loadtest multihost models proto clean
 
 setup: $(STAMP)
 
@@ -35,10 +35,15 @@ test: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $$(mktemp -d)
 	$(VENV)/bin/pytest -q --durations=25 $(PYTEST_ARGS)
 
 up: setup
 	$(VENV)/bin/mohawk up
+
+# the documentation site (docs/, mkdocs-material) into site/; `make test` builds it too, strict
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # the chaos suite's full form: kill -9 every role under load (the short form runs in `make test`)
 chaos: setup

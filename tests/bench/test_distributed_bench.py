@@ -14,7 +14,7 @@ def test_three_stage_cluster_against_the_single_process_engine(tmp_path: Path) -
     cluster = results["mohawk up --nodes 3"]
     assert cluster["stages"] == 3 and cluster["decode_tps"]["median"] > 0
     # The targets are 1.5x transformers' static batch of 32 (and, earlier, 0.85x the single
-    # process) and <= 1 ms per hop; the full form measures them (README: 2.16x, 0.93x and 0.58 ms
+    # process) and <= 1 ms per hop; the full form measures them (docs/benchmarks.md: 2.16x, 0.93x and 0.58 ms
     # on 2 cores, where 3 stages share two cores with the gateway and NATS). The short form's
     # single runs swing widely on a shared 2-core CI machine, so here the floor only catches a
     # pipeline that stalls or serialises badly.

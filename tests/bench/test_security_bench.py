@@ -19,7 +19,7 @@ def test_encryption_costs_and_end_to_end_ratio(tmp_path: Path) -> None:
     e2e = figures["end_to_end_tps"]
     assert set(e2e) == {"encrypted, NATS TLS + auth", "plaintext (--insecure)"}
     ratio = e2e["encrypted, NATS TLS + auth"]["median"] / e2e["plaintext (--insecure)"]["median"]
-    # The target is at most 5% lost to each layer (the full form measures both, README). One short
+    # The target is at most 5% lost to each layer (the full form measures both, docs/benchmarks.md). One short
     # run on a shared 2-core machine swings far more than that (a preflight with other clusters
     # running beside it measured 0.693), so the floor catches a real regression only: 0.75 for
     # each layer, as the two floors were when the short form ran three clusters.

@@ -155,7 +155,7 @@ def test_bundled_native_memory_is_close_to_the_gguf_bytes(bundled: ModelSource) 
     assert isinstance(bundled, GGUFSource)
     num_layers = bundled.config.num_layers
     # a last stage without the tied embedding keeps the Q8_0 table for the head's exact shortlist
-    # beside its 4-bit copy: 1.37x there (see README), within 1.25x everywhere else
+    # beside its 4-bit copy: 1.37x there (see docs/weights-and-backends.md), within 1.25x everywhere else
     for start, end, bound in ((0, num_layers, 1.25), (0, 10, 1.25), (10, 20, 1.25), (20, num_layers, 1.4)):
         stage = make_backend("torch", bundled, start, end, device="cpu", weights="native")
         names = {

@@ -11,7 +11,7 @@ and environment), with the host's addresses instead of 127.0.0.1.
 Each service dials its own host's nats-server only: nats-py picks a random server from a list of
 several, and a client left on a server whose host was cut off notices only when its pings go
 unanswered (nats-py's default: 2 pings 120 s apart), so with every server listed, whether an
-unplugged host stalls the others is chance (the README's "Hosts tested as hosts" says more).
+unplugged host stalls the others is chance (docs/security.md, "Hosts tested as hosts", says more).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class MultiHostCluster:
         wait_for(self.jetstream_has_leader, 30, "the 3-server JetStream cluster elects a meta leader")
         # The first coordinator makes the R3 streams and buckets before anyone else starts: a
         # service that asks for a bucket another is creating at that moment can get no answer
-        # from JetStream and exit (see the README's "Hosts tested as hosts").
+        # from JetStream and exit (see docs/security.md, "Hosts tested as hosts").
         services = [(h, s) for h, hosted in self.layout.items() for s in hosted]
         first = next((h, s) for h, s in services if s.role == "coordinator")
         self._start_service(*first)

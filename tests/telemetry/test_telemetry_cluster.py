@@ -158,7 +158,7 @@ def test_the_dashboard_shows_the_nodes_and_live_tokens_per_second(
         page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
     assert not outside, outside  # no CDN: everything came from the service
-    if os.environ.get("MOHAWK_UPDATE_SCREENSHOT"):  # the README links docs/dashboard.png
+    if os.environ.get("MOHAWK_UPDATE_SCREENSHOT"):  # docs/operations.md shows docs/dashboard.png
         shutil.copyfile(shot, SCREENSHOT)
 
 
@@ -203,7 +203,7 @@ def test_one_request_gives_one_connected_trace_across_the_processes(
             "mohawk.gateway tokens",
         ]
     ]
-    for span in chain:  # `pytest -s` shows the trace (the README quotes one)
+    for span in chain:  # `pytest -s` shows the trace (docs/operations.md quotes one)
         hops = {k: v for k, v in span.attributes.items() if k.startswith(("mohawk.hop", "mohawk.queued"))}
         print(f"{span.name:24} {span.service:15} {(span.end_ns - span.start_ns) / 1e6:8.1f} ms  {hops}")
     assert chain[0].parent_span_id == client_span  # the client's own trace continues

@@ -241,7 +241,7 @@ def test_a_tenant_omitting_max_tokens_gets_at_most_its_tpm_in_any_minute_the_fir
     ]
     worst = max(sum(n for at, n in charges if start <= at < start + minute_s) for start, _ in charges)
     print(f"\ntpm {tpm} ({mode}): per minute {per_minute}, most in any minute {worst} ({worst / tpm:.2f}x)")
-    assert worst <= tpm, (worst, charges)  # the goal, 1.0x; the README's promise is 1.25x
+    assert worst <= tpm, (worst, charges)  # the goal, 1.0x; docs/api.md promises 1.25x
     assert all(n >= 0.9 * tpm for n in per_minute[: num_minutes - 1]), per_minute  # and it gets its tpm
 
 

@@ -2,7 +2,7 @@
 stage while 16 greedy streams run. Stage 0 stops sending to it as soon as it adopts the list (the
 check before every send), the coordinator stops trusting its heartbeats and plans without it, and
 every accepted request still finishes. Prints the time from the revocation to the last message the
-revoked node was sent (the README's "revocation to silence")."""
+revoked node was sent (docs/security.md, "revocation to silence")."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def settings(url: str, coordinator_id: str, **overrides: Any) -> CoordinatorSett
         "coordinator_id": coordinator_id,
         "lease_ttl_s": TTL_S,
         "heartbeat_interval_s": 0.2,
-        "node_timeout_s": 0.6,
+        "node_ttl_s": 0.6,
         "placement": "spread",
         "replicas": 1,
         # explicit, so neither MOHAWK_* variables nor config/mohawk.yaml change what tests expect

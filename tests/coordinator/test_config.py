@@ -19,7 +19,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("MOHAWK_CONFIG", str(tmp_path / "empty.yaml"))
     settings = load_settings(CoordinatorSettings)
     assert (settings.placement, settings.block_size, settings.max_model_len) == ("spread", 16, None)
-    assert (settings.node_timeout_s, settings.heartbeat_interval_s) == (3.0, 1.0)
+    assert (settings.node_ttl_s, settings.heartbeat_interval_s) == (3.0, 1.0)
     assert settings.model is None and settings.served_model == "smollm2-135m-instruct"
     assert settings.coordinator_id.endswith(f"-{os.getpid()}")
 
@@ -36,8 +36,8 @@ def test_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_bad_values_are_one_line_errors() -> None:
-    with pytest.raises(ConfigError, match="node_timeout_s"):
-        load_settings(CoordinatorSettings, {"heartbeat_interval_s": 1.0, "node_timeout_s": 0.5})
+    with pytest.raises(ConfigError, match="node_ttl_s"):
+        load_settings(CoordinatorSettings, {"heartbeat_interval_s": 1.0, "node_ttl_s": 0.5})
     with pytest.raises(ConfigError, match="placement"):
         load_settings(CoordinatorSettings, {"placement": "random"})
 

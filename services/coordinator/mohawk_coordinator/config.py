@@ -6,7 +6,7 @@ import os
 import socket
 from typing import ClassVar
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, field_validator
 
 from mohawk_common.bus.config import BusSettings, served_model_name
 from mohawk_coordinator.planner import Placement
@@ -29,8 +29,6 @@ class CoordinatorSettings(BusSettings):
     )
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block (every stage uses it)")
     max_model_len: int | None = Field(None, ge=2, description="context cap; none = the model's and KV's")
-    heartbeat_interval_s: float = Field(1.0, gt=0, description="how often shard nodes heartbeat")
-    node_timeout_s: float = Field(3.0, gt=0, description="a node silent this long is dead (3 heartbeats)")
     plan_settle_s: float = Field(
         1.5, ge=0, description="re-plan once the set of live nodes has been unchanged this long"
     )
@@ -45,16 +43,6 @@ class CoordinatorSettings(BusSettings):
     def _at_least_one(cls, value: Replicas) -> Replicas:
         if value != "auto" and value < 1:
             raise ValueError("must be auto or at least 1")
-        return value
-
-    @field_validator("node_timeout_s")
-    @classmethod
-    def _spans_a_heartbeat(cls, value: float, info: ValidationInfo) -> float:
-        interval = info.data.get("heartbeat_interval_s")
-        if interval is not None and value < interval:
-            raise ValueError(
-                f"must be at least heartbeat_interval_s ({interval}), or nodes flap between live and dead"
-            )
         return value
 
     @property

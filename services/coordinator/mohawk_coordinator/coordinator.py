@@ -87,7 +87,7 @@ class Coordinator:
         bundle = security.bundle if security is not None else None
         self._identity = bundle.identity if bundle is not None else None
         self.verifier = RecordVerifier(bundle.trust if bundle is not None else None)
-        self.registry = NodeRegistry(settings.node_timeout_s, clock=clock, admit=self._admit_heartbeat)
+        self.registry = NodeRegistry(settings.node_ttl_s, clock=clock, admit=self._admit_heartbeat)
         self.quarantine = Quarantine(
             clock,
             threshold=settings.quarantine_failures,

@@ -1,7 +1,7 @@
 """The node registry: which shard nodes are live, as their heartbeats on mohawk.v1.hb.<node> say.
 
 Every coordinator replica keeps its own registry (so a standby that takes over already knows the
-cluster); a node is live until `node_timeout_s` passes without a heartbeat from it, measured on
+cluster); a node is live until `node_ttl_s` passes without a heartbeat from it, measured on
 this replica's monotonic clock, never the sender's. A stage-0 node lists in its heartbeats the ack
 subjects of the requests it runs; when it dies (or comes back as a new process) the registry hands
 those out once (`take_handed_back`), and the leader naks them so that the stream redelivers them
@@ -49,12 +49,12 @@ class NodeRegistry:
 
     def __init__(
         self,
-        node_timeout_s: float,
+        node_ttl_s: float,
         *,
         clock: Callable[[], float] = time.monotonic,
         admit: Callable[[bus_pb2.Heartbeat], bool] = lambda _heartbeat: True,
     ) -> None:
-        self.node_timeout_s = node_timeout_s
+        self.node_ttl_s = node_ttl_s
         self._clock = clock
         self._admit = admit  # the signature check (control_records.py); False drops the heartbeat
         self._nodes: dict[str, NodeRecord] = {}
@@ -91,8 +91,8 @@ class NodeRegistry:
         return record
 
     def expire(self) -> list[str]:
-        """Forget nodes silent for `node_timeout_s`; their ids."""
-        cutoff = self._clock() - self.node_timeout_s
+        """Forget nodes silent for `node_ttl_s`; their ids."""
+        cutoff = self._clock() - self.node_ttl_s
         dead = [node_id for node_id, record in self._nodes.items() if record.seen_at <= cutoff]
         for node_id in dead:
             record = self._nodes.pop(node_id)

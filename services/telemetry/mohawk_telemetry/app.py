@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from mohawk_common.bus.setup import NODE_TTL_S
 from mohawk_pqc.certificates import TrustStore
 from mohawk_telemetry.cluster_state import ClusterState
 from mohawk_telemetry.exporter import Exporter
@@ -24,7 +25,11 @@ EVENT_INTERVAL_S = 1.0
 
 
 def create_app(
-    nats_servers: list[str], *, node_ttl_s: float = 5.0, follow: bool = True, trust: TrustStore | None = None
+    nats_servers: list[str],
+    *,
+    node_ttl_s: float = NODE_TTL_S,
+    follow: bool = True,
+    trust: TrustStore | None = None,
 ) -> FastAPI:
     state = ClusterState(node_ttl_s=node_ttl_s)
     exporter = Exporter(state)

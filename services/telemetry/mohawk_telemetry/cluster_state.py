@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mohawk_common.bus.pipelines import pipelines
+from mohawk_common.bus.setup import NODE_TTL_S
 from mohawk_common.telemetry import RequestReport, StepReport
 from mohawk_proto.v1 import bus_pb2
 from mohawk_telemetry.snapshot import (
@@ -47,7 +48,7 @@ class NodeRecord:
 
 @dataclass
 class ClusterState:
-    node_ttl_s: float = 5.0
+    node_ttl_s: float = NODE_TTL_S
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     plan: bus_pb2.Plan | None = None
     leader: str = ""

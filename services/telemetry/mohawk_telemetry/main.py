@@ -10,6 +10,7 @@ DEFAULT_PORT = 9300
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from mohawk_common.bus.setup import NODE_TTL_S as node_ttl_s  # the default every process has
     parser.add_argument(
         "--nats-url", help="NATS server URL(s) (default: MOHAWK_NATS_URL or nats://127.0.0.1:4222)"
     )
@@ -20,7 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=int(os.environ.get("MOHAWK_TELEMETRY_PORT", DEFAULT_PORT)),
         help=f"HTTP port: /metrics, the dashboard at / (default: MOHAWK_TELEMETRY_PORT or {DEFAULT_PORT})",
     )
-    parser.add_argument("--node-ttl-s", type=float, default=5.0, help="a node silent this long is shown down")
+    parser.add_argument(
+        "--node-ttl-s",
+        type=float,
+        default=float(os.environ.get("MOHAWK_NODE_TTL_S", node_ttl_s)),
+        help=f"a node silent this long is shown down (default: MOHAWK_NODE_TTL_S or {node_ttl_s}, "
+        "the bus setting every process reads)",
+    )
     parser.add_argument(
         "--trust-root",
         type=Path,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from mohawk_common.bus.setup import BusLimits
+from mohawk_common.bus.setup import NODE_TTL_S, BusLimits
 from mohawk_common.settings import MohawkSettings
 
 BUNDLED_MODEL_NAME = "smollm2-135m-instruct"
@@ -26,7 +26,13 @@ class BusSettings(MohawkSettings):
     nats_replicas: int = Field(1, ge=1, le=5, description="JetStream replicas for streams and buckets")
     max_queued_requests: int = Field(1024, ge=1, description="accepted, unfinished requests; past it: 429")
     lease_ttl_s: float = Field(3.0, gt=0, description="coordinator leader lease")
-    node_ttl_s: float = Field(5.0, gt=0, description="a node silent this long leaves the registry")
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="how often shard nodes heartbeat")
+    node_ttl_s: float = Field(
+        NODE_TTL_S,
+        gt=0,
+        description="a node silent this long is dead, to every process alike: the coordinator's "
+        "registry, the gateways' view of a pipeline, telemetry and the nodes bucket (3 heartbeats)",
+    )
     served_model_name: str | None = Field(None, description="model name in the API; none = from the file")
     pki_dir: Path | None = Field(
         None, description="this process's certificate bundle; none = .mohawk/pki/nodes/<its id>"
@@ -49,6 +55,15 @@ class BusSettings(MohawkSettings):
         "Prometheus elsewhere scrapes it (compose sets that on its network)",
     )
     telemetry: bool = Field(True, description="publish step and request reports for the telemetry service")
+
+    @model_validator(mode="after")
+    def _ttl_spans_a_heartbeat(self) -> BusSettings:
+        if self.node_ttl_s < self.heartbeat_interval_s:
+            raise ValueError(
+                f"node_ttl_s ({self.node_ttl_s}) must be at least heartbeat_interval_s "
+                f"({self.heartbeat_interval_s}), or nodes flap between live and dead"
+            )
+        return self
 
     @property
     def nats_servers(self) -> list[str]:

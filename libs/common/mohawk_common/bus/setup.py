@@ -36,6 +36,7 @@ log = structlog.get_logger("mohawk.bus")
 T = TypeVar("T")
 _FORMING_ATTEMPTS = 5  # 0.5 + 1 + 2 + 4 s of waiting at most
 _FORMING_FIRST_RETRY_S = 0.5
+NODE_TTL_S = 3.0  # a node silent this long is dead (3 heartbeats); BusSettings.node_ttl_s's default
 DUPLICATE_WINDOW_S = 120.0  # the request stream stores a request id once within this window
 
 
@@ -46,7 +47,7 @@ class BusLimits:
     duplicate_window_s: float = DUPLICATE_WINDOW_S
     tokens_max_age_s: float = 600.0
     lease_ttl_s: float = 3.0
-    node_ttl_s: float = 5.0
+    node_ttl_s: float = NODE_TTL_S
     gateway_ttl_s: float = 4.0  # a gateway's presence lapses this long after its last refresh
 
 

@@ -60,7 +60,6 @@ class NodeSettings(BusSettings, EngineSettings):
         description="on a plan change, load the new stage beside the running one and switch when the new "
         "pipeline is active (where memory has room for both); false: stop first, then load",
     )
-    heartbeat_interval_s: float = Field(1.0, gt=0)
     request_ack_wait_s: float = Field(
         10.0,
         gt=1,

@@ -243,7 +243,7 @@ class ShardNode:
 
         The trim runs on the compute executor, behind any step already queued there, so it is
         started beside this loop and never awaited by it: a heartbeat that waited for a long step
-        (a big prefill on a loaded machine, an MLX step) went out more than `node_timeout_s` late,
+        (a big prefill on a loaded machine, an MLX step) went out more than `node_ttl_s` late,
         and the coordinator dropped a working node from the plan (the short load test saw 9 such
         drops in 2 minutes, with 503s)."""
         subject = names.heartbeat_subject(self.node_id)

@@ -11,6 +11,7 @@ DEFAULT_PORT = 9300
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from mohawk_common.bus.setup import NODE_TTL_S as node_ttl_s  # the default every process has
+
     parser.add_argument(
         "--nats-url", help="NATS server URL(s) (default: MOHAWK_NATS_URL or nats://127.0.0.1:4222)"
     )

@@ -73,8 +73,8 @@ from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.recovery import read_emitted
 from mohawk_shard.node.resume_budget import ResumeBudget
+from mohawk_shard.node.snapshot import QueueSnapshot, StageSnapshot, StepStats, stage_snapshot
 from mohawk_shard.node.step_deadlines import StepDeadlines
-from mohawk_shard.node.step_stats import StepStats
 from mohawk_shard.node.tokens import TokenPublisher, event_box, publish_error
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.wire import Joining, qos_from_proto, sampling_from_proto, step_batch_to_proto
@@ -168,6 +168,16 @@ class HeadDriver:
         self.active_routes: set[int] = {self.route}  # the service keeps these two current
         self.drains_routes = False
         self._log = log.bind(plan=plan.version)
+
+    @property
+    def num_expired_steps(self) -> int:
+        """Steps given up waiting for (their deadline passed), since this role started."""
+        return self.deadlines.num_expired
+
+    def stage_snapshot(self) -> StageSnapshot:
+        """Stage 0's part of the node's snapshot, its queue included."""
+        queue = QueueSnapshot(len(self.scheduler.waiting), len(self.scheduler.running), self.kv_blocks_used)
+        return stage_snapshot(self.plan, 0, self.stats, self.hops, queue)
 
     @property
     def kv_blocks_used(self) -> int:

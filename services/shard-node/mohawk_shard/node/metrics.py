@@ -1,23 +1,18 @@
 """A shard node's own /metrics (`metrics_port`): its compute time, steps, tokens, queue, KV and
-rejections, read from the node at each scrape. Counters count since the node (or, for steps and
-tokens, its current stage) started."""
+rejections, from the node's snapshot taken at each scrape (`snapshot.py`). Counters count since
+the node (or, for steps and tokens, its current stage) started."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-if TYPE_CHECKING:
-    from mohawk_shard.node.service import ShardNode
+from mohawk_shard.node.snapshot import NodeSnapshot
 
 
-def node_metrics(node: ShardNode) -> Iterator[Metric]:
-    from mohawk_shard.node.head import HeadDriver
-
-    role = node.role
+def node_metrics(node: NodeSnapshot) -> Iterator[Metric]:
+    role = node.stage
     stage = "none" if role is None else str(role.stage_index)
     labels, values = ["node", "stage"], [node.node_id, stage]
 
@@ -31,17 +26,14 @@ def node_metrics(node: ShardNode) -> Iterator[Metric]:
         family.add_metric(values, value)
         return family
 
-    failed, expired = node.step_counts()
-    yield counter("mohawk_node_busy_seconds", "time the compute thread ran the model", node.executor.busy_s)
-    yield counter("mohawk_node_failed_steps", "steps this node could not run", failed)
-    yield counter("mohawk_node_expired_steps", "stage 0: steps given up waiting for", expired)
-    yield gauge(
-        "mohawk_node_resident_bytes", "resident memory of this process", psutil.Process().memory_info().rss
-    )
+    yield counter("mohawk_node_busy_seconds", "time the compute thread ran the model", node.busy_s)
+    yield counter("mohawk_node_failed_steps", "steps this node could not run", node.failed_steps)
+    yield counter("mohawk_node_expired_steps", "stage 0: steps given up waiting for", node.expired_steps)
+    yield gauge("mohawk_node_resident_bytes", "resident memory of this process", node.rss_bytes)
     rejections = CounterMetricFamily(
         "mohawk_node_security_rejections", "messages refused, by reason", labels=["node", "reason"]
     )
-    for reason, count in node.security.rejections.items():
+    for reason, count in node.rejections.items():
         rejections.add_metric([node.node_id, reason], count)
     yield rejections
     if role is None:
@@ -54,8 +46,7 @@ def node_metrics(node: ShardNode) -> Iterator[Metric]:
         "p99 time a frame took to reach this stage",
         role.hops.percentile_ms(0.99) / 1000,
     )
-    if isinstance(role, HeadDriver):
-        scheduler = role.scheduler
-        yield gauge("mohawk_node_queue_depth", "requests waiting at stage 0", len(scheduler.waiting))
-        yield gauge("mohawk_node_running", "sequences running at stage 0", len(scheduler.running))
-        yield gauge("mohawk_node_kv_blocks_used", "KV blocks in use", role.kv_blocks_used)
+    if role.queue is not None:
+        yield gauge("mohawk_node_queue_depth", "requests waiting at stage 0", role.queue.waiting)
+        yield gauge("mohawk_node_running", "sequences running at stage 0", role.queue.running)
+        yield gauge("mohawk_node_kv_blocks_used", "KV blocks in use", role.queue.kv_blocks_used)

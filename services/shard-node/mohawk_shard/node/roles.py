@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from concurrent.futures import Executor
+from typing import Protocol
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from transformers import PreTrainedTokenizerBase
 
 from mohawk_common.bus.pipelines import pipeline_id
+from mohawk_common.bus.security import Security
 from mohawk_common.kv_groups import model_kv_groups
+from mohawk_common.model_store import ModelSource
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.block_manager import BlockManager
 from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
+from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.head import HeadDriver
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.tokens import TokenPublisher
@@ -17,11 +25,36 @@ from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.worker import StageWorker
 from mohawk_shard.stage import Stage
 
-if TYPE_CHECKING:
-    from mohawk_shard.node.service import ShardNode
+
+class RoleHost(Protocol):
+    """What building a role reads of the node that will run it (`ShardNode` is one)."""
+
+    @property
+    def nc(self) -> Client: ...
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    @property
+    def security(self) -> Security: ...
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def source(self) -> ModelSource: ...
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase: ...
+
+    @property
+    def executor(self) -> Executor: ...
+
+    @property
+    def settings(self) -> NodeSettings: ...
 
 
-def make_role(node: ShardNode, plan: bus_pb2.Plan, index: int, stage: Stage) -> HeadDriver | StageWorker:
+def make_role(node: RoleHost, plan: bus_pb2.Plan, index: int, stage: Stage) -> HeadDriver | StageWorker:
     """Stage `index` of the pipeline `plan`, built but not started."""
     is_last = index == len(plan.stages) - 1
     link = StageLink(node.nc, node.security, node_id=node.node_id, plan=plan, stage=index)

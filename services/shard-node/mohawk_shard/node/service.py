@@ -56,6 +56,7 @@ from mohawk_shard.node.handover import room_for_both, serving_footprint, share_w
 from mohawk_shard.node.head import HeadDriver
 from mohawk_shard.node.metrics import node_metrics
 from mohawk_shard.node.roles import make_role
+from mohawk_shard.node.snapshot import NodeSnapshot
 from mohawk_shard.node.step_stats import StepWindow, TimedExecutor, step_report
 from mohawk_shard.node.worker import StageWorker
 from mohawk_shard.stage import Stage
@@ -126,7 +127,9 @@ class ShardNode:
         limits = self.settings.bus_limits()
         await ensure_streams(self.js, limits)
         self.buckets = await ensure_buckets(self.js, limits)
-        serve_metrics(self.settings.metrics_port, self.settings.metrics_host, lambda: node_metrics(self))
+        serve_metrics(
+            self.settings.metrics_port, self.settings.metrics_host, lambda: node_metrics(self.snapshot())
+        )
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         watcher = asyncio.create_task(self._watch_plan())
         revocations = asyncio.create_task(self.security.follow_revocations(self.buckets.pki))
@@ -235,8 +238,27 @@ class ShardNode:
         """Steps this node failed, and (stage 0) steps it gave up waiting for, since it started."""
         role = self._role
         failed = self._failed_steps + (role.num_failed_steps if role is not None else 0)
-        expired = self._expired_steps + (role.deadlines.num_expired if isinstance(role, HeadDriver) else 0)
+        expired = self._expired_steps + (role.num_expired_steps if role is not None else 0)
         return failed, expired
+
+    def snapshot(self) -> NodeSnapshot:
+        """What this node is doing now, for /metrics and the telemetry report (`snapshot.py`)."""
+        failed, expired = self.step_counts()
+        capacity, role = self.capacity, self._role
+        return NodeSnapshot(
+            node_id=self.node_id,
+            model=self.model,
+            runtime=self.settings.backend,
+            device=capacity.device,
+            weights_format=capacity.weights_format,
+            memory_limit_bytes=capacity.memory_limit_bytes,
+            busy_s=self.executor.busy_s,
+            failed_steps=failed,
+            expired_steps=expired,
+            rss_bytes=psutil.Process().memory_info().rss,
+            rejections=dict(self.security.rejections),
+            stage=role.stage_snapshot() if role is not None else None,
+        )
 
     async def _heartbeat_loop(self) -> None:
         """A heartbeat every interval; also where an idle node gives freed heap back (`memory_trim`).
@@ -255,7 +277,9 @@ class ShardNode:
                 await self.nc.publish(subject, encode_json(self._signed(self.heartbeat())))
             if self.settings.telemetry:
                 with contextlib.suppress(Exception):  # for the telemetry service
-                    await self.nc.publish(stats_subject, step_report(self, window).model_dump_json().encode())
+                    await self.nc.publish(
+                        stats_subject, step_report(self.snapshot(), window).model_dump_json().encode()
+                    )
             if trim is not None and (trimming is None or trimming.done()):
                 trimming = asyncio.create_task(self._trim_if_idle(trim, idle))
             await asyncio.sleep(self.settings.heartbeat_interval_s)

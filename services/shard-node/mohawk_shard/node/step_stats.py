@@ -15,16 +15,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-import psutil
-
-from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.telemetry import StepReport
-
-if TYPE_CHECKING:
-    from mohawk_shard.node.service import ShardNode
+from mohawk_shard.node.snapshot import NodeSnapshot, StepStats
 
 T = TypeVar("T")
 
@@ -45,21 +39,6 @@ class TimedExecutor(ThreadPoolExecutor):
                 self.busy_s += time.perf_counter() - started
 
         return super().submit(timed)
-
-
-@dataclass
-class StepStats:
-    """What a role ran, counted up from its start."""
-
-    steps: int = 0
-    tokens: int = 0
-    sequences: int = 0
-    emitted: int = 0
-
-    def record(self, tokens: int, sequences: int) -> None:
-        self.steps += 1
-        self.tokens += tokens
-        self.sequences += sequences
 
 
 class StepWindow:
@@ -88,43 +67,35 @@ class StepWindow:
         return window, min(busy, window), delta
 
 
-def step_report(node: ShardNode, window: StepWindow) -> StepReport:
+def step_report(node: NodeSnapshot, window: StepWindow) -> StepReport:
     """The node's report for the window that ends now."""
-    from mohawk_shard.node.head import HeadDriver
-
-    role = node.role
-    seconds, busy, counts = window.take(time.monotonic(), node.executor.busy_s, role.stats if role else None)
-    failed, expired = node.step_counts()
-    capacity = node.capacity
+    role = node.stage
+    seconds, busy, counts = window.take(time.monotonic(), node.busy_s, role.stats if role else None)
     report = StepReport(
         node_id=node.node_id,
         model=node.model,
-        runtime=node.settings.backend,
-        device=capacity.device,
-        weights_format=capacity.weights_format,
+        runtime=node.runtime,
+        device=node.device,
+        weights_format=node.weights_format,
         window_s=seconds,
         busy_s=busy,
         steps=counts.steps,
         tokens=counts.tokens,
         sequences=counts.sequences,
         emitted=counts.emitted,
-        failed_steps=failed,
-        expired_steps=expired,
-        rss_bytes=psutil.Process().memory_info().rss,
-        memory_limit_bytes=capacity.memory_limit_bytes,
+        failed_steps=node.failed_steps,
+        expired_steps=node.expired_steps,
+        rss_bytes=node.rss_bytes,
+        memory_limit_bytes=node.memory_limit_bytes,
         sent_at=time.time(),
     )
     if role is None:
         return report
-    view = role.plan
-    index = role.stage_index
-    placement = view.stages[index]
-    report.pipeline, report.epoch, report.stage = pipeline_id(view), view.version, index
-    report.num_stages, report.start, report.end = len(view.stages), placement.start, placement.end
+    report.pipeline, report.epoch, report.stage = role.pipeline, role.epoch, role.stage_index
+    report.num_stages, report.start, report.end = role.num_stages, role.start, role.end
     report.hop_ms_p50, report.hop_ms_p99 = role.hops.percentile_ms(0.5), role.hops.percentile_ms(0.99)
-    report.kv_blocks_total = view.num_kv_blocks
-    if isinstance(role, HeadDriver):
-        scheduler = role.scheduler
-        report.queue_depth, report.running = len(scheduler.waiting), len(scheduler.running)
-        report.kv_blocks_used = role.kv_blocks_used
+    report.kv_blocks_total = role.kv_blocks_total
+    if role.queue is not None:
+        report.queue_depth, report.running = role.queue.waiting, role.queue.running
+        report.kv_blocks_used = role.queue.kv_blocks_used
     return report

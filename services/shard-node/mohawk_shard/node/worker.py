@@ -33,7 +33,7 @@ from mohawk_common.tasks import cancel_and_wait
 from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
-from mohawk_shard.node.step_stats import StepStats
+from mohawk_shard.node.snapshot import StageSnapshot, StepStats, stage_snapshot
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.wire import Joining, step_batch_from_proto
@@ -67,6 +67,12 @@ class StageWorker:
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
         self._log = log.bind(plan=plan.version, stage=stage_index)
+
+    num_expired_steps = 0  # only stage 0 gives steps up
+
+    def stage_snapshot(self) -> StageSnapshot:
+        """This stage's part of the node's snapshot."""
+        return stage_snapshot(self.plan, self.stage_index, self.stats, self.hops)
 
     async def start(self) -> None:
         await self.link.start()

@@ -36,7 +36,7 @@ test: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $$(mktemp -d)
-	$(VENV)/bin/pytest -q --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q --durations=0 --durations-min=3 $(PYTEST_ARGS)
 
 up: setup
 	$(VENV)/bin/mohawk up

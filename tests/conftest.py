@@ -16,9 +16,30 @@ from tests.redis_server import ensure_running, flush, start_redis
 FULL_FORM = os.environ.get("MOHAWK_FULL") == "1"
 
 
+# Every test under these starts a cluster of processes or runs a benchmark's short form (10 s to
+# over a minute each): `slow`, so `pytest -m "not slow"` is the few-minute inner loop. `make test`
+# runs them all.
+SLOW_PLACES = (
+    "tests/bench/",
+    "tests/chaos/",
+    "tests/integration/",
+    "tests/multihost/",
+    "tests/loadtest/test_loadtest_short.py",
+    "tests/cli/test_up.py",
+    "tests/cli/test_up_architectures.py",
+    "tests/telemetry/test_telemetry_cluster.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`full_form` cases run only in the long forms (`make chaos` sets MOHAWK_FULL=1): `make test`
-    keeps one case of each scenario and skips the rest, saying where they run."""
+    """Tests in `SLOW_PLACES` are `slow`. `full_form` cases run only in the long forms (`make chaos`
+    sets MOHAWK_FULL=1): `make test` keeps one case of each scenario and skips the rest, saying
+    where they run."""
+    root = Path(str(config.rootpath))
+    for item in items:
+        where = Path(str(item.path)).relative_to(root).as_posix()
+        if where.startswith(SLOW_PLACES):
+            item.add_marker(pytest.mark.slow)
     if FULL_FORM:
         return
     skip = pytest.mark.skip(reason="full form only: `make chaos` (MOHAWK_FULL=1) runs it")

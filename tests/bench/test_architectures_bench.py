@@ -16,9 +16,9 @@ from gguf import GGUFValueType
 
 from mohawk_common.model_store import open_model
 from tests.bench import ROOT
-from tests.engine.conftest import full_logits
-from tests.engine.test_gguf_architectures import FLOAT_FILE, build_reference
 from tests.model_store.gguf_export import export_gguf
+from tests.shard.engine.conftest import full_logits
+from tests.shard.engine.test_gguf_architectures import FLOAT_FILE, build_reference
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None,

@@ -1,7 +1,7 @@
 """The short form of bench/engine.py: Mohawk's engine (fp32 weights) against transformers, and
 llama.cpp when llama-cpp-python is installed, in one run, as ratios. Native 4-bit weights, which get
 no floor here, are measured by `make bench` (their memory is checked by
-tests/engine/test_native_weights.py), which keeps this test to two runners on CI's two cores."""
+tests/shard/engine/test_native_weights.py), which keeps this test to two runners on CI's two cores."""
 
 from __future__ import annotations
 

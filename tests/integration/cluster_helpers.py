@@ -31,7 +31,8 @@ PROMPTS = [
 REFERENCE_TOKENS = 24
 
 # Texts are compared token for token between a single process and a pipeline, which batch the same
-# prompts differently, in the default mode: it is batch invariant (tests/engine/test_batch_invariance.py).
+# prompts differently, in the default mode: it is batch invariant
+# (tests/shard/engine/test_batch_invariance.py).
 # A pipeline mixing torch and MLX stages computes with two libraries' kernels: in fp32 weights their
 # texts still agree token for token, in the default 4-bit ones they need not.
 MIXED_BACKENDS_WEIGHTS = "fp32"

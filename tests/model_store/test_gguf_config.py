@@ -1,6 +1,7 @@
 """`complete_config` on configs as transformers' GGUF reader leaves them: each Gemma setting from
 the file's key where it has one, else as llama.cpp derives it; a `llama` file with experts as
-Mixtral; head_dim from `attention.key_length`. (Whole files: tests/engine/test_gguf_architectures.py.)"""
+Mixtral; head_dim from `attention.key_length`. (Whole files:
+tests/shard/engine/test_gguf_architectures.py.)"""
 
 from __future__ import annotations
 

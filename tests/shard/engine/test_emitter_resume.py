@@ -10,7 +10,7 @@ import pytest
 from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
-from tests.unit.test_detokenizer import tokenizer  # noqa: F401  (the bundled model's tokenizer)
+from tests.shard.engine.test_detokenizer import tokenizer  # noqa: F401  (the bundled model's tokenizer)
 
 PROMPT = [1, 2, 3]
 

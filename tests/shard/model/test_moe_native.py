@@ -19,7 +19,7 @@ from mohawk_shard.model.linear import Linear
 from mohawk_shard.model.moe import SparseMoE
 from mohawk_shard.model.quantized_layers import Int4Linear
 from mohawk_shard.node.capacity import measure_capacity
-from tests.engine.test_gguf_architectures import write_tiny_gguf
+from tests.shard.engine.test_gguf_architectures import write_tiny_gguf
 
 
 @pytest.fixture(scope="module")

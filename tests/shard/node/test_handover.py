@@ -24,7 +24,7 @@ from mohawk_shard.node.handover import (
     share_weights,
     stage_footprint,
 )
-from tests.engine.test_more_architectures import build_tiny
+from tests.shard.engine.test_more_architectures import build_tiny
 
 MIB = 1 << 20
 CAPACITY = Capacity(

@@ -18,7 +18,7 @@ a dense bf16 matmul (nothing dense is kept between calls; `python bench/int4_ker
 both). The two give slightly different numbers, and in the default, batch-invariant mode a
 sequence's tokens must not depend on which one its rows met, so there every row takes the kernel,
 which computes each row alone (bit for bit the same among 1 to 512 rows, at any offset:
-`tests/engine/test_native_weights.py`). A rule by row (long prompts' positions dense, the rest on
+`tests/shard/engine/test_native_weights.py`). A rule by row (long prompts' positions dense, the rest on
 the kernel) was tried and is not enough: a prefix-cache hit, a session's next turn or a resume
 reuses KV that another row class computed. Only with `batch_invariant` off does a step of
 `DENSE_MIN_ROWS` rows or more run all its rows dense (`dense_rows`), in one call padded to a

@@ -11,7 +11,7 @@ run of parts held alike, and a tied table whose head is a `GroupwiseLinear` is l
 head's codes (`SharedTableEmbedding`); a Q8_0 LM head (SmolLM2's tied
 embedding) is ranked 4-bit, the fastest choice measured (1.6 ms a batch-1 head against
 4.8 ms fp32 and 6.2 ms bf16, 1 thread, `bench/int4_kernels.py`), and its best logits are
-recomputed from the Q8_0 rows, which keeps greedy answers (tests/engine): on CPU both come from
+recomputed from the Q8_0 rows, which keeps greedy answers (tests/shard/engine): on CPU both come from
 one copy of the table split into nibbles (`SplitQ8Head`, which a tied first stage also looks its
 embeddings up in), elsewhere from a re-grouped 4-bit copy beside the Q8_0 rows (`RescoredHead`);
 anything else (float tensors, formats with no decoder, a fused matmul with a float part) stays

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from concurrent.futures import Executor
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from transformers import PreTrainedTokenizerBase
 
 from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.bus.security import Security
@@ -24,6 +23,9 @@ from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.worker import StageWorker
 from mohawk_shard.stage import Stage
+
+if TYPE_CHECKING:  # the node's bus path loads no transformers (tests/shard/node/test_node_imports.py)
+    from transformers import PreTrainedTokenizerBase
 
 
 class RoleHost(Protocol):

@@ -1,6 +1,6 @@
 """A tiny Qwen3-MoE GGUF (experts as llama.cpp stores them: one 3-D tensor per matrix kind, the
 router as ffn_gate_inp) read back expert by expert, and run: its logits are the safetensors
-checkpoint's and transformers'. Mixtral GGUF files: tests/engine/test_gguf_architectures.py."""
+checkpoint's and transformers'. Mixtral GGUF files: tests/shard/engine/test_gguf_architectures.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The CUDA path (bf16 and fp32) against transformers on CPU; skipped where torch sees no GPU.
 
-Run on a GPU machine with `pytest tests/engine/test_cuda.py`. Tiny random models are built here,
+Run on a GPU machine with `pytest tests/shard/engine/test_cuda.py`. Tiny random models are built here,
 so nothing but torch and transformers is needed.
 """
 

@@ -92,7 +92,7 @@ def test_a_sliding_window_model_runs_masked_on_mlx(
 ) -> None:
     """mlx-lm's llama attends to the whole context; an MLX stage masks a Mistral's window itself
     (it used to refuse such a model), so past the window it answers as transformers does.
-    Decode past the window over freed blocks: tests/engine/test_mlx_architectures.py."""
+    Decode past the window over freed blocks: tests/shard/engine/test_mlx_architectures.py."""
     windowed = dict(VARIANTS["mistral-gqa2"], sliding_window=5)
     monkeypatch.setitem(VARIANTS, "mistral-window5", windowed)
     model = build_tiny("mistral-window5", tmp_path, bundled.load_tokenizer())

@@ -136,7 +136,7 @@ class HeadDriver:
         traces: StageTraces | None = None,
     ) -> None:
         self.nc, self.js, self.plan = nc, js, plan
-        self.stage_index = 0  # every role has one (`roles.Role`); stage 0 is this one's
+        self.stage_index = 0  # every role has one (the node, its metrics and reports read it)
         self.link, self.security = link, security
         self.stage, self.scheduler, self.executor = stage, scheduler, executor
         self.core = EngineCore(scheduler, vocab_size=vocab_size, on_finish=self._forget)
@@ -177,7 +177,7 @@ class HeadDriver:
     def stage_snapshot(self) -> StageSnapshot:
         """Stage 0's part of the node's snapshot, its queue included."""
         queue = QueueSnapshot(len(self.scheduler.waiting), len(self.scheduler.running), self.kv_blocks_used)
-        return stage_snapshot(self.plan, 0, self.stats, self.hops, queue)
+        return stage_snapshot(self.plan, self.stage_index, self.stats, self.hops, queue)
 
     @property
     def kv_blocks_used(self) -> int:

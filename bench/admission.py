@@ -38,6 +38,8 @@ from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from results_file import write_results
+
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus.server import free_port
 from mohawk_common.logging import configure_logging
@@ -263,9 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 floor = run(burst(port, args.clients))
         _report("bare uvloop server, fixed 429 (the floor)", floor)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        figures = {"refused_s": refused, "served_s": served}
-        args.json.write_text(json.dumps(figures, indent=2))
+        write_results(args.json, {"refused_s": refused, "served_s": served}, argv=argv)
     return 0
 
 

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from engine import Stat, machine
 from llama_cpp_batch import LlamaCppBatch
+from results_file import write_results
 from runners import LLAMA_CPP_MISSING, LlamaCppRunner, MohawkRunner, llama_cpp_version
 
 from mohawk_common.chat import encode_chat
@@ -282,8 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "architectures": results,
     }
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        write_results(args.json, figures, table, argv)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text("\n".join(table) + "\n")

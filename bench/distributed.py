@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import dataclasses
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -37,6 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import TOPICS, Stat
+from results_file import write_results
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus import names
@@ -369,14 +369,14 @@ def cluster_bench_main(
             parser.error("this benchmark has no prefix-cache switch")
         form = dataclasses.replace(form, prefix_cache=False)  # type: ignore[type-var]
     results = run(form)
-    print(report(results, form))
+    table = report(results, form)
+    print(table)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         plain = {
             name: {k: (v.__dict__ if isinstance(v, Stat) else v) for k, v in r.items()}
             for name, r in results.items()
         }
-        args.json.write_text(json.dumps({"form": form.__dict__, "results": plain}, indent=2))
+        write_results(args.json, {"form": form.__dict__, "results": plain}, table, argv)
     return 0
 
 

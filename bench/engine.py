@@ -32,6 +32,7 @@ from typing import Any, get_args
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch
+from results_file import write_results
 from runners import (
     LLAMA_CPP_MISSING,
     LlamaCppRunner,
@@ -312,8 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(lines))
     print(json.dumps({"ratios": result["ratios"], "best_ratios": result["best_ratios"]}))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+        write_results(args.json, result, lines, argv)
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import Stat
+from results_file import write_results
 
 from mohawk_shard.native_caches import NATIVE_CACHE_LIMITS
 
@@ -84,20 +85,23 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, (bounded, padded) in SETUPS.items():
             results[name].append(run_one(bounded, padded, args.steps, args.threads))
-    if args.json is not None:
-        args.json.write_text(json.dumps({"limits": NATIVE_CACHE_LIMITS, "runs": results}, indent=2) + "\n")
     baseline = results[next(iter(SETUPS))]
     if not baseline[0]["native_bf16"]:
         print("this CPU has no native bf16 matmul: the dense path (and oneDNN's caches) never runs")
     limits = ", ".join(f"{k}={v}" for k, v in NATIVE_CACHE_LIMITS.items())
     setup = f"{args.steps} steps of 96–512 rows, {args.threads} threads, {args.rounds} rounds"
-    print(f"{setup}; bounds: {limits}")
-    print("| setup | time, s | time vs defaults | RSS grown, MiB |")
-    print("|---|---|---|---|")
+    lines = [
+        f"{setup}; bounds: {limits}",
+        "| setup | time, s | time vs defaults | RSS grown, MiB |",
+        "|---|---|---|---|",
+    ]
     for name, runs in results.items():
         ratios = Stat.of([r["seconds"] / b["seconds"] for r, b in zip(runs, baseline, strict=True)])
         seconds, rss = Stat.of([r["seconds"] for r in runs]), Stat.of([r["rss_mib"] for r in runs])
-        print(f"| {name} | {seconds:.2f} | {ratios:.2f} | {rss:.0f} |")
+        lines.append(f"| {name} | {seconds:.2f} | {ratios:.2f} | {rss:.0f} |")
+    print("\n".join(lines))
+    if args.json is not None:
+        write_results(args.json, {"limits": NATIVE_CACHE_LIMITS, "runs": results}, lines)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ picks the setups (4 needs 4 spare cores).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from distributed import ClusterSetup, questions
 from engine import Stat
+from results_file import write_results
 
 from mohawk_common.bus.pipelines import pipelines
 from mohawk_common.logging import configure_logging
@@ -100,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     form = FULL if args.full else SHORT
     counts = [int(part) for part in args.replicas.split(",")]
     results = run(form, counts)
-    print(report(results, form))
+    table = report(results, form)
+    print(table)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         plain = {name: {k: getattr(v, "__dict__", v) for k, v in r.items()} for name, r in results.items()}
-        args.json.write_text(json.dumps({"form": form.__dict__, "results": plain}, indent=2))
+        write_results(args.json, {"form": form.__dict__, "results": plain}, table, argv)
     return 0
 
 

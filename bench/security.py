@@ -20,7 +20,6 @@ Figures are medians (min–max). `python bench/security.py` runs the short form 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from distributed import ClusterSetup, questions
 from engine import Stat
+from results_file import write_results
 
 from mohawk_common.bus.requests import new_token_key, open_request, seal_request
 from mohawk_common.bus.security import Security
@@ -183,15 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mohawk-pki-") as pki:
         micro_results = micro(form, Path(pki))
     e2e = end_to_end(form)
-    print(report(micro_results, e2e, form))
+    table = report(micro_results, e2e, form)
+    print(table)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         plain: dict[str, Any] = {
             "form": form.__dict__,
             "micro_ms": {k: v.__dict__ for k, v in micro_results.items()},
             "end_to_end_tps": {k: v.__dict__ for k, v in e2e.items()},
         }
-        args.json.write_text(json.dumps(plain, indent=2))
+        write_results(args.json, plain, table, argv)
     return 0
 
 

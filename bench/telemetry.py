@@ -15,7 +15,6 @@ adds a third kind: telemetry on and every gateway and shard node exporting its s
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from distributed import ClusterSetup, questions
 from engine import Stat
+from results_file import write_results
 
 from mohawk_common.logging import configure_logging
 
@@ -186,30 +186,29 @@ def main(argv: list[str] | None = None) -> int:
         form = Form(rounds=args.rounds, repeats=form.repeats, tokens=form.tokens)
     result = run(form, args.traces)
     runs = form.rounds * form.repeats
-    print(
+    lines = [
         f"{form.num_concurrent} streams × {form.tokens} tokens, greedy, 3 one-thread nodes; "
-        f"medians (min–max) of {runs} runs"
-    )
-    print()
-    print(f"| telemetry | {form.num_concurrent}-stream aggregate tok/s |")
-    print("|---|---|")
-    print(f"| off (MOHAWK_TELEMETRY=false, no service) | {result['off']} |")
-    print(f"| on (reports, service, a scrape a second) | {result['on']} |")
+        f"medians (min–max) of {runs} runs",
+        "",
+        f"| telemetry | {form.num_concurrent}-stream aggregate tok/s |",
+        "|---|---|",
+        f"| off (MOHAWK_TELEMETRY=false, no service) | {result['off']} |",
+        f"| on (reports, service, a scrape a second) | {result['on']} |",
+    ]
     if args.traces:
-        print(f"| on, and traces exported over OTLP | {result['traces']} |")
-    print()
-    print(f"on / off: {result['ratio']:.3f} (cost {100 * (1 - result['ratio']):.1f}%)")
+        lines.append(f"| on, and traces exported over OTLP | {result['traces']} |")
+    lines += ["", f"on / off: {result['ratio']:.3f} (cost {100 * (1 - result['ratio']):.1f}%)"]
     if args.traces:
         ratio = result["traces_ratio"]
-        print(f"on with traces / off: {ratio:.3f} (cost {100 * (1 - ratio):.1f}%)")
-        print(f"OTLP exports received by the sink: {result['otlp_exports']}")
+        lines.append(f"on with traces / off: {ratio:.3f} (cost {100 * (1 - ratio):.1f}%)")
+        lines.append(f"OTLP exports received by the sink: {result['otlp_exports']}")
     shares = ", ".join(f"{100 * c:.1f}%" for c in SERVICE_CPU)
-    print(f"the telemetry service's own CPU during the load: {shares} of one core (per round)")
+    lines.append(f"the telemetry service's own CPU during the load: {shares} of one core (per round)")
+    print("\n".join(lines))
     result["service_cpu"] = SERVICE_CPU
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         plain = {k: getattr(v, "__dict__", v) for k, v in result.items()}
-        args.json.write_text(json.dumps({"form": form.__dict__, "results": plain}, indent=2))
+        write_results(args.json, {"form": form.__dict__, "results": plain}, lines, argv)
     return 0
 
 

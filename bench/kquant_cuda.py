@@ -28,8 +28,8 @@ stub("mohawk_common", "libs/common/mohawk_common")
 stub("mohawk_common.model_store", "libs/common/mohawk_common/model_store")
 stub("mohawk_shard", "services/shard-node/mohawk_shard")
 stub("mohawk_shard.model", "services/shard-node/mohawk_shard/model")
+from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks  # noqa: E402
 from mohawk_common.model_store.kquants import BLOCK_LAYOUTS  # noqa: E402
-from mohawk_common.model_store.quantized import decode_gguf_blocks  # noqa: E402
 from mohawk_shard.model.groupwise_linear import GroupwiseLinear  # noqa: E402
 from mohawk_shard.model.quantized_layers import Int4Linear  # noqa: E402
 

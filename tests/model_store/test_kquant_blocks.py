@@ -7,8 +7,9 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks
 from mohawk_common.model_store.kquants import BLOCK_LAYOUTS
-from mohawk_common.model_store.quantized import GROUP_SIZES, decode_gguf_blocks
+from mohawk_common.model_store.quantized import GROUP_SIZES
 
 # GGUF type -> byte offsets of its fp16 fields (random bytes there could be inf or NaN)
 _FP16_FIELDS = {

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import open_model
-from mohawk_common.model_store.quantized import decode_gguf_blocks
+from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks
 
 NUM_LAYERS, HIDDEN, INTERMEDIATE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, VOCAB = 2, 64, 96, 4, 2, 16, 128
 Q_ROWS, KV_ROWS = NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM

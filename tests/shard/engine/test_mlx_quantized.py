@@ -13,8 +13,8 @@ import torch
 
 from mohawk_common.chat import encode_chat
 from mohawk_common.model_store import ModelSource, open_model
+from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks
 from mohawk_common.model_store.gguf_source import gguf_tensor_name
-from mohawk_common.model_store.quantized import decode_gguf_blocks
 from mohawk_common.model_store.source import layer_names
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.batch import ForwardBatch

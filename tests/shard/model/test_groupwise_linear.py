@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from mohawk_common.model_store.quantized import GroupQuantized, decode_gguf_blocks, quantize_groupwise
+from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks
+from mohawk_common.model_store.quantized import GroupQuantized, quantize_groupwise
 from mohawk_shard.model import groupwise_linear
 from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear
 from mohawk_shard.model.quantized_layers import Int4Linear

@@ -11,9 +11,10 @@ import numpy as np
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import check_architecture, config_from_hf
+from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks
 from mohawk_common.model_store.gguf_cache import cached_config, cached_tokenizer
 from mohawk_common.model_store.gguf_config import GEMMA_ARCHITECTURES, complete_config
-from mohawk_common.model_store.quantized import DECODABLE_FORMATS, GroupQuantized, decode_gguf_blocks
+from mohawk_common.model_store.quantized import DECODABLE_FORMATS, GroupQuantized
 from mohawk_common.model_store.source import ModelSource, expected_shape, one_line
 
 if TYPE_CHECKING:

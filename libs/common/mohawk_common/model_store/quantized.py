@@ -10,7 +10,8 @@ scales and minimums multiplies by exactly the file's weights. `quantize_groupwis
 form from float weights (min/max per group, as llama.cpp's Q4_1 quantizer does) for checkpoints
 stored in fp16/bf16/fp32, or for tensors a kernel cannot run in their stored format. The 5-bit
 formats and the K-quants (Q4_K, Q5_K, Q6_K) reduce to the same form (`kquants.py`): a Q4_K
-super-block is eight groups of 32 with 4-bit codes, a Q6_K one sixteen groups of 16.
+super-block is eight groups of 32 with 4-bit codes, a Q6_K one sixteen groups of 16. Reading a
+GGUF tensor's blocks into this form, whichever its type, is `gguf_blocks.decode_gguf_blocks`.
 """
 
 from __future__ import annotations
@@ -19,13 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mohawk_common.errors import ModelLoadError
-
 GROUP_SIZE = 32  # weights per block of the 32-weight formats, and the 4-bit kernel's group
-# GGUF type name -> bytes of one 32-weight block
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 FOUR_BIT_FORMATS = frozenset({"Q4_0", "Q4_1", "Q4_K"})  # unsigned 4-bit codes in groups of 32
-# every GGUF type `decode_gguf_blocks` reads, -> its group size
+# every GGUF type `gguf_blocks.decode_gguf_blocks` reads, -> its group size
 GROUP_SIZES = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "Q5_0": 32, "Q5_1": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
 DECODABLE_FORMATS = frozenset(GROUP_SIZES)
 
@@ -109,38 +106,6 @@ def concat_rows(parts: list[GroupQuantized]) -> GroupQuantized:
         "+".join(formats),
         factors,
     )
-
-
-def decode_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> GroupQuantized:
-    """Codes, scales and minimums of a tensor in one of `DECODABLE_FORMATS` from its raw blocks.
-
-    `raw` is the tensor's bytes as [rows, bytes per row]; `shape` its numpy shape [N, K].
-    """
-    from mohawk_common.model_store.kquants import BLOCK_LAYOUTS, decode_5bit_or_kquant
-
-    if type_name not in DECODABLE_FORMATS:
-        raise ModelLoadError(f"no groupwise decoding for GGUF type {type_name}")
-    rows, cols = shape
-    block_weights, block_bytes = BLOCK_LAYOUTS.get(type_name, (GROUP_SIZE, _BLOCK_BYTES.get(type_name, 0)))
-    if cols % block_weights:
-        raise ModelLoadError(f"a {type_name} row of {cols} weights is not whole blocks of {block_weights}")
-    if type_name in BLOCK_LAYOUTS:
-        blocks = np.ascontiguousarray(raw).reshape(rows, cols // block_weights, block_bytes)
-        return decode_5bit_or_kquant(blocks, type_name)
-    blocks = np.ascontiguousarray(raw).reshape(rows, cols // GROUP_SIZE, _BLOCK_BYTES[type_name])
-    scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    if type_name == "Q8_0":
-        codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, cols)
-        return GroupQuantized(codes, scales, None, 8, GROUP_SIZE, type_name)
-    if type_name == "Q4_1":
-        mins = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        packed = blocks[..., 4:]
-    else:
-        mins = -8.0 * scales
-        packed = blocks[..., 2:]
-    # a block's 16 bytes hold weights j (low nibble) and j + 16 (high nibble)
-    codes = np.concatenate((packed & 0x0F, packed >> 4), axis=-1).reshape(rows, cols)
-    return GroupQuantized(codes.astype(np.uint8), scales, mins, 4, GROUP_SIZE, type_name)
 
 
 def quantize_groupwise(weight: np.ndarray, *, bits: int = 4, group_size: int = GROUP_SIZE) -> GroupQuantized:

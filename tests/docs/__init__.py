@@ -1,0 +1,1 @@
+"""Tests of the documentation site's generated parts (docs_hooks/)."""

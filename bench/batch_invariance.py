@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from results_file import write_results
 
 from mohawk_common.chat import encode_chat
 from mohawk_common.model_store import open_model
@@ -160,8 +161,7 @@ def main() -> None:
     figures["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(figures, indent=2))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2))
+        write_results(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 import mohawk_shard.model.blocks as model_blocks
 from mohawk_common.logging import configure_logging
 from mohawk_common.model_store import open_model
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.torch_backend import TorchBackend
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.quantized_layers import Int4Linear
 
 CONTEXT = 200

@@ -16,8 +16,8 @@ import time
 import mlx.core as mx
 
 from mohawk_common.model_store import open_model
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.mlx_backend import MlxBackend
+from mohawk_shard.model.forward_batch import ForwardBatch
 
 BLOCK_SIZE = 16
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."

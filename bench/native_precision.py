@@ -26,11 +26,11 @@ from mohawk_common.chat import encode_chat
 from mohawk_common.logging import configure_logging
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.config import EngineSettings
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.local import build_local_engine
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.quantized_layers import Int4Linear
 
 PROMPTS = [

@@ -11,12 +11,12 @@ from mohawk_common.errors import ConfigError
 from mohawk_common.kv_groups import max_tokens_in, model_kv_groups
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.base import Backend
 from mohawk_shard.config import EngineSettings
+from mohawk_shard.engine.backend import Backend
 from mohawk_shard.engine.block_manager import BlockManager
 from mohawk_shard.engine.llm_engine import LLMEngine
 from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
-from mohawk_shard.stage import Stage
+from mohawk_shard.engine.stage import Stage
 
 log = structlog.get_logger("mohawk.shard")
 

@@ -25,6 +25,7 @@ from mohawk_pqc.kem import CryptographyKem
 from mohawk_proto.v1 import engine_pb2, security_pb2
 from mohawk_shard.backends.torch_backend import tensor_from_bytes, tensor_to_bytes
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.engine.stage import SequenceSpec, SequenceStep, StepBatch
 from mohawk_shard.node.wire import (
     Joining,
     sampling_from_proto,
@@ -32,7 +33,6 @@ from mohawk_shard.node.wire import (
     step_batch_from_proto,
     step_batch_to_proto,
 )
-from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 
 
 def _header(step_id: int) -> security_pb2.FrameHeader:

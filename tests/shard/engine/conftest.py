@@ -12,11 +12,11 @@ import torch
 from mohawk_common.kv_groups import model_kv_groups
 from mohawk_common.model_store import ModelSource, bundled_model_path, open_model
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.base import Backend
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.config import EngineSettings
+from mohawk_shard.engine.backend import Backend
 from mohawk_shard.engine.llm_engine import LLMEngine
 from mohawk_shard.local import build_local_engine, layer_ranges
+from mohawk_shard.model.forward_batch import ForwardBatch
 
 
 @pytest.fixture(scope="session")

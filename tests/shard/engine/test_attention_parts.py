@@ -11,9 +11,9 @@ import torch
 
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.model.attention_metadata import AttentionMetadata, part_groups
+from mohawk_shard.model.forward_batch import ForwardBatch
 
 from .test_architectures import build_tiny
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from mohawk_common.model_store import ModelSource, open_model
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.torch_backend import TorchBackend
+from mohawk_shard.model.forward_batch import ForwardBatch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
 

@@ -12,13 +12,13 @@ import torch
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends import torch_backend as torch_backend_module
-from mohawk_shard.backends.base import Backend
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.torch_backend import TorchBackend
+from mohawk_shard.engine.backend import Backend
 from mohawk_shard.engine.kv_tiers import num_cold_blocks
 from mohawk_shard.engine.llm_engine import LLMEngine
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.attention_metadata import AttentionMetadata, AttentionPart
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.kv_cache import dequantize, quantize_blocks
 
 from .test_architectures import build_tiny

@@ -13,8 +13,8 @@ from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
 from mohawk_shard.engine.sequence import QoS
+from mohawk_shard.engine.stage import StepBatch
 from mohawk_shard.engine.step_time import StepLine, StepTimeModel
-from mohawk_shard.stage import StepBatch
 
 
 class Letters:

@@ -16,7 +16,7 @@ import torch
 from mohawk_common.kv_groups import NULL_BLOCK, model_kv_groups
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.batch import ForwardBatch
+from mohawk_shard.model.forward_batch import ForwardBatch
 
 from . import test_gguf_architectures as gguf
 from . import test_moe_architectures as moe

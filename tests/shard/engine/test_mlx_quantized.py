@@ -17,9 +17,9 @@ from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks
 from mohawk_common.model_store.gguf_source import gguf_tensor_name
 from mohawk_common.model_store.source import layer_names
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.local import layer_ranges
+from mohawk_shard.model.forward_batch import ForwardBatch
 
 from .test_architectures import build_tiny
 

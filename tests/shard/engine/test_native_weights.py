@@ -15,8 +15,8 @@ from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.quantized import quantize_groupwise
 from mohawk_common.model_store.source import weight_names
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.groupwise_linear import GroupwiseLinear
 from mohawk_shard.model.quantized_layers import (
     DENSE_MIN_ROWS,

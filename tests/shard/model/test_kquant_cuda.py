@@ -10,8 +10,8 @@ import torch
 
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.torch_backend import TorchBackend
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear
 from mohawk_shard.model.quantized_layers import Int4Linear
 from tests.shard.model.test_kquant_native import NUM_LAYERS, write_kquant_gguf

@@ -15,9 +15,9 @@ from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.gguf_source import GGUFSource, gguf_tensor_name
 from mohawk_common.model_store.source import expected_shape, weight_names
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.model.footprint import matmul_bytes, stage_weight_bytes, weights_format
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear, SharedTableEmbedding
 from mohawk_shard.model.linear import Linear
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from mohawk_shard.backends.batch import ForwardBatch
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.kv_cache import Int8Store, KVCache, dequantize, quantize_blocks
 from mohawk_shard.model.kv_quant import KVTiers
 

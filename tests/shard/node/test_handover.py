@@ -13,8 +13,8 @@ import torch
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.torch_backend import TorchBackend
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.node import handover
 from mohawk_shard.node.capacity import Capacity, measure_capacity
 from mohawk_shard.node.handover import (

@@ -15,9 +15,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from mohawk_common.tracing import context_from, traceparent_of, tracing_configured
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.engine.stage import SequenceSpec, SequenceStep, StepBatch
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.wire import Joining, step_batch_from_proto, step_batch_to_proto
-from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 
 
 @pytest.fixture

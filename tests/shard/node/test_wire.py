@@ -8,8 +8,8 @@ from mohawk_common.errors import InvalidRequestError
 from mohawk_proto.v1 import bus_pb2, engine_pb2
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.sequence import Priority, QoS
+from mohawk_shard.engine.stage import SequenceSpec, SequenceStep, StepBatch
 from mohawk_shard.node.wire import Joining, qos_from_proto, step_batch_from_proto, step_batch_to_proto
-from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 
 
 def test_a_request_without_fair_share_fields_is_the_anonymous_default() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mohawk_common.errors import ConfigError
 from mohawk_common.model_store import ModelSource
-from mohawk_shard.backends.base import Backend
+from mohawk_shard.engine.backend import Backend
 
 BACKENDS = ("torch", "mlx")
 

@@ -44,7 +44,6 @@ from mohawk_common.kv_groups import group_of_layer, model_kv_groups, page_layers
 from mohawk_common.model_store import ModelSource
 from mohawk_common.model_store.source import LM_HEAD, expected_shape, weight_names
 from mohawk_shard.backends import mlx_models
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.mlx_quant import (
     GROUP_SIZE,
     QuantizedWeight,
@@ -55,6 +54,7 @@ from mohawk_shard.backends.mlx_quant import (
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.weight_formats import weights_dtype
 
 _DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}

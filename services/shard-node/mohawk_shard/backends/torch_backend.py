@@ -16,12 +16,12 @@ import torch
 from mohawk_common.errors import ConfigError
 from mohawk_common.kv_groups import group_of_layer, model_kv_groups, page_layers, tensor_slots
 from mohawk_common.model_store import ModelSource
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
 from mohawk_shard.engine.kv_tiers import KV_CACHE_DTYPES, TierBytes, num_cold_blocks, num_hot_blocks
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.attention_metadata import AttentionMetadata
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.kv_cache import Int8Store, KVCache
 from mohawk_shard.model.kv_quant import KVTiers
 from mohawk_shard.model.quantized_layers import DENSE_MIN_ROWS, dense_rows

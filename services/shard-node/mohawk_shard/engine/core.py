@@ -38,8 +38,8 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from mohawk_shard.engine.sequence import DEFAULT_QOS, QoS
 from mohawk_shard.engine.sequence import Sequence as Seq
+from mohawk_shard.engine.stage import SequenceSpec, SequenceStep, StepBatch
 from mohawk_shard.engine.step_time import StepTimeModel, Throttle
-from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
 
 log = structlog.get_logger("mohawk.shard.engine")
 

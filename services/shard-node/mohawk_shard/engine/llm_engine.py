@@ -25,7 +25,7 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.scheduler import Scheduler
 from mohawk_shard.engine.sequence import Priority, QoS
 from mohawk_shard.engine.sequence import Sequence as Seq
-from mohawk_shard.stage import Stage
+from mohawk_shard.engine.stage import Stage
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.model.fixed_chunk_attention import CHUNK, allowed_keys, key_reach
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.kv_quant import TierPlan
 from mohawk_shard.model.rope import RotaryTable
 

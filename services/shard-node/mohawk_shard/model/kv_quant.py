@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mohawk_shard.backends.batch import ForwardBatch
+from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.kv_cache import Int8Store, KVCache, dequantize, quantize_blocks
 
 ColdRule = Callable[[int, int], int]  # (context_len, block_size) -> how many leading blocks are int8

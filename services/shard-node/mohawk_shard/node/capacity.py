@@ -25,9 +25,9 @@ from mohawk_common.model_store import ModelSource
 from mohawk_common.model_store.config import ModelConfig
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.base import Backend
-from mohawk_shard.backends.batch import ForwardBatch
+from mohawk_shard.engine.backend import Backend
 from mohawk_shard.model.footprint import compute_dtype, stage_weight_bytes, weights_format
+from mohawk_shard.model.forward_batch import ForwardBatch
 
 _MEMORY_SHARE = 0.8
 _RUNS = 12

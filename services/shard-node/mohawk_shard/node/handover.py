@@ -26,7 +26,7 @@ import copy
 from dataclasses import dataclass
 
 from mohawk_proto.v1 import bus_pb2
-from mohawk_shard.backends.base import Backend
+from mohawk_shard.engine.backend import Backend
 from mohawk_shard.node.capacity import Capacity
 
 FREE_MEMORY_SHARE = 0.9  # of the host's available memory a second stage may take

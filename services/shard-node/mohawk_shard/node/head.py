@@ -68,6 +68,7 @@ from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.core import EngineCore
 from mohawk_shard.engine.scheduler import Scheduler
 from mohawk_shard.engine.sequence import Sequence as Seq
+from mohawk_shard.engine.stage import Stage, StepBatch
 from mohawk_shard.node.gateways import ORPHAN_CHECK_S, GatewayPresence
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
@@ -78,7 +79,6 @@ from mohawk_shard.node.step_deadlines import StepDeadlines
 from mohawk_shard.node.tokens import TokenPublisher, event_box, publish_error
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.wire import Joining, qos_from_proto, sampling_from_proto, step_batch_to_proto
-from mohawk_shard.stage import Stage, StepBatch
 
 log = structlog.get_logger("mohawk.shard.head")
 

@@ -16,13 +16,13 @@ from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.block_manager import BlockManager
 from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
+from mohawk_shard.engine.stage import Stage
 from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.head import HeadDriver
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.worker import StageWorker
-from mohawk_shard.stage import Stage
 
 if TYPE_CHECKING:  # the node's bus path loads no transformers (tests/shard/node/test_node_imports.py)
     from transformers import PreTrainedTokenizerBase

@@ -49,7 +49,8 @@ from mohawk_common.telemetry import STEP
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import make_backend
-from mohawk_shard.backends.base import Backend
+from mohawk_shard.engine.backend import Backend
+from mohawk_shard.engine.stage import Stage
 from mohawk_shard.node.capacity import Capacity, measure_capacity
 from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.handover import room_for_both, serving_footprint, share_weights, stage_footprint
@@ -59,7 +60,6 @@ from mohawk_shard.node.roles import make_role
 from mohawk_shard.node.snapshot import NodeSnapshot
 from mohawk_shard.node.step_stats import StepWindow, TimedExecutor, step_report
 from mohawk_shard.node.worker import StageWorker
-from mohawk_shard.stage import Stage
 
 log = structlog.get_logger("mohawk.shard")
 

@@ -25,8 +25,8 @@ from mohawk_proto.v1 import bus_pb2, engine_pb2
 from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.request_output import RequestOutput
+from mohawk_shard.engine.stage import StageOutput, StepBatch
 from mohawk_shard.node.wire import Joining
-from mohawk_shard.stage import StageOutput, StepBatch
 
 
 def token_event(event: RequestOutput) -> engine_pb2.TokenEvent:

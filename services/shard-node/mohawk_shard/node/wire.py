@@ -11,7 +11,7 @@ from typing import NamedTuple
 from mohawk_proto.v1 import bus_pb2, engine_pb2
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.sequence import Priority, QoS
-from mohawk_shard.stage import SequenceSpec, SequenceStep, StepBatch
+from mohawk_shard.engine.stage import SequenceSpec, SequenceStep, StepBatch
 
 
 class Joining(NamedTuple):

@@ -31,13 +31,13 @@ from mohawk_common.bus.frames import KIND_FAILED, FrameError, read_activation_pa
 from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
+from mohawk_shard.engine.stage import Stage, StageOutput, StepBatch
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.snapshot import StageSnapshot, StepStats, stage_snapshot
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.wire import Joining, step_batch_from_proto
-from mohawk_shard.stage import Stage, StageOutput, StepBatch
 
 log = structlog.get_logger("mohawk.shard.worker")
 

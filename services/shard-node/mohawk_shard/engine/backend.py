@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from mohawk_shard.backends.batch import ForwardBatch
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.model.forward_batch import ForwardBatch
 
 
 class Backend(Protocol):

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mohawk_shard.backends.base import Backend
-from mohawk_shard.backends.batch import ForwardBatch
+from mohawk_shard.engine.backend import Backend
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.model.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True, slots=True)

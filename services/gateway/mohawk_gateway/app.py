@@ -19,12 +19,12 @@ from mohawk_gateway.api.errors import install_error_handlers
 from mohawk_gateway.api.routes import chat, completions, health, metrics, models, sessions
 from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
-from mohawk_gateway.handlers import Gateway
 from mohawk_gateway.idle_memory import give_back_memory_when_idle
 from mohawk_gateway.metrics import GatewayMetrics
 from mohawk_gateway.middleware import AdmissionMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from mohawk_gateway.request_trace import TraceContextMiddleware
 from mohawk_gateway.sessions import Sessions
+from mohawk_gateway.shared_state import Gateway
 from mohawk_gateway.tokenizer import PromptCodec, Tokenizer, load_tokenizer
 
 log = structlog.get_logger("mohawk.gateway")

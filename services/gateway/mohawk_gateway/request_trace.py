@@ -4,8 +4,9 @@ The request span opens when the request arrives (the child of the client's own `
 header, if it sent one: `TraceContextMiddleware` keeps it for the request's task) and its
 traceparent goes to stage 0 inside the sealed request. The token span opens when the first token
 event arrives, as the child of the last stage's span that the event names, and collects the hop
-of every event (the last stage's `sent_at` to the gateway reading it). Both end in
-`Generation.close`. With tracing off neither is made and every call returns at once.
+of every event (the last stage's `sent_at` to the gateway reading it). Both end when the
+generation closes (generation_observers.py). With tracing off neither is made and every call
+returns at once.
 """
 
 from __future__ import annotations

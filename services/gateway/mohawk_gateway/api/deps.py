@@ -7,8 +7,8 @@ from typing import Annotated, cast
 from fastapi import Depends, Request
 
 from mohawk_common.tenancy import Tenant
-from mohawk_gateway.handlers import Gateway
 from mohawk_gateway.sessions import Sessions
+from mohawk_gateway.shared_state import Gateway
 
 
 async def get_gateway(request: Request) -> Gateway:

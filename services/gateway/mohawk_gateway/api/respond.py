@@ -8,11 +8,9 @@ gateway waits is noticed at once, and its request cancelled.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
-import anyio
-import jinja2
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
@@ -20,12 +18,10 @@ from starlette.types import Receive
 
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_gateway.api.errors import ClientDisconnected
-from mohawk_gateway.errors import invalid
-from mohawk_gateway.handlers import Gateway, Generation, Submission
-from mohawk_gateway.render.chat import ChatRenderer
-from mohawk_gateway.render.common import now
+from mohawk_gateway.generation import Generation
+from mohawk_gateway.shared_state import Gateway
 from mohawk_gateway.sse import EventStreamResponse, sse_lines
-from mohawk_gateway.tokenizer import PromptCodec
+from mohawk_gateway.submission import Submission
 from mohawk_proto.v1 import engine_pb2
 
 T = TypeVar("T")
@@ -40,7 +36,8 @@ class Renderer(Protocol):
 async def respond(
     request: Request, gateway: Gateway, submission: Submission, renderer: Renderer, *, stream: bool
 ) -> Response:
-    generation = await gateway.start(submission)
+    """Start the generation `submission` asks for and answer with it."""
+    generation = await Generation.start(gateway, submission)
     return await answer(request, generation, renderer, stream=stream, close=generation.close)
 
 
@@ -99,48 +96,3 @@ async def until_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
 async def _wait_for_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def encode_in_thread(
-    gateway: Gateway, encode: Callable[[T], list[int]], prompt: T, param: str
-) -> list[int]:
-    """Tokenize off the event loop, in a few threads, once there is room for the request (else 429 at
-    once); 400 if it comes out empty."""
-    with gateway.admission.tokenizing():
-        token_ids = await anyio.to_thread.run_sync(encode, prompt, limiter=gateway.tokenize_limiter)
-    gateway.metrics.prompts_tokenized.inc()
-    if not token_ids:
-        raise invalid("the prompt is empty after tokenization", param)
-    return token_ids
-
-
-async def encode_chat_in_thread(
-    gateway: Gateway, codec: PromptCodec, messages: Sequence[Mapping[str, str]], param: str
-) -> list[int]:
-    """A chat through the model's chat template and tokenizer (`encode_in_thread`); 400 naming
-    `param` when the template refuses it."""
-    try:
-        return await encode_in_thread(gateway, codec.encode_chat, messages, param)
-    except jinja2.TemplateError as exc:
-        raise invalid(f"the model's chat template refused the {param}: {exc}", param) from exc
-
-
-def chat_renderer(
-    gateway: Gateway,
-    codec: PromptCodec,
-    request_id: str,
-    prompt: Sequence[int],
-    *,
-    logprobs: bool,
-    include_usage: bool,
-) -> ChatRenderer:
-    """The renderer of a chat completion answered now for `prompt`."""
-    return ChatRenderer(
-        codec,
-        request_id=request_id,
-        model=gateway.model_name,
-        created=now(),
-        num_prompt_tokens=len(prompt),
-        logprobs=logprobs,
-        include_usage=include_usage,
-    )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from mohawk_gateway.handlers import Generation
-from mohawk_gateway.render.common import usage_of
+from mohawk_gateway.generation import Generation
+from mohawk_gateway.render.common import now, usage_of
 from mohawk_gateway.schemas.chat import (
     ChatChoicePublic,
     ChatChunkChoicePublic,
@@ -106,3 +106,24 @@ class ChatRenderer:
     def _top(self, top: engine_pb2.TopLogprob) -> TopLogprobPublic:
         token = self.codec.token_text(top.token_id)
         return TopLogprobPublic(token=token, logprob=top.logprob, bytes=list(token.encode()))
+
+
+def chat_renderer(
+    codec: PromptCodec,
+    request_id: str,
+    model: str,
+    prompt: Sequence[int],
+    *,
+    logprobs: bool,
+    include_usage: bool,
+) -> ChatRenderer:
+    """The renderer of a chat completion answered now for `prompt`."""
+    return ChatRenderer(
+        codec,
+        request_id=request_id,
+        model=model,
+        created=now(),
+        num_prompt_tokens=len(prompt),
+        logprobs=logprobs,
+        include_usage=include_usage,
+    )

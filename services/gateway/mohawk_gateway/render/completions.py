@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from mohawk_gateway.handlers import Generation
+from mohawk_gateway.generation import Generation
 from mohawk_gateway.render.common import usage_of
 from mohawk_gateway.schemas.common import UsagePublic
 from mohawk_gateway.schemas.completions import (

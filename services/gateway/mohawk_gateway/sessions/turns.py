@@ -23,15 +23,16 @@ import structlog
 
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_common.tenancy import Tenant
-from mohawk_gateway.api.respond import chat_renderer, encode_chat_in_thread
 from mohawk_gateway.errors import GatewayError, invalid
-from mohawk_gateway.handlers import Gateway, Generation, Submission
-from mohawk_gateway.render.chat import ChatRenderer
+from mohawk_gateway.generation import Generation
+from mohawk_gateway.render.chat import ChatRenderer, chat_renderer
 from mohawk_gateway.render.common import new_request_id, now
 from mohawk_gateway.sampling import build_sampling
 from mohawk_gateway.schemas.sessions import SessionInfer
 from mohawk_gateway.sessions.state import RequestRecord, SessionState, TurnSamples
 from mohawk_gateway.sessions.store import SessionStore
+from mohawk_gateway.shared_state import Gateway
+from mohawk_gateway.submission import Submission
 
 log = structlog.get_logger("mohawk.gateway")
 
@@ -58,7 +59,8 @@ class Turn:
         try:
             await generation.close()
             if generation.finished and not generation.failed:
-                self.state.record(self.user_input, "".join(generation.texts), samples_of(generation))
+                answer = "".join(generation.record.texts)
+                self.state.record(self.user_input, answer, samples_of(generation))
                 if not await self.store.save(self.state):
                     log.info("session deleted during its turn", session_id=self.state.id)
         finally:
@@ -66,17 +68,17 @@ class Turn:
 
 
 def samples_of(generation: Generation) -> TurnSamples:
-    times = generation.token_times
-    arrived = generation.arrived
+    record = generation.record
+    times, arrived = record.token_times, record.arrived
     return TurnSamples(
-        prompt_tokens=len(generation.submission.prompt_token_ids),
-        completion_tokens=generation.num_tokens,
-        cached_tokens=generation.num_cached_tokens,
+        prompt_tokens=generation.submission.num_prompt_tokens,
+        completion_tokens=record.num_tokens,
+        cached_tokens=record.num_cached_tokens,
         ttft_s=times[0] - arrived if times else 0.0,
         itl_s=[later - earlier for earlier, later in itertools.pairwise(times)],
         duration_s=(times[-1] if times else asyncio.get_running_loop().time()) - arrived,
-        batch_sizes=generation.batch_sizes,
-        budget_missed=generation.num_budget_missed,
+        batch_sizes=record.batch_sizes,
+        budget_missed=record.num_budget_missed,
     )
 
 
@@ -90,11 +92,11 @@ async def start_turn(
     try:
         codec = gateway.ready_codec()
         messages = state.conversation(body.input)
-        prompt = await encode_chat_in_thread(gateway, codec, messages, "input")
+        prompt = await gateway.encode_chat(codec, messages, "input")
         limits = [n for n in (body.token_limit, state.qos.max_tokens_per_turn) if n is not None]
         sampling = build_sampling(body, max_tokens=min(limits) if limits else None, logprobs=None)
         renderer = chat_renderer(
-            gateway, codec, request_id, prompt, logprobs=False, include_usage=body.include_usage
+            codec, request_id, gateway.model_name, prompt, logprobs=False, include_usage=body.include_usage
         )
         submission = Submission(
             request_id,
@@ -108,7 +110,7 @@ async def start_turn(
             latency_budget_ms=state.qos.latency_budget_ms or 0.0,
             sticky=state.routing.affinity,
         )
-        generation = await gateway.start(submission)
+        generation = await Generation.start(gateway, submission)
     except BaseException:
         await store.unlock_turn(state.id, request_id)
         raise

@@ -6,12 +6,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from mohawk_gateway.api.deps import GatewayDep, TenantDep
-from mohawk_gateway.api.respond import chat_renderer, encode_chat_in_thread, respond
-from mohawk_gateway.handlers import Submission
+from mohawk_gateway.api.respond import respond
+from mohawk_gateway.render.chat import chat_renderer
 from mohawk_gateway.render.common import new_request_id
 from mohawk_gateway.routing import chat_affinity_key
 from mohawk_gateway.sampling import build_sampling
 from mohawk_gateway.schemas.chat import ChatCompletionCreate
+from mohawk_gateway.submission import Submission
 
 router = APIRouter(tags=["chat"])
 
@@ -20,14 +21,18 @@ router = APIRouter(tags=["chat"])
 async def create_chat_completion(
     body: ChatCompletionCreate, request: Request, gateway: GatewayDep, tenant: TenantDep
 ) -> Response:
-    gateway.check_model(body.model)
-    codec = gateway.ready_codec()
+    codec = gateway.ready_codec(body.model)
     messages = [message.for_template() for message in body.messages]
-    prompt = await encode_chat_in_thread(gateway, codec, messages, "messages")
+    prompt = await gateway.encode_chat(codec, messages, "messages")
     sampling = build_sampling(body, max_tokens=body.token_limit, logprobs=body.num_logprobs)
     request_id = new_request_id("chatcmpl")
     renderer = chat_renderer(
-        gateway, codec, request_id, prompt, logprobs=bool(body.logprobs), include_usage=body.include_usage
+        codec,
+        request_id,
+        gateway.model_name,
+        prompt,
+        logprobs=bool(body.logprobs),
+        include_usage=body.include_usage,
     )
     key = chat_affinity_key(messages)
     submission = Submission(request_id, "chat", prompt, sampling, "messages", key, tenant=tenant)

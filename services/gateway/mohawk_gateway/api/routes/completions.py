@@ -6,14 +6,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from mohawk_gateway.api.deps import GatewayDep, TenantDep
-from mohawk_gateway.api.respond import encode_in_thread, respond
+from mohawk_gateway.api.respond import respond
 from mohawk_gateway.errors import invalid
-from mohawk_gateway.handlers import Submission
 from mohawk_gateway.render.common import new_request_id, now
 from mohawk_gateway.render.completions import CompletionRenderer
 from mohawk_gateway.routing import prompt_affinity_key
 from mohawk_gateway.sampling import build_sampling
 from mohawk_gateway.schemas.completions import CompletionCreate
+from mohawk_gateway.submission import Submission
 
 router = APIRouter(tags=["completions"])
 
@@ -22,10 +22,9 @@ router = APIRouter(tags=["completions"])
 async def create_completion(
     body: CompletionCreate, request: Request, gateway: GatewayDep, tenant: TenantDep
 ) -> Response:
-    gateway.check_model(body.model)
-    codec = gateway.ready_codec()
+    codec = gateway.ready_codec(body.model)
     if isinstance(body.prompt, str):
-        prompt = await encode_in_thread(gateway, codec.encode_text, body.prompt, "prompt")
+        prompt = await gateway.encode(codec.encode_text, body.prompt, "prompt")
     else:
         prompt = list(body.prompt)
         outside = [t for t in prompt if t >= codec.vocab_size]

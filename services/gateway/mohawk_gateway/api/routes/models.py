@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from mohawk_gateway.api.deps import GatewayDep
-from mohawk_gateway.handlers import Gateway
 from mohawk_gateway.schemas.common import ModelListPublic, ModelPublic
+from mohawk_gateway.shared_state import Gateway
 
 router = APIRouter(tags=["models"])
 

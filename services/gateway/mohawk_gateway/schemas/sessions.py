@@ -1,13 +1,32 @@
-"""Bodies of the sessions API: `SessionCreate` and `SessionInfer` in, records out."""
+"""Bodies of the sessions API: `SessionCreate` (with the session's QoS and routing hints) and
+`SessionInfer` in, records out."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from mohawk_gateway.schemas.common import INT32_MAX, RequestModel, SamplingFields
-from mohawk_gateway.sessions.state import SessionQoS, SessionRouting
 
 MAX_SYSTEM_PROMPT_CHARS = 1 << 20
+
+
+class SessionQoS(RequestModel):
+    """Quality of service a session asks for; every field optional."""
+
+    priority: Literal["high", "normal", "low"] | None = None  # None: the tenant's own
+    latency_budget_ms: float | None = Field(default=None, gt=0, le=600_000)  # target time per output token
+    max_tokens_per_turn: int | None = Field(default=None, ge=1, le=INT32_MAX)  # caps each turn's max_tokens
+    max_turns: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_total_tokens: int | None = Field(default=None, ge=1, le=2**62)  # prompt + completion, all turns
+
+
+class SessionRouting(RequestModel):
+    """Routing hints: `affinity` keeps every turn on the pipeline that holds the session's KV prefix
+    (prefix-affinity routing on the session, whatever the gateway's routing)."""
+
+    affinity: bool = True
 
 
 class SessionCreate(RequestModel):

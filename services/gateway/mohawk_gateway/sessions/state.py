@@ -1,4 +1,5 @@
-"""What a session is: its QoS, routing hints, history and recorded samples, as kept in Redis."""
+"""What a session is: its QoS and routing hints (as the client gave them, schemas/sessions.py),
+its history and its recorded samples, as kept in Redis."""
 
 from __future__ import annotations
 
@@ -8,26 +9,9 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, Field
 
-from mohawk_gateway.schemas.common import INT32_MAX, RequestModel
+from mohawk_gateway.schemas.sessions import SessionQoS, SessionRouting
 
 MAX_SAMPLES = 4096  # latency samples kept per kind: the most recent ones
-
-
-class SessionQoS(RequestModel):
-    """Quality of service a session asks for; every field optional."""
-
-    priority: Literal["high", "normal", "low"] | None = None  # None: the tenant's own
-    latency_budget_ms: float | None = Field(default=None, gt=0, le=600_000)  # target time per output token
-    max_tokens_per_turn: int | None = Field(default=None, ge=1, le=INT32_MAX)  # caps each turn's max_tokens
-    max_turns: int | None = Field(default=None, ge=1, le=INT32_MAX)
-    max_total_tokens: int | None = Field(default=None, ge=1, le=2**62)  # prompt + completion, all turns
-
-
-class SessionRouting(RequestModel):
-    """Routing hints: `affinity` keeps every turn on the pipeline that holds the session's KV prefix
-    (prefix-affinity routing on the session, whatever the gateway's routing)."""
-
-    affinity: bool = True
 
 
 class TurnSamples(BaseModel):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel
 
-from mohawk_gateway.sessions.state import SessionQoS, SessionRouting, SessionState
+from mohawk_gateway.schemas.sessions import SessionQoS, SessionRouting
+from mohawk_gateway.sessions.state import SessionState
 
 PERCENTILES = (50, 95, 99)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -101,6 +101,21 @@ class MohawkSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, YamlSectionSource(cls)
+
+
+class KVBlockSettings(MohawkSettings):
+    """The KV block size, one field for every process that must agree on it: the coordinator plans
+    blocks of this many tokens (its plans carry it, and nodes size their caches from the plan), a
+    shard node measures its KV bytes per block with it for its heartbeat, and the in-process engine
+    sizes its cache by it. The bus settings and the shard engine's settings both take it from here."""
+
+    block_size: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="tokens per KV block: the coordinator plans with it (the plan carries it to every "
+        "stage) and nodes measure their KV bytes per block with it, so set it alike for both",
+    )
 
 
 S = TypeVar("S", bound=MohawkSettings)

@@ -27,7 +27,6 @@ class CoordinatorSettings(BusSettings):
     replicas: Replicas = Field(
         1, description="pipelines to form: a number, or auto (as many as the nodes hold); see replicas.py"
     )
-    block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block (every stage uses it)")
     max_model_len: int | None = Field(None, ge=2, description="context cap; none = the model's and KV's")
     plan_settle_s: float = Field(
         1.5, ge=0, description="re-plan once the set of live nodes has been unchanged this long"

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal, get_args
 
 from pydantic import Field
 
-from mohawk_common.settings import MohawkSettings
+from mohawk_common.settings import KVBlockSettings
 
 WeightsMode = Literal["native", "int4", "bf16", "fp32"]
 KVCacheDtype = Literal["auto", "int8"]
@@ -27,7 +27,7 @@ def add_format_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class EngineSettings(MohawkSettings):
+class EngineSettings(KVBlockSettings):
     yaml_section: ClassVar[str] = "shard"
 
     model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")
@@ -38,7 +38,6 @@ class EngineSettings(MohawkSettings):
         description="native: run the file's quantized tensors as stored (GGUF Q4_0/Q4_1/Q8_0); int4: "
         "quantize linear weights groupwise to 4 bits at load; bf16/fp32: dequantize to that dtype",
     )
-    block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block")
     num_kv_blocks: int | None = Field(None, ge=1, description="KV blocks; none = from kv_cache_memory_mb")
     kv_cache_memory_mb: int | None = Field(
         None, ge=1, description="KV budget; none = 1024 on CPU, 60% free on CUDA"

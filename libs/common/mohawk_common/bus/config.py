@@ -7,12 +7,12 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from mohawk_common.bus.setup import NODE_TTL_S, BusLimits
-from mohawk_common.settings import MohawkSettings
+from mohawk_common.settings import KVBlockSettings
 
 BUNDLED_MODEL_NAME = "smollm2-135m-instruct"
 
 
-class BusSettings(MohawkSettings):
+class BusSettings(KVBlockSettings):
     nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated")
     nats_creds: Path | None = Field(
         None,

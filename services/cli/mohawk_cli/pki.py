@@ -1,17 +1,20 @@
-"""`mohawk pki init|issue|revoke|rotate-seal|show|nats-auth`: the operator's PKI on disk, its
-revocation list and sealing keys on the bus, and the bus's own users.
+"""`mohawk pki init|issue|revoke|rotate-seal|show|nats-auth|nats-tls|compose-bundles`: the command
+line of the operator's PKI on disk, its revocation list and sealing keys on the bus, and the bus's
+own users.
 
 Everything lives under one directory (default `.mohawk/pki`, laid out as `mohawk_pqc.pki_files`
 describes): the root, the newest signed revocation list, and one bundle per node under `nodes/`,
-which is what that node's service loads. `revoke --nats-url` also puts the new list into the PKI
-bucket, where running services pick it up (as NATS's admin user, `--creds`, where NATS has users),
-and rotates the request-sealing key of every model a revoked shard held (`rotate-seal` does that
-alone): the new key goes to the model's other shard nodes in a root-signed record on the same bucket.
-`nats-auth DIR` makes one NATS user per role (`mohawk_common.bus.nats_auth`): the server's include
-file and each role's credential, kept on later runs. `compose-bundles DIR --model M` issues what one
-Compose host needs (`mohawk_cli.compose_bundles`): a bundle and a NATS credential per service and
-the server's users, nothing of the root's private key. Operator mistakes (no root yet, a missing or foreign
-file, a bad flag) end as one line on stderr and exit status 2.
+which is what that node's service loads; `show` lists it (`mohawk_cli.pki_listing`). `revoke
+--nats-url` also puts the new list into the PKI bucket, where running services pick it up (as
+NATS's admin user, `--creds`, where NATS has users), and rotates the request-sealing key of every
+model a revoked shard held (`rotate-seal` does that alone): the new key goes to the model's other
+shard nodes in a root-signed record on the same bucket (`mohawk_cli.pki_publish`). `nats-auth DIR`
+makes one NATS user per role (`mohawk_common.bus.nats_auth`): the server's include file and each
+role's credential, kept on later runs. `compose-bundles DIR --model M` issues what one Compose host
+needs (`mohawk_cli.compose_bundles`): a bundle and a NATS credential per service and the server's
+users, nothing of the root's private key. This module parses the flags and prints; operator
+mistakes (no root yet, a missing or foreign file, a bad flag) end as one line on stderr and exit
+status 2.
 """
 
 from __future__ import annotations
@@ -21,47 +24,31 @@ import asyncio
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
-
-from google.protobuf.message import Message
-from nats.aio.client import Client as NATS
-from nats.errors import Error as NatsError
-from nats.js.errors import KeyNotFoundError
-from nats.js.kv import KeyValue
 
 from mohawk_cli.compose_bundles import SERVICES, write_compose_bundles
+from mohawk_cli.pki_listing import fingerprint, issued_serials, listing
+from mohawk_cli.pki_publish import revoke_and_publish, rotate_and_publish
 from mohawk_common.bus import names
 from mohawk_common.bus.config import BusSettings
-from mohawk_common.bus.connect import connect_or_give_up
 from mohawk_common.bus.nats_auth import ROLES, init_auth
 from mohawk_common.bus.nats_tls import CONTAINER_DIR, LOCAL_HOSTS, init_ca, issue_server, write_servers
-from mohawk_common.bus.setup import BusLimits, ensure_buckets
 from mohawk_common.errors import MohawkError
-from mohawk_common.logging import configure_logging, redact_url
+from mohawk_common.logging import configure_logging
 from mohawk_common.settings import load_settings
-from mohawk_pqc.certificates import Root, TrustStore
-from mohawk_pqc.errors import AuthenticationError, PkiError
-from mohawk_pqc.kem import CryptographyKem
+from mohawk_pqc.errors import PkiError
 from mohawk_pqc.pki_files import (
     describe,
     init_pki,
     issue_node,
     load_root_key,
-    models_held_by,
     read_message,
     revoke,
-    rotate_seal_key,
     seal_models,
-    seal_record_number,
 )
 from mohawk_proto.v1 import security_pb2
 
-M = TypeVar("M", bound=Message)
-
 DEFAULT_PKI_DIR = ".mohawk/pki"
 NODE_ROLES = ("shard", "gateway", "coordinator")
-FINGERPRINT_BYTES = 16
-CONNECT_DEADLINE_S = 4.0  # nats-py retries an unreachable server for a long time; give up after this
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -217,7 +204,7 @@ def _compose_bundles(args: argparse.Namespace) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     root = init_pki(args.pki_dir, force=args.force)
-    print(root.issuer[:FINGERPRINT_BYTES].hex())
+    print(fingerprint(root.issuer))
     print(f"mohawk pki: new root in {args.pki_dir}; keep root.key offline", file=sys.stderr)
     return 0
 
@@ -231,7 +218,7 @@ def _issue(args: argparse.Namespace) -> int:
 
 def _revoke(args: argparse.Namespace) -> int:
     load_root_key(args.pki_dir)  # no root: say so before anything about serials
-    unknown = sorted(set(args.serial) - _issued_serials(args.pki_dir))
+    unknown = sorted(set(args.serial) - issued_serials(args.pki_dir))
     if unknown:
         raise PkiError(f"{args.pki_dir} never issued serial(s) {', '.join(map(str, unknown))}")
     if args.nats_url is None:
@@ -250,31 +237,6 @@ def _revoke(args: argparse.Namespace) -> int:
         print(f"mohawk pki: published to {names.PKI_BUCKET}/{names.CRL_KEY}", file=sys.stderr)
     print(security_pb2.RevocationListBody.FromString(crl.body).number)
     return 0
-
-
-async def revoke_and_publish(
-    pki: Path, serials: list[int], servers: list[str], limits: BusLimits, *, creds: Path | None = None
-) -> security_pb2.RevocationList:
-    """Sign the next revocation list and put it into the PKI bucket (created if absent), then rotate
-    the sealing key of every model a revoked certificate held (`models_held_by`), leaving it out.
-
-    NATS and its bucket are reached first, so when they cannot be (ConnectionError) nothing
-    changes on disk either.
-    """
-    nc = await connect_or_give_up(servers, name="mohawk-pki", deadline_s=CONNECT_DEADLINE_S, creds=creds)
-    try:
-        bucket = await _pki_bucket(nc, servers, limits)
-        crl = revoke(pki, serials)
-        try:
-            await bucket.put(names.CRL_KEY, crl.SerializeToString(deterministic=True))
-        except NatsError as exc:
-            raise PkiError(
-                f"{pki / 'crl'} is written but NATS refused it ({exc!r}); revoke again to publish"
-            ) from exc
-        await _rotate_seal_keys(bucket, pki, models_held_by(pki, serials))
-        return crl
-    finally:
-        await nc.close()
 
 
 def _rotate_seal(args: argparse.Namespace) -> int:
@@ -299,59 +261,6 @@ def _rotate_seal(args: argparse.Namespace) -> int:
     return 0
 
 
-async def rotate_and_publish(
-    pki: Path, models: list[str], servers: list[str], limits: BusLimits, *, creds: Path | None = None
-) -> list[security_pb2.SealKeyRecord]:
-    """A new request-sealing key for each of `models`, its record put into the PKI bucket."""
-    nc = await connect_or_give_up(servers, name="mohawk-pki", deadline_s=CONNECT_DEADLINE_S, creds=creds)
-    try:
-        return await _rotate_seal_keys(await _pki_bucket(nc, servers, limits), pki, models)
-    finally:
-        await nc.close()
-
-
-async def _rotate_seal_keys(
-    bucket: KeyValue, pki: Path, models: list[str]
-) -> list[security_pb2.SealKeyRecord]:
-    """Rotate each model's key on disk and publish its record, numbered past both the record on disk
-    and the one on the bus."""
-    records = []
-    for model in models:
-        key = names.seal_key_record_key(model)
-        number = max(seal_record_number(pki, model), await _published_number(bucket, key)) + 1
-        record = rotate_seal_key(pki, model, number=number, kem=CryptographyKem())
-        try:
-            await bucket.put(key, record.SerializeToString(deterministic=True))
-        except NatsError as exc:
-            raise PkiError(
-                f"{model}'s new sealing key is written but NATS refused it ({exc!r}); "
-                f"run `mohawk pki rotate-seal --model {model}` to publish one"
-            ) from exc
-        print(
-            f"mohawk pki: sealing key of {model} rotated, published to {names.PKI_BUCKET}/{key}",
-            file=sys.stderr,
-        )
-        records.append(record)
-    return records
-
-
-async def _published_number(bucket: KeyValue, key: str) -> int:
-    try:
-        entry = await bucket.get(key)
-    except KeyNotFoundError:
-        return 0
-    record = security_pb2.SealKeyRecord.FromString(entry.value or b"")
-    return security_pb2.SealKeyRecordBody.FromString(record.body).number
-
-
-async def _pki_bucket(nc: NATS, servers: list[str], limits: BusLimits) -> KeyValue:
-    try:
-        return (await ensure_buckets(nc.jetstream(), limits)).pki
-    except NatsError as exc:
-        shown = redact_url(", ".join(servers))
-        raise ConnectionError(f"NATS at {shown} has no usable JetStream: {exc!r}") from exc
-
-
 def _bus_settings(args: argparse.Namespace) -> BusSettings:
     overrides = {"nats_url": args.nats_url, "nats_creds": args.creds}
     settings = load_settings(BusSettings, {k: v for k, v in overrides.items() if v is not None})
@@ -360,45 +269,9 @@ def _bus_settings(args: argparse.Namespace) -> BusSettings:
 
 
 def _show(args: argparse.Namespace) -> int:
-    pki: Path = args.pki_dir
-    trust = TrustStore(Root(read_message(pki / "root.pub", security_pb2.RootPublicKey)))
-    crl = read_message(pki / "crl", security_pb2.RevocationList)
-    try:
-        trust.update_revocations(crl)
-    except AuthenticationError as exc:
-        raise PkiError(f"{pki / 'crl'} is not signed by the root in {pki / 'root.pub'}") from exc
-    revoked = ", ".join(map(str, sorted(trust.revoked))) or "none"
-    print(f"root {trust.root.issuer[:FINGERPRINT_BYTES].hex()}  ({pki})")
-    print(f"revocation list {trust.crl_number}: revoked serials {revoked}")
-    certs = sorted((pki / "nodes").glob("*/node.cert")) + sorted((pki / "seal").glob("*.cert"))
-    if not certs:
-        print("no certificates issued yet")
-    for path in certs:
-        print(f"{'node' if path.name == 'node.cert' else 'seal'} {_status(trust, path)}")
+    for line in listing(args.pki_dir):
+        print(line)
     return 0
-
-
-def _status(trust: TrustStore, path: Path) -> str:
-    """One certificate as `describe` puts it, and whether the root still vouches for it now."""
-    try:
-        cert = read_message(path, security_pb2.Certificate)
-        text = describe(cert)
-    except (PkiError, AuthenticationError) as exc:
-        return f"{path}: unreadable ({exc})"
-    try:
-        trust.verify(cert)
-    except AuthenticationError as exc:
-        return f"{text} [{exc.reason}]"
-    return f"{text} [ok]"
-
-
-def _issued_serials(pki: Path) -> set[int]:
-    try:
-        return {int(line) for line in (pki / "serials").read_text(encoding="utf-8").split()}
-    except FileNotFoundError:
-        return set()
-    except ValueError as exc:
-        raise PkiError(f"{pki / 'serials'} holds something other than serial numbers") from exc
 
 
 def _node_id(text: str) -> str:

@@ -352,8 +352,7 @@ class ShardNode:
                 await self._start_role(view)
         if isinstance(self._role, HeadDriver):  # which routed requests it must also serve
             active = {p.id for p in pipelines(plan) if p.active}
-            self._role.active_routes = active
-            self._role.drains_routes = bool(active) and pipeline_id(view) == min(active)
+            self._role.routes.follow(active, drains=bool(active) and pipeline_id(view) == min(active))
         if view.state == ACTIVE and isinstance(self._role, HeadDriver) and not self._head_started:
             self._head_started = True
             await self._role.start()

@@ -8,10 +8,10 @@ so the event loop keeps receiving the next step's frames meanwhile. The last sta
 publishes token events and answers stage 0 with a `StepResult` for every step, even an empty one,
 so stage 0 can count its steps in flight. A step this stage cannot run is not dropped: it goes on
 as a failed frame, and the last stage answers stage 0 with an error result, so stage 0 fails those
-requests (their clients get an error) instead of waiting for a result that never comes. Hidden
-states are decoded and encoded on the compute thread, where the backend's arrays live (MLX
-streams belong to the thread that made them). With tracing on, each sequence gets a span here
-(`StageTraces`), the child of the previous stage's, and the frame passed on names this stage's.
+requests (their clients get an error) instead of waiting for a result that never comes. The
+step itself, forward or sample, is `StageCompute`, which stage 0 runs too. With tracing on, each
+sequence gets a span here (`StageTraces`), the child of the previous stage's, and the frame passed
+on names this stage's.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from mohawk_common.bus.frames import KIND_FAILED, FrameError, read_activation_pa
 from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
-from mohawk_shard.engine.stage import Stage, StageOutput, StepBatch
+from mohawk_shard.engine.stage import Stage, StepBatch
+from mohawk_shard.node.compute import StageCompute
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.snapshot import StageSnapshot, StepStats, stage_snapshot
@@ -56,7 +57,6 @@ class StageWorker:
         traces: StageTraces | None = None,
     ) -> None:
         self.nc, self.link, self.plan, self.stage_index = nc, link, plan, stage_index
-        self.stage, self.executor = stage, executor
         self.tokens = tokens  # set on the last stage
         self.traces = traces if traces is not None else StageTraces.off()
         self._inbox: asyncio.Queue[tuple[Msg, float]] = asyncio.Queue()
@@ -64,6 +64,7 @@ class StageWorker:
         self.num_failed_steps = 0  # steps this stage itself could not run (heartbeats report them)
         self.num_steps = 0  # frames of steps handled (the node's idle detection watches it)
         self.stats = StepStats()  # for the telemetry service
+        self.compute = StageCompute(stage, executor, tokens, self.stats)
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
         self._log = log.bind(plan=plan.version, stage=stage_index)
@@ -134,20 +135,13 @@ class StageWorker:
         self, header: security_pb2.FrameHeader, step: engine_pb2.StepBatch, data: bytes, hop_ms: float
     ) -> None:
         batch, joining = step_batch_from_proto(step)
-        self.stats.record(sum(s.num_new_tokens for s in batch.sequences), len(batch.sequences))
+        self.compute.record(batch)
         if self.traces.enabled:
             joining = self._trace(step, joining, batch.freed_seq_ids, hop_ms)
-        raw = (header.dtype, list(header.shape), data) if data else None
-        loop = asyncio.get_running_loop()
+        hidden = (header.dtype, list(header.shape), data) if data else None
         started = time.monotonic()
         if self.tokens is not None:
-            results = await self.tokens.sample_step(
-                batch,
-                joining,
-                lambda: loop.run_in_executor(self.executor, self._step, batch, raw),
-                step.started_at or time.time(),
-            )
-            self.stats.emitted += len(results)
+            results = await self.compute.sample(batch, joining, hidden, step.started_at or time.time())
             self._traced_step(batch, hop_ms, started)
             for sampled in results:
                 if sampled.finish_reason:
@@ -157,7 +151,7 @@ class StageWorker:
             result.sent_at = time.time()
             await self.link.send_result(result)
             return
-        dtype, shape, out = await loop.run_in_executor(self.executor, self._forward, batch, raw)
+        dtype, shape, out = await self.compute.forward(batch, hidden)
         self._traced_step(batch, hop_ms, started)
         await self.link.send_activations(step, dtype, shape, out)
 
@@ -185,16 +179,3 @@ class StageWorker:
         if self.traces.enabled:
             step_ms = (time.monotonic() - started) * 1000
             self.traces.stepped((s.seq_id for s in batch.sequences), hop_ms, step_ms)
-
-    def _step(self, batch: StepBatch, raw: tuple[str, list[int], bytes] | None) -> StageOutput:
-        """On the compute thread: arrays are made where they are used (MLX streams are per thread)."""
-        hidden = None if raw is None else self.stage.backend.decode_hidden(*raw)
-        return self.stage.step(batch, hidden)
-
-    def _forward(
-        self, batch: StepBatch, raw: tuple[str, list[int], bytes] | None
-    ) -> tuple[str, list[int], bytes]:
-        output = self._step(batch, raw)
-        if output.hidden_states is None:
-            return "", [], b""
-        return self.stage.backend.encode_hidden(output.hidden_states)

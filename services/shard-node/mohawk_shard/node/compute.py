@@ -1,0 +1,70 @@
+"""A stage's share of one step, written once for every role: run its layers, then pass the hidden
+states on or, on the last stage, sample and publish the tokens.
+
+Design. Stage 0 of a one-stage pipeline and the last stage of a longer one run the same last-stage
+step: follow the sequences that join or leave, run the layers, sample, publish the token events
+(`TokenPublisher.sample_step`) and count what was emitted (`sample`). Every other stage forwards:
+it runs its layers and encodes the hidden states for the next hop (`forward`). Hidden states are
+decoded, computed on and encoded on the compute thread, where the backend's arrays live (MLX
+streams belong to the thread that made them). The roles add only the bus: where frames come from
+and go to, results, and spans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from concurrent.futures import Executor
+
+from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.engine.stage import Stage, StageOutput, StepBatch
+from mohawk_shard.node.snapshot import StepStats
+from mohawk_shard.node.tokens import TokenPublisher
+from mohawk_shard.node.wire import Joining
+
+Hidden = tuple[str, list[int], bytes]  # encoded hidden states: dtype, shape, bytes ("", [], b"": none)
+
+
+class StageCompute:
+    def __init__(
+        self, stage: Stage, executor: Executor, tokens: TokenPublisher | None, stats: StepStats
+    ) -> None:
+        self.stage, self.executor = stage, executor
+        self.tokens = tokens  # set on the last stage, which samples
+        self.stats = stats
+
+    def record(self, batch: StepBatch) -> None:
+        """Count a step this stage runs (the telemetry service reads the counters)."""
+        self.stats.record(sum(s.num_new_tokens for s in batch.sequences), len(batch.sequences))
+
+    async def forward(self, batch: StepBatch, hidden: Hidden | None) -> Hidden:
+        """Run the layers on `batch` (`hidden`: the previous stage's output; None on stage 0) and
+        encode the hidden states for the next stage."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self._forward, batch, hidden)
+
+    async def sample(
+        self, batch: StepBatch, joining: Mapping[int, Joining], hidden: Hidden | None, started_at: float
+    ) -> list[bus_pb2.SampledResult]:
+        """The last stage's step: run the layers, sample and publish the tokens (`started_at`: unix
+        seconds stage 0 began the step)."""
+        tokens = self.tokens
+        if tokens is None:
+            raise RuntimeError("only the last stage samples")
+        loop = asyncio.get_running_loop()
+        results = await tokens.sample_step(
+            batch, joining, lambda: loop.run_in_executor(self.executor, self._step, batch, hidden), started_at
+        )
+        self.stats.emitted += len(results)
+        return results
+
+    def _step(self, batch: StepBatch, hidden: Hidden | None) -> StageOutput:
+        """On the compute thread: arrays are made where they are used (MLX streams are per thread)."""
+        states = None if hidden is None else self.stage.backend.decode_hidden(*hidden)
+        return self.stage.step(batch, states)
+
+    def _forward(self, batch: StepBatch, hidden: Hidden | None) -> Hidden:
+        output = self._step(batch, hidden)
+        if output.hidden_states is None:
+            return "", [], b""
+        return self.stage.backend.encode_hidden(output.hidden_states)

@@ -34,9 +34,10 @@ def test_heartbeats_keep_their_interval_while_a_long_step_holds_the_compute_thre
         {"node_id": "n1", "insecure": True, "heartbeat_interval_s": INTERVAL_S, "telemetry": False}
     )
     node = ShardNode(settings, Security(None, CryptographyKem(), role="shard"))
-    node.heartbeat = lambda: bus_pb2.Heartbeat(node_id="n1", role="shard")  # type: ignore[method-assign]
+    node.snapshot = lambda: None  # type: ignore[method-assign,assignment,return-value]
+    node.heartbeat = lambda _snapshot=None: bus_pb2.Heartbeat(node_id="n1", role="shard")  # type: ignore[method-assign]
     role = SimpleNamespace(num_steps=1)
-    node._role = role  # type: ignore[assignment]
+    node.stages.current = SimpleNamespace(role=role)  # type: ignore[assignment]
 
     async def scenario() -> list[float]:
         node.nc = await connect([nats_server.url], name="probe-node", attempts=3)

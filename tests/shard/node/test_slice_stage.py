@@ -40,12 +40,12 @@ def node_holding(bundled: ModelSource, start: int, end: int) -> ShardNode:
 def test_a_stage_outside_the_slice_is_refused_and_counted(bundled: ModelSource) -> None:
     node = node_holding(bundled, 10, 20)
     with pytest.raises(ModelLoadError, match=r"layers \[5, 20\), which its slice package does not hold"):
-        asyncio.run(node._follow(plan((0, 5), (5, 20), (20, 30))))
+        asyncio.run(node.stages.follow(plan((0, 5), (5, 20), (20, 30))))
     assert node.security.rejections == {"bad_version": 1}
-    assert node._plan is None and node.role is None  # nothing followed, nothing loaded
+    assert node.stages.plan is None and node.role is None  # nothing followed, nothing loaded
 
 
 def test_a_stage_inside_the_slice_passes_the_check(bundled: ModelSource) -> None:
     node = node_holding(bundled, 10, 20)
-    node._check_slice_holds(bus_pb2.PlanStage(node_id="n1", start=12, end=20))
+    node.stages.check_slice_holds(bus_pb2.PlanStage(node_id="n1", start=12, end=20))
     assert not node.security.rejections

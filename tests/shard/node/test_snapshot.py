@@ -1,6 +1,6 @@
-"""A node's snapshot as plain values, read by /metrics and the telemetry report with no node, role or
-bus behind it: stage 0's queue shows only where the snapshot has one, and a node serving no stage
-reports its process figures alone."""
+"""A node's snapshot as plain values, read by /metrics, the telemetry report and the heartbeat with
+no node, role or bus behind it: stage 0's queue shows only where the snapshot has one, and a node
+serving no stage reports its process figures alone."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import dataclasses
 
 from prometheus_client.core import Metric
 
+from mohawk_common.model_store import open_model
 from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.node.capacity import Capacity
+from mohawk_shard.node.heartbeat import build_heartbeat
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.metrics import node_metrics
-from mohawk_shard.node.snapshot import NodeSnapshot, QueueSnapshot, StepStats, stage_snapshot
+from mohawk_shard.node.snapshot import Following, NodeSnapshot, QueueSnapshot, StepStats, stage_snapshot
 from mohawk_shard.node.step_stats import StepWindow, step_report
 
 
@@ -65,3 +68,44 @@ def test_the_report_reads_the_snapshot() -> None:
     assert (report.steps, report.tokens, report.failed_steps, report.rss_bytes) == (5, 40, 1, 123)
     idle = step_report(dataclasses.replace(snapshot, stage=None), StepWindow(0.0))  # serves no stage
     assert (idle.node_id, idle.steps, idle.queue_depth, idle.kv_blocks_total) == ("shard-1", 0, 0, 0)
+
+
+def test_the_heartbeat_reads_the_snapshot() -> None:
+    hops = HopStats()
+    hops.record(sent_at=100.0, arrived_at=100.004)
+    queue = QueueSnapshot(waiting=6, running=3, kv_blocks_used=77, held_acks=("$JS.ACK.a", "$JS.ACK.b"))
+    snapshot = dataclasses.replace(
+        node(queue, 0),
+        stage=stage_snapshot(view(), 0, StepStats(), hops, queue),
+        following=Following(plan_version=9, stage_index=0, loaded=True),
+    )
+    capacity = Capacity("cpu", 16 << 30, 1 << 30, 1 << 28, 1 << 20, 1e-3, 10, 5, 4, "native")
+    beat = build_heartbeat(snapshot, capacity, open_model(None).config, started_at_ms=42, held_layers=(0, 10))
+    assert (beat.node_id, beat.model, beat.backend, beat.memory_limit_bytes) == (
+        "shard-1",
+        "m",
+        "torch",
+        1 << 30,
+    )
+    assert (beat.plan_version, beat.stage, beat.loaded, beat.started_at_ms) == (9, 0, True, 42)
+    assert (beat.failed_steps, beat.expired_steps, dict(beat.security_rejections)) == (
+        1,
+        2,
+        {"bad signature": 4},
+    )
+    assert list(beat.held_requests) == ["$JS.ACK.a", "$JS.ACK.b"]
+    assert beat.num_hops == 1 and beat.hop_ms_p50 > 0
+    assert (beat.held_layer_start, beat.held_layer_end, beat.layer_weight_bytes) == (0, 10, 10)
+    idle = build_heartbeat(
+        dataclasses.replace(snapshot, stage=None, following=Following()),
+        capacity,
+        open_model(None).config,
+        started_at_ms=42,
+    )
+    assert (idle.plan_version, idle.stage, idle.loaded, idle.num_hops, list(idle.held_requests)) == (
+        0,
+        -1,
+        False,
+        0,
+        [],
+    )

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import hmac
 import time
+from collections.abc import Set
 from concurrent.futures import Executor
 from typing import Any
 
@@ -58,7 +59,7 @@ from mohawk_shard.node.intake import RequestIntake
 from mohawk_shard.node.intake_rules import Routes
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.resume_budget import ResumeBudget
-from mohawk_shard.node.snapshot import QueueSnapshot, StageSnapshot, StepStats, stage_snapshot
+from mohawk_shard.node.snapshot import MAX_HELD_ACKS, QueueSnapshot, StageSnapshot, StepStats, stage_snapshot
 from mohawk_shard.node.tokens import TokenPublisher, publish_error
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.upkeep import Upkeep
@@ -141,24 +142,31 @@ class HeadDriver:
         self.num_failed_steps = 0  # steps stage 0 itself could not run (heartbeats report them)
         self._subs: list[Any] = []
 
+    waits_for_active = True  # it pulls requests only once every stage of its pipeline is loaded
+
     @property
     def num_expired_steps(self) -> int:
         """Steps given up waiting for (their deadline passed), since this role started."""
         return self.inflight.num_expired
 
+    def follow_pipelines(self, active: Set[int], *, drains: bool) -> None:
+        """The plan's active pipelines now, and whether this stage 0 drains the others' routes."""
+        self.routes.follow(active, drains=drains)
+
     def stage_snapshot(self) -> StageSnapshot:
         """Stage 0's part of the node's snapshot, its queue included."""
-        queue = QueueSnapshot(len(self.scheduler.waiting), len(self.scheduler.running), self.kv_blocks_used)
+        queue = QueueSnapshot(
+            len(self.scheduler.waiting),
+            len(self.scheduler.running),
+            self.kv_blocks_used,
+            tuple(self.held.ack_subjects(MAX_HELD_ACKS)),
+        )
         return stage_snapshot(self.plan, self.stage_index, self.stats, self.hops, queue)
 
     @property
     def kv_blocks_used(self) -> int:
         """KV blocks handed out to running sequences (every stage of the pipeline holds the same)."""
         return self.plan.num_kv_blocks - self.scheduler.block_manager.num_free_blocks
-
-    def held_acks(self, limit: int) -> list[str]:
-        """Ack subjects of (at most `limit` of) the requests this stage 0 holds, for its heartbeat."""
-        return self.held.ack_subjects(limit)
 
     async def start(self) -> None:
         await self.link.start()

@@ -1,7 +1,15 @@
-"""The role a node plays in one pipeline: stage 0 (`HeadDriver`) or a later stage (`StageWorker`)."""
+"""The role a node plays in one pipeline: stage 0 (`HeadDriver`) or a later stage (`StageWorker`).
+
+Design. The node and its plan follower see a role only through `Role`, the facts and acts every
+role has (its `stage_index` and pipeline view, its counters and snapshot, start and stop), never
+through an `isinstance` chain: what differs between stage 0 and the others is said by the role
+(`waits_for_active`, `follow_pipelines`). `make_role` builds either from what the node offers
+(`RoleHost`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Set
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,13 +27,43 @@ from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
 from mohawk_shard.engine.stage import Stage
 from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.head import HeadDriver
+from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
+from mohawk_shard.node.snapshot import StageSnapshot
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.worker import StageWorker
 
 if TYPE_CHECKING:  # the node's bus path loads no transformers (tests/shard/node/test_node_imports.py)
     from transformers import PreTrainedTokenizerBase
+
+
+class Role(Protocol):
+    """What the node knows of the stage it serves, whichever it is."""
+
+    stage_index: int
+    plan: bus_pb2.Plan  # the node's view of the pipeline it serves
+    hops: HopStats
+    num_steps: int  # frames or steps handled (the node's idle detection watches it)
+    num_failed_steps: int
+
+    @property
+    def num_expired_steps(self) -> int: ...
+
+    @property
+    def waits_for_active(self) -> bool:
+        """True: start the role once its pipeline is active; False: as soon as it is loaded."""
+        ...
+
+    def stage_snapshot(self) -> StageSnapshot: ...
+
+    def follow_pipelines(self, active: Set[int], *, drains: bool) -> None:
+        """The plan's active pipelines now, and whether this role drains the others' routes."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class RoleHost(Protocol):
@@ -56,7 +94,7 @@ class RoleHost(Protocol):
     def settings(self) -> NodeSettings: ...
 
 
-def make_role(node: RoleHost, plan: bus_pb2.Plan, index: int, stage: Stage) -> HeadDriver | StageWorker:
+def make_role(node: RoleHost, plan: bus_pb2.Plan, index: int, stage: Stage) -> Role:
     """Stage `index` of the pipeline `plan`, built but not started."""
     is_last = index == len(plan.stages) - 1
     link = StageLink(node.nc, node.security, node_id=node.node_id, plan=plan, stage=index)

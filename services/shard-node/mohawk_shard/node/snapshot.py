@@ -1,11 +1,13 @@
-"""What a shard node is doing, as plain values: one `NodeSnapshot`, taken by the node when it is
-asked (`ShardNode.snapshot()`), feeds its /metrics scrape and its telemetry report.
+"""What a shard node is doing, as plain values: one `NodeSnapshot`, taken by the node once per
+heartbeat tick (`ShardNode.snapshot()`), feeds its heartbeat and its telemetry report, and one
+taken when /metrics is scraped feeds the scrape.
 
 Design. The readers (`metrics.py`, `step_stats.step_report`) used to reach into the node and its
 role and ask `isinstance(role, HeadDriver)` for stage 0's queue; they now read a snapshot and know
 nothing of the node, the roles or the bus, so `node/` imports in one direction (the node builds the
 snapshot, the readers read it). Each role fills its own part (`stage_snapshot()`): every stage its
-place in the pipeline, step counters and hop times; stage 0 also its queue and KV blocks in use.
+place in the pipeline, step counters and hop times; stage 0 also its queue, KV blocks in use and
+held requests. The plan follower adds where the node stands with the plan (`Following`).
 """
 
 from __future__ import annotations
@@ -32,13 +34,28 @@ class StepStats:
         self.sequences += sequences
 
 
+MAX_HELD_ACKS = 1024  # ack subjects listed (~90 bytes each in a heartbeat); the rest wait their ack wait
+
+
 @dataclass(frozen=True, slots=True)
 class QueueSnapshot:
-    """Stage 0's queue: requests waiting, sequences running, KV blocks handed out."""
+    """Stage 0's queue: requests waiting, sequences running, KV blocks handed out, and the ack
+    subjects of (at most `MAX_HELD_ACKS` of) the requests it holds off the stream."""
 
     waiting: int
     running: int
     kv_blocks_used: int
+    held_acks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Following:
+    """Where the node stands with the plan: the version it follows (0 while the plan gives it no
+    stage), the stage it was given (-1: none), and whether that stage is loaded."""
+
+    plan_version: int = 0
+    stage_index: int = -1
+    loaded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +88,7 @@ class NodeSnapshot:
     rss_bytes: int
     rejections: dict[str, int] = field(default_factory=dict)  # messages refused, by reason
     stage: StageSnapshot | None = None  # None while the node serves no stage
+    following: Following = Following()
 
 
 def stage_snapshot(

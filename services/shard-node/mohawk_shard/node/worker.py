@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Set
 from concurrent.futures import Executor
 from typing import Any
 
@@ -70,6 +71,10 @@ class StageWorker:
         self._log = log.bind(plan=plan.version, stage=stage_index)
 
     num_expired_steps = 0  # only stage 0 gives steps up
+    waits_for_active = False  # subscribed at once, so no frame of its pipeline is missed
+
+    def follow_pipelines(self, active: Set[int], *, drains: bool) -> None:
+        """Only stage 0 pulls requests: which pipelines are active changes nothing here."""
 
     def stage_snapshot(self) -> StageSnapshot:
         """This stage's part of the node's snapshot."""

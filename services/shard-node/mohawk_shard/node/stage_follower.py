@@ -1,0 +1,272 @@
+"""A shard node's stage through plan changes: carry out what `stage_plan.decide` says of each plan,
+with one way to load a stage (`load_stage`) and one to stop it.
+
+Design. The follower holds what the node serves: the running role (its stage of a pipeline) and,
+during a make-before-break handover, the role loaded beside it (`NextRole`), each with its backend
+(weights and KV pool) and whether it was started. A stage 1+ worker starts as soon as it is
+loaded, subscribed before the new stage 0 sends its first frame; stage 0 waits for its pipeline to
+be active (`Role.waits_for_active`) before it pulls requests. `load_stage` loads a layer range with
+the pipeline's KV block count, beside the running stage or in its place: in its place it reuses
+the weights it holds when the range is unchanged, and lets the old ones go first otherwise;
+beside it it shares them (`share_weights`) or loads a second copy on the loader thread (an MLX
+node loads where it computes: MLX arrays belong to the thread that made them). What the heartbeat
+reports of the plan (`following`): the version it follows, the stage it was given, whether it is
+loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from mohawk_common.bus.pipelines import node_view, pipeline_id, pipelines
+from mohawk_common.errors import ModelLoadError
+from mohawk_common.kv_groups import model_kv_groups
+from mohawk_common.model_store.slice_source import SliceSource
+from mohawk_pqc.errors import AuthenticationError
+from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.backends import make_backend
+from mohawk_shard.engine.backend import Backend
+from mohawk_shard.engine.stage import Stage
+from mohawk_shard.node.capacity import Capacity
+from mohawk_shard.node.handover import room_for_both, serving_footprint, share_weights, stage_footprint
+from mohawk_shard.node.roles import Role, RoleHost, make_role
+from mohawk_shard.node.snapshot import Following
+from mohawk_shard.node.stage_plan import Action, Placement, decide
+
+log = structlog.get_logger("mohawk.shard")
+
+
+class FollowerHost(RoleHost, Protocol):
+    """What following the plan reads of the node (`ShardNode` is one)."""
+
+    @property
+    def capacity(self) -> Capacity: ...
+
+    @property
+    def loader(self) -> Executor: ...
+
+
+@dataclass(slots=True)
+class Serving:
+    """A role the node holds, with its backend, and whether it was started."""
+
+    role: Role
+    backend: Backend
+    started: bool = False
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.role.plan, self.role.stage_index)
+
+
+class StageFollower:
+    def __init__(self, host: FollowerHost) -> None:
+        self.host = host
+        self._log = log.bind(node_id=host.node_id)
+        self.plan: bus_pb2.Plan | None = None  # the whole plan last followed
+        self.stage_index = -1
+        self.loaded = False
+        self.current: Serving | None = None
+        self.next: Serving | None = None  # loaded beside the running stage, until its pipeline is active
+        self._backend: Backend | None = None  # the running stage's (None once it is let go)
+        self._failed_steps = 0  # of roles already stopped
+        self._expired_steps = 0
+
+    @property
+    def role(self) -> Role | None:
+        return self.current.role if self.current is not None else None
+
+    def following(self) -> Following:
+        version = self.plan.version if self.plan is not None and self.stage_index >= 0 else 0
+        return Following(version, self.stage_index, self.loaded)
+
+    def step_counts(self) -> tuple[int, int]:
+        """Steps this node failed, and (stage 0) steps it gave up waiting for, since it started."""
+        role = self.role
+        failed = self._failed_steps + (role.num_failed_steps if role is not None else 0)
+        expired = self._expired_steps + (role.num_expired_steps if role is not None else 0)
+        return failed, expired
+
+    async def follow(self, plan: bus_pb2.Plan) -> None:
+        """Serve what `plan` asks of this node (a plan older than the one followed is ignored)."""
+        if self.plan is not None and plan.version < self.plan.version:
+            return
+        found = node_view(plan, self.host.node_id)
+        asked = Placement(*found) if found is not None else None
+        if asked is not None:
+            self.check_slice_holds(asked.view.stages[asked.index])
+        decision = decide(
+            plan,
+            asked,
+            serving=self.current.placement if self.current is not None else None,
+            upcoming=self.next.placement if self.next is not None else None,
+            make_before_break=self.host.settings.make_before_break,
+        )
+        if decision.action not in (Action.SWITCH, Action.WAIT):
+            await self.drop_next()
+        self.plan = plan
+        if asked is None:
+            await self._leave(plan, decision.action)
+            return
+        if decision.action == Action.KEEP:
+            self.stage_index = asked.index
+        elif decision.action == Action.SWITCH:
+            await self._switch()
+        elif decision.action == Action.LOAD and decision.serve_on and self._room_beside(asked):
+            await self.load_stage(asked, beside=True)
+            if decision.is_active:
+                await self._switch()
+        elif decision.action == Action.LOAD:
+            await self.stop_role()
+            await self.load_stage(asked, beside=False)
+        current = self.current
+        if current is not None:  # which routed requests it must also serve (stage 0)
+            active = {p.id for p in pipelines(plan) if p.active}
+            current.role.follow_pipelines(
+                active, drains=bool(active) and pipeline_id(asked.view) == min(active)
+            )
+            if decision.is_active and not current.started:
+                current.started = True
+                await current.role.start()
+
+    def check_slice_holds(self, placement: bus_pb2.PlanStage) -> None:
+        """A node serving from a slice package refuses (counted) a stage its verified manifest does
+        not hold, before it stops or loads anything."""
+        source = self.host.source
+        if not isinstance(source, SliceSource):
+            return
+        try:
+            source.check_holds(placement.start, placement.end)
+        except AuthenticationError as exc:
+            self.host.security.reject(exc, what="plan stage")
+            raise ModelLoadError(
+                f"the plan asks {self.host.node_id} for layers [{placement.start}, {placement.end}), "
+                f"which its slice package does not hold ({exc.detail}): stage refused"
+            ) from exc
+
+    async def _leave(self, plan: bus_pb2.Plan, action: Action) -> None:
+        """The plan leaves this node out (a spare, or gone): stop serving, free the memory. While
+        no pipeline of the plan is active yet, the old stage goes on serving (make before break)."""
+        self.stage_index = -1
+        if action == Action.SERVE_ON:
+            self._log.info(
+                "not in plan: serving the old stage until the new plan is active", plan=plan.version
+            )
+            return
+        await self.stop_role()
+        self._backend = None
+        self._log.info("not in plan", plan=plan.version, spare=self.host.node_id in plan.spares)
+
+    async def load_stage(self, asked: Placement, *, beside: bool) -> None:
+        """Load stage `asked.index` of `asked.view` beside the running stage (`handover`; it serves
+        on until the new pipeline is active) or in its place, and report it loaded."""
+        view, index = asked.view, asked.index
+        placement = view.stages[index]
+        self.stage_index, self.loaded = index, False
+        held = self._backend
+        reuse = held is not None and (held.start, held.end) == (placement.start, placement.end)
+        # MLX arrays belong to the thread that made them: an MLX node loads where it computes
+        executor = self.host.loader if beside and self.host.settings.backend != "mlx" else self.host.executor
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        stage, backend = await loop.run_in_executor(executor, self._load, asked, beside)
+        serving = Serving(make_role(self.host, view, index, stage), backend)
+        if not serving.role.waits_for_active:  # subscribed before the new stage 0 sends its first frame
+            await serving.role.start()
+            serving.started = True
+        if beside:
+            self.next = serving
+        else:
+            self.current, self._backend = serving, backend
+        self.loaded = True
+        self._log.info(
+            "next stage loaded while serving" if beside else "stage loaded",
+            plan=view.version,
+            stage=index,
+            layers=f"[{placement.start}, {placement.end})",
+            shared_weights=beside and reuse,
+            weight_mb=round(backend.weight_bytes / 2**20, 1),
+            num_kv_blocks=view.num_kv_blocks,
+            load_s=round(time.monotonic() - started, 2),
+        )
+
+    def _load(self, asked: Placement, beside: bool) -> tuple[Stage, Backend]:
+        """On the load thread: the stage's backend, with the pipeline's KV pool allocated."""
+        view, placement = asked.view, asked.view.stages[asked.index]
+        start, end = placement.start, placement.end
+        backend = self._backend
+        if backend is None or (backend.start, backend.end) != (start, end):
+            if not beside:
+                self._backend = None  # let the old weights go before the new ones load
+            backend = self._make_backend(start, end)
+        elif beside:
+            backend = share_weights(backend)
+        backend.allocate_kv_cache(view.num_kv_blocks, view.block_size)
+        if not beside:
+            self._backend = backend
+        return Stage(backend, view.block_size, len(model_kv_groups(self.host.source.config))), backend
+
+    def _make_backend(self, start: int, end: int) -> Backend:
+        s = self.host.settings
+        return make_backend(
+            s.backend,
+            self.host.source,
+            start,
+            end,
+            device=s.device,
+            dtype=s.dtype,
+            weights=s.weights,
+            kv_cache_dtype=s.kv_cache_dtype,
+            batch_invariant=s.batch_invariant,
+        )
+
+    def _room_beside(self, asked: Placement) -> bool:
+        """Whether stage `asked.index` of `asked.view` fits beside the running stage (else: break first)."""
+        serving, current = self._backend, self.current
+        if serving is None or current is None:
+            return False
+        placement = asked.view.stages[asked.index]
+        shared = (serving.start, serving.end) == (placement.start, placement.end)
+        held = serving_footprint(self.host.capacity, serving, current.role.plan)
+        upcoming = stage_footprint(self.host.capacity, asked.view, asked.index, shared_weights=shared)
+        if room_for_both(self.host.capacity, held, upcoming):
+            return True
+        self._log.info(
+            "no room to load the next stage beside this one: stopping this one first",
+            serving_mb=held.total >> 20,
+            next_mb=upcoming.total >> 20,
+            memory_limit_mb=self.host.capacity.memory_limit_bytes >> 20,
+        )
+        return False
+
+    async def _switch(self) -> None:
+        """The new pipeline is active: stop the old role (stage 0 hands its requests back to the
+        stream) and serve the stage loaded beside it."""
+        upcoming, self.next = self.next, None
+        if upcoming is None:
+            return
+        await self.stop_role()
+        self.current, self._backend, self.loaded = upcoming, upcoming.backend, True
+        self._log.info(
+            "switched to the next stage", plan=upcoming.role.plan.version, stage=upcoming.role.stage_index
+        )
+
+    async def drop_next(self) -> None:
+        """Let the stage loaded beside go (the plan no longer asks for it)."""
+        upcoming, self.next = self.next, None
+        if upcoming is not None and upcoming.started:
+            await upcoming.role.stop()
+
+    async def stop_role(self) -> None:
+        """Stop the running role (stage 0 hands its unfinished requests back to the stream)."""
+        self._failed_steps, self._expired_steps = self.step_counts()
+        current, self.current = self.current, None
+        self.loaded = False
+        if current is not None and current.started:
+            await current.role.stop()

@@ -1,7 +1,7 @@
 """Architectures side by side with llama.cpp (issue 24): for each architecture, one Q4_K_M file made by
 llama.cpp's own quantizer, and on that same file Mohawk's engine against llama-cpp-python.
 
-Design. A random-weight model of each architecture (tests/model_store/arch_gguf.py: the bundled
+Design. A random-weight model of each architecture (tests/common/model_store/arch_gguf.py: the bundled
 SmolLM2 tokenizer and chat template, hidden 512, matrices widened by --scale so logits spread) is
 written as an F16 GGUF, and `llama_model_quantize` turns it into Q4_K_M, so the quantized codes are
 llama.cpp's and not ours. Then, on that file, in one run:
@@ -50,7 +50,7 @@ from mohawk_common.logging import configure_logging
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.config import EngineSettings
 from mohawk_shard.engine.sampling_params import SamplingParams
-from tests.model_store.arch_gguf import ARCHITECTURES, Shape, write_arch_gguf
+from tests.common.model_store.arch_gguf import ARCHITECTURES, Shape, write_arch_gguf
 
 SHAPE = Shape(hidden=512, intermediate=1536, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64)
 MATRICES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate")

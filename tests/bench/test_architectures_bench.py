@@ -16,7 +16,7 @@ from gguf import GGUFValueType
 
 from mohawk_common.model_store import open_model
 from tests.bench import ROOT
-from tests.model_store.gguf_export import export_gguf
+from tests.common.model_store.gguf_export import export_gguf
 from tests.shard.engine.conftest import full_logits
 from tests.shard.engine.test_gguf_architectures import FLOAT_FILE, build_reference
 

@@ -18,8 +18,8 @@ from mohawk_common.model_store.gguf_source import gguf_tensor_name
 from mohawk_shard.backends import make_backend
 from mohawk_shard.node.capacity import measure_capacity
 from tests.cli.helpers import mohawk_in_process
-from tests.model_store.test_store_bad_gguf import Q_PROJ, set_tensor_type
-from tests.model_store.test_store_gguf_tiny import NUM_LAYERS, random_llama_state, write_llama_gguf
+from tests.common.model_store.test_store_bad_gguf import Q_PROJ, set_tensor_type
+from tests.common.model_store.test_store_gguf_tiny import NUM_LAYERS, random_llama_state, write_llama_gguf
 
 HAS_MLX = importlib.util.find_spec("mlx_lm") is not None  # the mlx extra
 
@@ -264,7 +264,7 @@ def test_safetensors_directory(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     stage the loader builds; a misshapen tensor in its header is one line."""
     import torch
 
-    from tests.model_store.test_store_safetensors import save_tiny_model
+    from tests.common.model_store.test_store_safetensors import save_tiny_model
 
     save_tiny_model(tmp_path, "qwen2", num_kv_heads=2, tied=False, dtype=torch.bfloat16)
     code, out, err = mohawk_in_process(capsys, "model", "inspect", str(tmp_path), "--json")

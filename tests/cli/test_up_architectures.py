@@ -1,5 +1,5 @@
 """Bring your own model: a GGUF of each architecture Mohawk reads, its tokenizer and chat template in
-the file (tests/model_store/arch_gguf.py writes them: random Q4_K_M-mix weights, the bundled
+the file (tests/common/model_store/arch_gguf.py writes them: random Q4_K_M-mix weights, the bundled
 SmolLM2's vocabulary), served with the defaults and nothing else.
 
 `make test` runs `mohawk generate --model FILE` in this process for every architecture, and one
@@ -24,7 +24,7 @@ import pytest
 
 from mohawk_common.bus.server import free_port
 from tests.cli.helpers import mohawk_in_process
-from tests.model_store.arch_gguf import ARCHITECTURES, Q4_K_M, write_arch_gguf
+from tests.common.model_store.arch_gguf import ARCHITECTURES, Q4_K_M, write_arch_gguf
 
 EVERY_ARCHITECTURE = os.environ.get("MOHAWK_ARCHITECTURES") == "1"
 CURL_BODY = re.compile(r"-d '(\{.*\})'")

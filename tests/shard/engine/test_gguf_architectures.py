@@ -15,7 +15,7 @@ import torch
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.gguf_file import GGUFFile
-from tests.model_store.gguf_export import export_gguf
+from tests.common.model_store.gguf_export import export_gguf
 
 from .conftest import full_logits, reference_logits
 

@@ -28,7 +28,7 @@ from mohawk_shard.model.quantized_layers import (
     unpack_int4_cpu,
 )
 from mohawk_shard.model.split_head import SplitQ8Head
-from tests.model_store.test_store_gguf_tiny import NUM_LAYERS, random_llama_state, write_llama_gguf
+from tests.common.model_store.test_store_gguf_tiny import NUM_LAYERS, random_llama_state, write_llama_gguf
 from tests.shard.engine.conftest import full_logits
 
 Q4_1, Q8_0 = GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0

@@ -11,7 +11,7 @@ from mohawk_common.model_store.quantized import GroupQuantized, quantize_groupwi
 from mohawk_shard.model import groupwise_linear
 from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear
 from mohawk_shard.model.quantized_layers import Int4Linear
-from tests.model_store.test_kquant_blocks import random_blocks
+from tests.common.model_store.test_kquant_blocks import random_blocks
 
 
 @pytest.mark.parametrize("type_name", ["Q6_K", "Q5_K", "Q5_0", "Q5_1"])

@@ -23,7 +23,7 @@ from mohawk_shard.model.linear import Linear
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear
 from mohawk_shard.model.weight_formats import LAYER_MATMULS, layer_matmul_formats
 from mohawk_shard.node.capacity import measure_capacity
-from tests.model_store.test_kquant_blocks import random_blocks
+from tests.common.model_store.test_kquant_blocks import random_blocks
 
 NUM_LAYERS, HIDDEN, INTERMEDIATE, NUM_HEADS, NUM_KV_HEADS, VOCAB = 2, 256, 768, 4, 2, 256
 HEAD_DIM = HIDDEN // NUM_HEADS

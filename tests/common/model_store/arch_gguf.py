@@ -9,11 +9,11 @@ builders apply to sentencepiece vocabularies only), and llama.cpp reads the voca
 key whatever the architecture, so one tokenizer serves every file here (transformers' Gemma
 tokenizer class adds its `<mask>` as one more id, 49152, past the model's vocabulary: the engine
 refuses a prompt holding it as it refuses any id out of range). The weights are what
-`tests/model_store/gguf_export.py` writes (llama.cpp's converter's names, Gemma's 1 + w norms,
+`tests/common/model_store/gguf_export.py` writes (llama.cpp's converter's names, Gemma's 1 + w norms,
 permuted q/k rows of `llama` files, 3-D expert tensors), drawn by transformers' own init and
 multiplied by `scale` (default 4, as the engine tests widen theirs) so tokens depend on the input.
 
-usage: python -m tests.model_store.arch_gguf OUT_DIR [--hidden 256 --layers 2]   (one file per arch)
+usage: python -m tests.common.model_store.arch_gguf OUT_DIR [--hidden 256 --layers 2]   (one file per arch)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from gguf import GGUFValueType
 
 from mohawk_common.model_store import bundled_model_path
-from tests.model_store.gguf_export import export_gguf
+from tests.common.model_store.gguf_export import export_gguf
 
 TOKENIZER_PREFIX = "tokenizer."
 # general.name: llama.cpp sets Phi-3's token attributes by name (a name holding "phi3" makes it look

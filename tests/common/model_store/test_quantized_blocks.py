@@ -12,7 +12,7 @@ from gguf.quants import dequantize, quantize
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks
 from mohawk_common.model_store.quantized import GROUP_SIZE, concat_rows, quantize_groupwise
-from tests.model_store.test_store_gguf_tiny import NUM_LAYERS, random_llama_state, write_llama_gguf
+from tests.common.model_store.test_store_gguf_tiny import NUM_LAYERS, random_llama_state, write_llama_gguf
 
 FORMATS = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
 

@@ -14,8 +14,8 @@ from gguf import GGMLQuantizationType
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import open_model
-from tests.model_store.test_store_errors import assert_one_line
-from tests.model_store.test_store_gguf_tiny import HIDDEN, random_llama_state, write_llama_gguf
+from tests.common.model_store.test_store_errors import assert_one_line
+from tests.common.model_store.test_store_gguf_tiny import HIDDEN, random_llama_state, write_llama_gguf
 
 Q_PROJ = "layers.0.self_attn.q_proj.weight"
 

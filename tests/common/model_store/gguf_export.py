@@ -19,7 +19,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from mohawk_common.model_store.gguf_source import permute_rotary_rows, unpermute_rotary_rows
-from tests.model_store.test_kquant_blocks import random_blocks
+from tests.common.model_store.test_kquant_blocks import random_blocks
 
 _EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 _GEMMA = ("gemma2", "gemma3")

@@ -84,14 +84,6 @@ def test_a_tenant_that_leaves_keeps_its_lead() -> None:
     assert clocks.vtime(Priority.NORMAL, "a") == 100.0
 
 
-def test_a_preempted_sequence_returns_to_the_head_of_its_tenant_queue() -> None:
-    first, second = seq(0, "a"), seq(1, "a")
-    queue = queue_of(first, second)
-    queue.remove(first)
-    queue.appendleft(first)
-    assert queue.peek() is first and first in queue
-
-
 def test_order_picks_a_step_by_weight_without_charging() -> None:
     clocks = TenantClocks()
     heavy = [seq(i, "heavy", weight=3.0) for i in range(6)]

@@ -1,4 +1,5 @@
-"""The in-process engine under fair share and latency budgets, on a tiny random-weight model."""
+"""The in-process engine on a tiny random-weight model under latency budgets (fair share itself is
+tested on the queue, test_fair_queue.py, and through the scheduler, test_scheduler_fair_share.py)."""
 
 from __future__ import annotations
 

@@ -49,19 +49,19 @@ docs: setup
 chaos: setup
 	MOHAWK_FULL=1 $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/chaos
 
-# issue 23's hosts as hosts: three network-namespace hosts on a bridge, a 3-server NATS cluster with
+# hosts as hosts: three network-namespace hosts on a bridge, a 3-server NATS cluster with
 # auth per role, two coordinators, a gateway and three shard nodes; a host unplugged under 16 streams;
 # an attacker on the network. Needs root (it skips, saying why, otherwise); 2 to 6 minutes on 2 cores.
 multihost: setup
 	MOHAWK_MULTIHOST=1 $(VENV)/bin/pytest -q -s -p no:cacheprovider --durations=10 tests/multihost
 
-# issue 24's "bring your own model": `mohawk up --model FILE` with the defaults on a random-weight GGUF of
+# "bring your own model": `mohawk up --model FILE` with the defaults on a random-weight GGUF of
 # each architecture (Llama, Qwen3, Phi-3, Gemma 2 and 3, Mixtral, Qwen3-MoE) carrying its own tokenizer
 # and chat template; `make test` serves the Qwen3-MoE one only. 26–46 s an architecture on 2 cores.
 models: setup
 	MOHAWK_ARCHITECTURES=1 $(VENV)/bin/pytest -q -p no:cacheprovider --durations=10 tests/cli/test_up_architectures.py
 
-# issue 13's load test: 1,000 sessions and 50 chat clients of three tenants against a 1-node cluster
+# the load test: 1,000 sessions and 50 chat clients of three tenants against a 1-node cluster
 # with auth on, which it starts (the short form, about 100 sessions, runs in `make test`)
 loadtest: setup
 	$(PY) -m loadtest --sessions 1000 --json loadtest/results/report.json --png loadtest/results/report.png

@@ -1,4 +1,4 @@
-"""Architectures side by side with llama.cpp (issue 24): for each architecture, one Q4_K_M file made by
+"""Architectures side by side with llama.cpp: for each architecture, one Q4_K_M file made by
 llama.cpp's own quantizer, and on that same file Mohawk's engine against llama-cpp-python.
 
 Design. A random-weight model of each architecture (tests/common/model_store/arch_gguf.py: the bundled

@@ -1,4 +1,4 @@
-"""Does a sequence's greedy text depend on what else runs? The issue's four checks, in one process.
+"""Does a sequence's greedy text depend on what else runs? Four checks, in one process.
 
 Six chat prompts of different lengths, greedy, each run:
   * alone (the reference);

@@ -6,7 +6,7 @@ which this benchmark scrapes every second as Prometheus would. "Off" is the same
 `MOHAWK_TELEMETRY=false` and no telemetry service. Each round starts one cluster of each kind in
 turn (3 one-thread shard nodes, the bundled model), warms it up and measures aggregate output
 tokens/s of 32 concurrent greedy streams through the gateway, --repeats times. The report gives
-medians with min–max and the ratio on/off; the issue's bar is a cost of at most 2%. `--traces`
+medians with min–max and the ratio on/off; the bar is a cost of at most 2%. `--traces`
 adds a third kind: telemetry on and every gateway and shard node exporting its spans over OTLP
 (`OTEL_EXPORTER_OTLP_ENDPOINT`) to a sink process that reads and drops them, as a collector would.
 `python bench/telemetry.py` is the short form, `--full` the long one (`make bench`).

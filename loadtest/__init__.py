@@ -1,4 +1,4 @@
-"""The many-users load test (issue 13): N concurrent sessions and M plain streaming chat clients of
+"""The many-users load test: N concurrent sessions and M plain streaming chat clients of
 several tenants against one cluster, measured token by token.
 
 `python -m loadtest` starts a redis-server and a 1-node local cluster with auth on (or drives a

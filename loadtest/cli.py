@@ -1,4 +1,4 @@
-"""`python -m loadtest`: the 1,000-session load test of issue 13, or its short form (`--short`).
+"""`python -m loadtest`: the 1,000-session load test, or its short form (`--short`).
 
 Without `--url` it starts a redis-server and a 1-node local cluster with auth on (in a temporary
 directory, or `--data-dir`); with `--url` and `--redis-url` it drives a running cluster, whose

@@ -2,7 +2,7 @@
 
 Design. `build_report` turns the recorder's logs, the RSS figures and the spec into one plain dict
 (what `--json` writes, and what the plot and the markdown tables read); `checks` judges it against
-the issue's acceptance criteria. Each check is "pass", "fail" or "skipped" (no
+the load test's acceptance criteria. Each check is "pass", "fail" or "skipped" (no
 figures to judge: RSS of a cluster this run did not start), with the figures that decided it.
 """
 
@@ -169,7 +169,7 @@ def _check(name: str, ok: bool | None, detail: str) -> dict[str, Any]:
 
 
 def checks(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The issue's acceptance checks, judged on a built report."""
+    """The load test's acceptance checks, judged on a built report."""
     return [*_error_checks(report), _quota_check(report), _share_check(report), _memory_check(report)]
 
 

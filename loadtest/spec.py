@@ -120,7 +120,7 @@ def standard_spec(
     tokens_per_turn: int | None = None,
     quota_rpm: int | None = None,
 ) -> LoadSpec:
-    """The issue's load: `gold` (weight 3) and `silver` (2) with generous quotas, `bronze` (1)
+    """The load: `gold` (weight 3) and `silver` (2) with generous quotas, `bronze` (1)
     with a low rpm quota; the short form (about 100 sessions) or the full one (1,000)."""
     base = SHORT if short else FULL
     spec = dataclasses.replace(

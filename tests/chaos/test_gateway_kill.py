@@ -31,7 +31,7 @@ from tests.integration.cluster_helpers import (
     stream_chat,
 )
 
-BOUND_S = 10.0  # the issue's: a dead gateway's requests are cancelled on the cluster within this
+BOUND_S = 10.0  # the promise: a dead gateway's requests are cancelled on the cluster within this
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from mohawk_shard.node.handover import (
     share_weights,
     stage_footprint,
 )
+from mohawk_shard.node.pipeline_view import PipelineView
 from tests.shard.engine.test_more_architectures import build_tiny
 
 MIB = 1 << 20
@@ -41,9 +42,11 @@ CAPACITY = Capacity(
 )
 
 
-def view(*ranges: tuple[int, int], num_kv_blocks: int = 8) -> bus_pb2.Plan:
+def view(*ranges: tuple[int, int], num_kv_blocks: int = 8) -> PipelineView:
     stages = [bus_pb2.PlanStage(node_id=f"n{i}", start=a, end=b) for i, (a, b) in enumerate(ranges)]
-    return bus_pb2.Plan(version=7, num_layers=ranges[-1][1], stages=stages, num_kv_blocks=num_kv_blocks)
+    return PipelineView(
+        bus_pb2.Plan(version=7, num_layers=ranges[-1][1], stages=stages, num_kv_blocks=num_kv_blocks)
+    )
 
 
 def test_a_stage_costs_its_layers_its_ends_and_its_kv_pool() -> None:

@@ -25,6 +25,7 @@ from mohawk_pqc.kem import CryptographyKem
 from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle, revoke
 from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
 from mohawk_shard.node.link import StageLink
+from mohawk_shard.node.pipeline_view import PipelineView
 
 NODES = ("shard-a", "shard-b", "shard-c")
 PLAN = bus_pb2.Plan(
@@ -62,7 +63,7 @@ async def pipeline(url: str, pki: Path) -> AsyncIterator[list[Stage]]:
         for index, node in enumerate(NODES):
             nc = await connect([url], name=node, attempts=3)
             sec = security(pki, node)
-            link = StageLink(nc, sec, node_id=node, plan=PLAN, stage=index)
+            link = StageLink(nc, sec, node_id=node, view=PipelineView(PLAN), stage=index)
             inbox: list[bytes] = []
 
             async def record(msg: Msg, inbox: list[bytes] = inbox) -> None:

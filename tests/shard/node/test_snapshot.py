@@ -14,15 +14,16 @@ from mohawk_shard.node.capacity import Capacity
 from mohawk_shard.node.heartbeat import build_heartbeat
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.metrics import node_metrics
+from mohawk_shard.node.pipeline_view import PipelineView
 from mohawk_shard.node.snapshot import Following, NodeSnapshot, QueueSnapshot, StepStats, stage_snapshot
 from mohawk_shard.node.step_stats import StepWindow, step_report
 
 
-def view() -> bus_pb2.Plan:
+def view() -> PipelineView:
     plan = bus_pb2.Plan(version=7, num_kv_blocks=512)
     for start, end in ((0, 10), (10, 30)):
         plan.stages.add(node_id=f"n{start}", start=start, end=end)
-    return plan
+    return PipelineView(plan)
 
 
 def node(queue: QueueSnapshot | None, index: int) -> NodeSnapshot:

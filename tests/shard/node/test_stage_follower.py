@@ -22,7 +22,7 @@ from mohawk_shard.node.stage_plan import Placement
 
 class FakeRole:
     def __init__(self, placement: Placement) -> None:
-        self.plan, self.stage_index = placement.view, placement.index
+        self.view, self.stage_index = placement.view, placement.index
         self.waits_for_active = placement.index == 0
         self.hops = HopStats()
         self.num_steps = self.num_failed_steps = self.num_expired_steps = 0
@@ -51,7 +51,7 @@ class Harness(StageFollower):
         self.loads: list[tuple[int, int, bool]] = []
 
     async def load_stage(self, asked: Placement, *, beside: bool) -> None:
-        self.loads.append((asked.view.version, asked.index, beside))
+        self.loads.append((asked.view.epoch, asked.index, beside))
         self.stage_index, self.loaded = asked.index, False
         serving = Serving(FakeRole(asked), backend=SimpleNamespace())  # type: ignore[arg-type]
         if not serving.role.waits_for_active:

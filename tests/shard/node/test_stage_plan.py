@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from mohawk_common.bus.pipelines import ACTIVE, LOADING, node_view
+from mohawk_common.bus.pipelines import ACTIVE, LOADING
 from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.node.pipeline_view import view_of
 from mohawk_shard.node.stage_plan import Action, Placement, decide, serves_on
 
 NODE = "n1"
@@ -34,7 +35,7 @@ def plan(
 
 
 def asked(p: bus_pb2.Plan, node_id: str = NODE) -> Placement | None:
-    found = node_view(p, node_id)
+    found = view_of(p, node_id)
     return Placement(*found) if found is not None else None
 
 
@@ -75,7 +76,9 @@ def test_a_pipeline_that_lost_a_node_cannot_serve_on() -> None:
     lost_n2 = plan(2, ("n1", 0, 30), state=LOADING)  # n2 is gone: its pipeline cannot serve
     decision = decide(lost_n2, asked(lost_n2), serving=placed(V1), upcoming=None, make_before_break=True)
     assert decision.action == Action.LOAD and not decision.serve_on
-    assert serves_on(V1, plan(2, ("n1", 0, 30), spares=("n2",)), make_before_break=True)  # a spare lives
+    assert serves_on(
+        placed(V1).view, plan(2, ("n1", 0, 30), spares=("n2",)), make_before_break=True
+    )  # a spare lives
 
 
 @pytest.mark.parametrize(("state", "action"), [(LOADING, Action.WAIT), (ACTIVE, Action.SWITCH)])

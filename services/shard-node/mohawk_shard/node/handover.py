@@ -25,9 +25,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.backend import Backend
 from mohawk_shard.node.capacity import Capacity
+from mohawk_shard.node.pipeline_view import PipelineView
 
 FREE_MEMORY_SHARE = 0.9  # of the host's available memory a second stage may take
 
@@ -43,7 +43,7 @@ class StageFootprint:
 
 
 def stage_footprint(
-    capacity: Capacity, view: bus_pb2.Plan, index: int, *, shared_weights: bool = False
+    capacity: Capacity, view: PipelineView, index: int, *, shared_weights: bool = False
 ) -> StageFootprint:
     """What stage `index` of `view` takes on this node: its weights (none when shared with the
     stage it serves now) and its KV pool, from the node's own measured bytes."""
@@ -64,7 +64,7 @@ def stage_footprint(
     return StageFootprint(weights, kv)
 
 
-def serving_footprint(capacity: Capacity, backend: Backend, view: bus_pb2.Plan) -> StageFootprint:
+def serving_footprint(capacity: Capacity, backend: Backend, view: PipelineView) -> StageFootprint:
     """What the stage the node serves now holds: its backend's weights and its KV pool."""
     kv_layers = capacity.page_layers(backend.start, backend.end)
     return StageFootprint(

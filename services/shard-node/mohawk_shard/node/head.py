@@ -41,7 +41,6 @@ from nats.js import JetStreamContext
 
 from mohawk_common.bus import names
 from mohawk_common.bus.frames import KIND_RESULT, read_result_payload
-from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.bus.requests import cancel_tag
 from mohawk_common.bus.security import Security
 from mohawk_common.tasks import cancel_and_wait
@@ -58,6 +57,7 @@ from mohawk_shard.node.inflight import StepsInFlight
 from mohawk_shard.node.intake import RequestIntake
 from mohawk_shard.node.intake_rules import Routes
 from mohawk_shard.node.link import StageLink
+from mohawk_shard.node.pipeline_view import PipelineView
 from mohawk_shard.node.resume_budget import ResumeBudget
 from mohawk_shard.node.snapshot import MAX_HELD_ACKS, QueueSnapshot, StageSnapshot, StepStats, stage_snapshot
 from mohawk_shard.node.tokens import TokenPublisher, publish_error
@@ -78,7 +78,7 @@ class HeadDriver:
         js: JetStreamContext,
         link: StageLink,
         security: Security,
-        plan: bus_pb2.Plan,
+        view: PipelineView,
         stage: Stage,
         scheduler: Scheduler,
         executor: Executor,
@@ -91,13 +91,13 @@ class HeadDriver:
         max_waiting: int = 1024,
         traces: StageTraces | None = None,
     ) -> None:
-        self.nc, self.js, self.plan = nc, js, plan
+        self.nc, self.js, self.view = nc, js, view
         self.stage_index = 0  # every role has one (the node, its metrics and reports read it)
         self.link, self.security = link, security
         self.scheduler = scheduler
         self.core = EngineCore(scheduler, vocab_size=vocab_size, on_finish=self._forget)
         self.tokens = tokens  # set when this node is also the last stage
-        self.num_stages = len(plan.stages)
+        self.num_stages = view.num_stages
         self.ack_wait_s = ack_wait_s
         self.num_steps = 0  # steps started here (the node's idle detection watches it)
         self.stats = StepStats()  # for the telemetry service
@@ -106,14 +106,14 @@ class HeadDriver:
         self.held = HeldRequests()
         self.inflight = StepsInFlight(max_inflight_steps or self.num_stages, step_deadline_floor_s)
         self.resumes = ResumeBudget(max_resumes)
-        self.routes = Routes(pipeline_id(plan))  # the node keeps it current as the plan changes
+        self.routes = Routes(view.pipeline)  # the node keeps it current as the plan changes
         self._wake = asyncio.Event()
-        self._log = log.bind(plan=plan.version)
+        self._log = log.bind(epoch=view.epoch, pipeline=view.pipeline)
         self.intake = RequestIntake(
             nc=nc,
             js=js,
             security=security,
-            model=plan.model,
+            model=view.model,
             core=self.core,
             held=self.held,
             routes=self.routes,
@@ -161,12 +161,12 @@ class HeadDriver:
             self.kv_blocks_used,
             tuple(self.held.ack_subjects(MAX_HELD_ACKS)),
         )
-        return stage_snapshot(self.plan, self.stage_index, self.stats, self.hops, queue)
+        return stage_snapshot(self.view, self.stage_index, self.stats, self.hops, queue)
 
     @property
     def kv_blocks_used(self) -> int:
         """KV blocks handed out to running sequences (every stage of the pipeline holds the same)."""
-        return self.plan.num_kv_blocks - self.scheduler.block_manager.num_free_blocks
+        return self.view.num_kv_blocks - self.scheduler.block_manager.num_free_blocks
 
     async def start(self) -> None:
         await self.link.start()
@@ -178,14 +178,14 @@ class HeadDriver:
         await self.intake.subscribe()
         self._subs.append(await self.nc.subscribe(names.CANCEL_WILDCARD, cb=self._on_cancel))
         if self.tokens is None:
-            subject = names.activation_subject(self.plan.version, pipeline_id(self.plan), 0)
+            subject = names.activation_subject(self.view.epoch, self.view.pipeline, 0)
             self._subs.append(await self.nc.subscribe(subject, cb=self._on_result))
         self._tasks = [
             *self.intake.loops(),
             asyncio.create_task(self._step_loop()),
             *self.upkeep.loops(),
         ]
-        self._log.info("stage 0 serving", model=self.plan.model, stages=self.num_stages)
+        self._log.info("stage 0 serving", model=self.view.model, stages=self.num_stages)
 
     async def stop(self) -> None:
         """Stop stepping and hand every unfinished request back to the stream for the next stage 0."""
@@ -280,7 +280,7 @@ class HeadDriver:
         if frame is None or frame[0].kind != KIND_RESULT:
             return
         result = read_result_payload(frame[1])
-        if result.plan_version != self.plan.version:
+        if result.plan_version != self.view.epoch:  # a result of another epoch's pipeline
             return
         hop_s = self.hops.record(frame[0].sent_at)
         now = time.monotonic()

@@ -1,12 +1,12 @@
-"""`StageLink`: how one stage of one plan talks to its neighbours — channels, sealed frames, opening them.
+"""`StageLink`: how one stage of one pipeline talks to its neighbours — channels, sealed frames, opening them.
 
 Stage 0 sends activations to stage 1 and receives step results from the last stage; stage i sends
 activations to stage i+1; the last stage sends step results to stage 0. On a secure node every
 frame goes over the channel with that neighbour (handshaken on first use, see
-`mohawk_common.bus.channels`) and every incoming frame must open on one of this plan's channels,
-from the stage that sends its kind (`mohawk_common.bus.positions`: activations only from the stage
-before, step results only from the last stage into stage 0); on an insecure node frames travel in
-plaintext. Rejected frames are counted by reason and dropped.
+`mohawk_common.bus.channels`) and every incoming frame must open on one of this pipeline's
+channels (of its epoch), from the stage that sends its kind (`mohawk_common.bus.positions`:
+activations only from the stage before, step results only from the last stage into stage 0); on an
+insecure node frames travel in plaintext. Rejected frames are counted by reason and dropped.
 """
 
 from __future__ import annotations
@@ -27,21 +27,21 @@ from mohawk_common.bus.frames import (
     activation_payload,
     encode_frames,
 )
-from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.bus.security import Security
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
+from mohawk_shard.node.pipeline_view import PipelineView
 
 
 class StageLink:
     def __init__(
-        self, nc: Client, security: Security, *, node_id: str, plan: bus_pb2.Plan, stage: int
+        self, nc: Client, security: Security, *, node_id: str, view: PipelineView, stage: int
     ) -> None:
-        self.nc, self.security, self.plan, self.stage = nc, security, plan, stage
-        self.pipeline = pipeline_id(plan)
-        peers = {s.node_id: i for i, s in enumerate(plan.stages)}
+        self.nc, self.security, self.view, self.stage = nc, security, view, stage
+        self.epoch, self.pipeline = view.epoch, view.pipeline
+        peers = {s.node_id: i for i, s in enumerate(view.stages)}
         self.channels = ChannelManager(
-            nc, security, node_id=node_id, plan_version=plan.version, expected_peers=peers, model=plan.model
+            nc, security, node_id=node_id, plan_version=view.epoch, expected_peers=peers, model=view.model
         )
         self._opener = FrameOpener(security, self.channels)
         self._assembler = FrameAssembler()
@@ -55,13 +55,13 @@ class StageLink:
     async def _channel(self, stage: int) -> SecureChannel | None:
         if not self.security.secure:
             return None
-        return await self.channels.channel_to(self.plan.stages[stage].node_id)
+        return await self.channels.channel_to(self.view.stages[stage].node_id)
 
     async def connect_neighbours(self) -> None:
         """Handshake now with every stage this one initiates to (stage 0 at start, so no step waits)."""
         if not self.security.secure:
             return
-        last = len(self.plan.stages) - 1
+        last = self.view.num_stages - 1
         for target in sorted({self.stage + 1, last} if self.stage == 0 else {self.stage + 1}):
             if self.stage < target <= last:
                 await self._channel(target)
@@ -72,7 +72,7 @@ class StageLink:
         """Hidden states of `step` to the next stage (or, `failed`, word that this step failed)."""
         target = self.stage + 1
         header = security_pb2.FrameHeader(
-            plan_version=self.plan.version,
+            plan_version=self.epoch,
             stage=target,
             step_id=step.step_id,
             dtype=dtype,
@@ -81,20 +81,20 @@ class StageLink:
             sent_at=time.time(),
         )
         channel = await self._channel(target)
-        subject = names.activation_subject(self.plan.version, self.pipeline, target)
+        subject = names.activation_subject(self.epoch, self.pipeline, target)
         for message in encode_frames(header, activation_payload(step, hidden), self.nc.max_payload, channel):
             await self.nc.publish(subject, message)
 
     async def send_result(self, result: bus_pb2.StepResult) -> None:
         header = security_pb2.FrameHeader(
-            plan_version=self.plan.version,
+            plan_version=self.epoch,
             stage=0,
             step_id=result.step_id,
             kind=KIND_RESULT,
             sent_at=time.time(),
         )
         channel = await self._channel(0)
-        subject = names.activation_subject(self.plan.version, self.pipeline, 0)
+        subject = names.activation_subject(self.epoch, self.pipeline, 0)
         for message in encode_frames(header, result.SerializeToString(), self.nc.max_payload, channel):
             await self.nc.publish(subject, message)
 
@@ -103,12 +103,12 @@ class StageLink:
         try:
             header, chunk = self._opener.open(message)
         except AuthenticationError as exc:
-            self.security.reject(exc, stage=self.stage, plan=self.plan.version)
+            self.security.reject(exc, stage=self.stage, epoch=self.epoch)
             return None
         except FrameError as exc:
             self.security.reject(AuthenticationError("malformed", str(exc)), stage=self.stage)
             return None
-        if header.plan_version != self.plan.version or header.stage != self.stage:
+        if header.plan_version != self.epoch or header.stage != self.stage:
             return None
         try:
             return self._assembler.add(header, chunk)

@@ -16,11 +16,9 @@ from typing import TYPE_CHECKING, Protocol
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.bus.security import Security
 from mohawk_common.kv_groups import model_kv_groups
 from mohawk_common.model_store import ModelSource
-from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.block_manager import BlockManager
 from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
@@ -29,6 +27,7 @@ from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.head import HeadDriver
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
+from mohawk_shard.node.pipeline_view import PipelineView
 from mohawk_shard.node.snapshot import StageSnapshot
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.traces import StageTraces
@@ -42,7 +41,7 @@ class Role(Protocol):
     """What the node knows of the stage it serves, whichever it is."""
 
     stage_index: int
-    plan: bus_pb2.Plan  # the node's view of the pipeline it serves
+    view: PipelineView  # the pipeline it serves
     hops: HopStats
     num_steps: int  # frames or steps handled (the node's idle detection watches it)
     num_failed_steps: int
@@ -94,27 +93,27 @@ class RoleHost(Protocol):
     def settings(self) -> NodeSettings: ...
 
 
-def make_role(node: RoleHost, plan: bus_pb2.Plan, index: int, stage: Stage) -> Role:
-    """Stage `index` of the pipeline `plan`, built but not started."""
-    is_last = index == len(plan.stages) - 1
-    link = StageLink(node.nc, node.security, node_id=node.node_id, plan=plan, stage=index)
-    placed = plan.stages[index]
+def make_role(node: RoleHost, view: PipelineView, index: int, stage: Stage) -> Role:
+    """Stage `index` of the pipeline `view`, built but not started."""
+    is_last = index == view.num_stages - 1
+    link = StageLink(node.nc, node.security, node_id=node.node_id, view=view, stage=index)
+    placed = view.stages[index]
     traces = StageTraces(
         stage_index=index,
         node_id=node.node_id,
         layers=(placed.start, placed.end),
-        plan_version=plan.version,
-        pipeline=pipeline_id(plan),
+        plan_version=view.epoch,
+        pipeline=view.pipeline,
     )
     tokens = None
     if is_last:
-        emitter = TokenEmitter(node.tokenizer, node.source.config.eos_token_ids, plan.max_model_len)
+        emitter = TokenEmitter(node.tokenizer, node.source.config.eos_token_ids, view.max_model_len)
         tokens = TokenPublisher(node.nc, emitter)
     if index > 0:
         return StageWorker(
             nc=node.nc,
             link=link,
-            plan=plan,
+            view=view,
             stage_index=index,
             stage=stage,
             executor=node.executor,
@@ -122,10 +121,10 @@ def make_role(node: RoleHost, plan: bus_pb2.Plan, index: int, stage: Stage) -> R
             traces=traces,
         )
     scheduler = Scheduler(
-        SchedulerConfig(node.settings.max_num_seqs, node.settings.max_num_batched_tokens, plan.max_model_len),
+        SchedulerConfig(node.settings.max_num_seqs, node.settings.max_num_batched_tokens, view.max_model_len),
         BlockManager(
-            plan.num_kv_blocks,
-            plan.block_size,
+            view.num_kv_blocks,
+            view.block_size,
             enable_prefix_caching=node.settings.enable_prefix_caching,
             groups=model_kv_groups(node.source.config),
         ),
@@ -135,7 +134,7 @@ def make_role(node: RoleHost, plan: bus_pb2.Plan, index: int, stage: Stage) -> R
         js=node.js,
         link=link,
         security=node.security,
-        plan=plan,
+        view=view,
         stage=stage,
         scheduler=scheduler,
         executor=node.executor,

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mohawk_common.bus.pipelines import pipeline_id
-from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.node.hops import HopStats
+from mohawk_shard.node.pipeline_view import PipelineView
 
 
 @dataclass
@@ -64,7 +63,7 @@ class StageSnapshot:
 
     stage_index: int
     pipeline: int
-    epoch: int  # the pipeline view's version
+    epoch: int  # the pipeline's (`PipelineView.epoch`)
     num_stages: int
     start: int  # first layer held
     end: int  # one past the last
@@ -92,15 +91,15 @@ class NodeSnapshot:
 
 
 def stage_snapshot(
-    view: bus_pb2.Plan, index: int, stats: StepStats, hops: HopStats, queue: QueueSnapshot | None = None
+    view: PipelineView, index: int, stats: StepStats, hops: HopStats, queue: QueueSnapshot | None = None
 ) -> StageSnapshot:
     """Stage `index` of the pipeline `view`, with its counters."""
     placed = view.stages[index]
     return StageSnapshot(
         stage_index=index,
-        pipeline=pipeline_id(view),
-        epoch=view.version,
-        num_stages=len(view.stages),
+        pipeline=view.pipeline,
+        epoch=view.epoch,
+        num_stages=view.num_stages,
         start=placed.start,
         end=placed.end,
         kv_blocks_total=view.num_kv_blocks,

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import structlog
 
-from mohawk_common.bus.pipelines import node_view, pipeline_id, pipelines
+from mohawk_common.bus.pipelines import pipelines
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.kv_groups import model_kv_groups
 from mohawk_common.model_store.slice_source import SliceSource
@@ -35,6 +35,7 @@ from mohawk_shard.engine.backend import Backend
 from mohawk_shard.engine.stage import Stage
 from mohawk_shard.node.capacity import Capacity
 from mohawk_shard.node.handover import room_for_both, serving_footprint, share_weights, stage_footprint
+from mohawk_shard.node.pipeline_view import view_of
 from mohawk_shard.node.roles import Role, RoleHost, make_role
 from mohawk_shard.node.snapshot import Following
 from mohawk_shard.node.stage_plan import Action, Placement, decide
@@ -62,7 +63,7 @@ class Serving:
 
     @property
     def placement(self) -> Placement:
-        return Placement(self.role.plan, self.role.stage_index)
+        return Placement(self.role.view, self.role.stage_index)
 
 
 class StageFollower:
@@ -97,7 +98,7 @@ class StageFollower:
         """Serve what `plan` asks of this node (a plan older than the one followed is ignored)."""
         if self.plan is not None and plan.version < self.plan.version:
             return
-        found = node_view(plan, self.host.node_id)
+        found = view_of(plan, self.host.node_id)
         asked = Placement(*found) if found is not None else None
         if asked is not None:
             self.check_slice_holds(asked.view.stages[asked.index])
@@ -128,9 +129,7 @@ class StageFollower:
         current = self.current
         if current is not None:  # which routed requests it must also serve (stage 0)
             active = {p.id for p in pipelines(plan) if p.active}
-            current.role.follow_pipelines(
-                active, drains=bool(active) and pipeline_id(asked.view) == min(active)
-            )
+            current.role.follow_pipelines(active, drains=bool(active) and asked.view.pipeline == min(active))
             if decision.is_active and not current.started:
                 current.started = True
                 await current.role.start()
@@ -187,7 +186,8 @@ class StageFollower:
         self.loaded = True
         self._log.info(
             "next stage loaded while serving" if beside else "stage loaded",
-            plan=view.version,
+            epoch=view.epoch,
+            pipeline=view.pipeline,
             stage=index,
             layers=f"[{placement.start}, {placement.end})",
             shared_weights=beside and reuse,
@@ -233,7 +233,7 @@ class StageFollower:
             return False
         placement = asked.view.stages[asked.index]
         shared = (serving.start, serving.end) == (placement.start, placement.end)
-        held = serving_footprint(self.host.capacity, serving, current.role.plan)
+        held = serving_footprint(self.host.capacity, serving, current.role.view)
         upcoming = stage_footprint(self.host.capacity, asked.view, asked.index, shared_weights=shared)
         if room_for_both(self.host.capacity, held, upcoming):
             return True
@@ -254,7 +254,7 @@ class StageFollower:
         await self.stop_role()
         self.current, self._backend, self.loaded = upcoming, upcoming.backend, True
         self._log.info(
-            "switched to the next stage", plan=upcoming.role.plan.version, stage=upcoming.role.stage_index
+            "switched to the next stage", epoch=upcoming.role.view.epoch, stage=upcoming.role.stage_index
         )
 
     async def drop_next(self) -> None:

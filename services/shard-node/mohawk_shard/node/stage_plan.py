@@ -1,7 +1,7 @@
 """What a shard node does with a plan, as a plain decision: keep its stage, load another (beside
 the running one, or after stopping it), switch to the one loaded beside, or leave the plan.
 
-Design. The node serves the one pipeline of a plan that names it (`node_view`). A plan that keeps
+Design. The node serves the one pipeline of a plan that names it (`view_of`). A plan that keeps
 that pipeline as it was (same epoch, stages and KV: `same_assignment`) changes nothing (`KEEP`),
 so plan changes elsewhere in the cluster never interrupt it. A plan that gives the node another
 stage (`LOAD`) makes before it breaks where it can (`Decision.serve_on`): the running stage
@@ -19,8 +19,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from mohawk_common.bus.pipelines import ACTIVE, pipelines, same_assignment
+from mohawk_common.bus.pipelines import pipelines
 from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.node.pipeline_view import PipelineView
 
 
 class Action(enum.Enum):
@@ -34,9 +35,9 @@ class Action(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Stage `index` of the pipeline `view` (a node's view of the plan, `node_view`)."""
+    """Stage `index` of the pipeline `view`."""
 
-    view: bus_pb2.Plan
+    view: PipelineView
     index: int
 
 
@@ -49,10 +50,10 @@ class Decision:
     @property
     def is_active(self) -> bool:
         """Whether the pipeline asked for is active (stage 0 starts pulling requests then)."""
-        return self.placement is not None and self.placement.view.state == ACTIVE
+        return self.placement is not None and self.placement.view.active
 
 
-def serves_on(serving: bus_pb2.Plan | None, plan: bus_pb2.Plan, *, make_before_break: bool) -> bool:
+def serves_on(serving: PipelineView | None, plan: bus_pb2.Plan, *, make_before_break: bool) -> bool:
     """Whether the running stage, of the pipeline `serving`, can go on serving while `plan` loads:
     make before break is on, and every node of its pipeline still lives (`plan` names it somewhere)."""
     if serving is None or not make_before_break:
@@ -78,10 +79,10 @@ def decide(
     if serving is not None and _same(serving, asked):
         return Decision(Action.KEEP, asked)
     if upcoming is not None and _same(upcoming, asked):
-        return Decision(Action.SWITCH if asked.view.state == ACTIVE else Action.WAIT, asked)
+        return Decision(Action.SWITCH if asked.view.active else Action.WAIT, asked)
     return Decision(Action.LOAD, asked, serve_on=can_serve_on)
 
 
 def _same(a: Placement, b: Placement) -> bool:
     """Whether two placements ask the same of the pipeline's nodes (the pipeline's state aside)."""
-    return a.index == b.index and same_assignment(a.view, b.view)
+    return a.index == b.index and a.view.same_assignment(b.view)

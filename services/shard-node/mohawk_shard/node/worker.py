@@ -1,6 +1,6 @@
 """Stages 1..N-1: activation frames in, the stage's layers, frames on to the next stage or tokens out.
 
-Frames of one plan arrive on `mohawk.v1.act.<epoch>.<pipeline>.<stage>` in step order (core NATS keeps one
+Frames of one pipeline arrive on `mohawk.v1.act.<epoch>.<pipeline>.<stage>` in step order (core NATS keeps one
 publisher's order), are opened on the channel with the previous stage (`StageLink`), and are
 processed one at a time, in that order, so every stage sees a
 sequence's steps in the order stage 0 scheduled them. The model runs on the node's compute thread,
@@ -29,13 +29,13 @@ from nats.aio.msg import Msg
 
 from mohawk_common.bus import names
 from mohawk_common.bus.frames import KIND_FAILED, FrameError, read_activation_payload
-from mohawk_common.bus.pipelines import pipeline_id
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_proto.v1 import bus_pb2, engine_pb2, security_pb2
 from mohawk_shard.engine.stage import Stage, StepBatch
 from mohawk_shard.node.compute import StageCompute
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
+from mohawk_shard.node.pipeline_view import PipelineView
 from mohawk_shard.node.snapshot import StageSnapshot, StepStats, stage_snapshot
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.traces import StageTraces
@@ -50,14 +50,14 @@ class StageWorker:
         *,
         nc: Client,
         link: StageLink,
-        plan: bus_pb2.Plan,
+        view: PipelineView,
         stage_index: int,
         stage: Stage,
         executor: Executor,
         tokens: TokenPublisher | None,
         traces: StageTraces | None = None,
     ) -> None:
-        self.nc, self.link, self.plan, self.stage_index = nc, link, plan, stage_index
+        self.nc, self.link, self.view, self.stage_index = nc, link, view, stage_index
         self.tokens = tokens  # set on the last stage
         self.traces = traces if traces is not None else StageTraces.off()
         self._inbox: asyncio.Queue[tuple[Msg, float]] = asyncio.Queue()
@@ -68,7 +68,7 @@ class StageWorker:
         self.compute = StageCompute(stage, executor, tokens, self.stats)
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
-        self._log = log.bind(plan=plan.version, stage=stage_index)
+        self._log = log.bind(epoch=view.epoch, pipeline=view.pipeline, stage=stage_index)
 
     num_expired_steps = 0  # only stage 0 gives steps up
     waits_for_active = False  # subscribed at once, so no frame of its pipeline is missed
@@ -78,11 +78,11 @@ class StageWorker:
 
     def stage_snapshot(self) -> StageSnapshot:
         """This stage's part of the node's snapshot."""
-        return stage_snapshot(self.plan, self.stage_index, self.stats, self.hops)
+        return stage_snapshot(self.view, self.stage_index, self.stats, self.hops)
 
     async def start(self) -> None:
         await self.link.start()
-        subject = names.activation_subject(self.plan.version, pipeline_id(self.plan), self.stage_index)
+        subject = names.activation_subject(self.view.epoch, self.view.pipeline, self.stage_index)
         self._sub = await self.nc.subscribe(subject, cb=self._on_message, pending_bytes_limit=1 << 30)
         self._task = asyncio.create_task(self._run())
         self._log.info("stage serving", subject=subject, last=self.tokens is not None)
@@ -128,9 +128,7 @@ class StageWorker:
         sequences instead of waiting for a result that will never come."""
         with contextlib.suppress(Exception):
             if self.tokens is not None:
-                result = bus_pb2.StepResult(
-                    plan_version=self.plan.version, step_id=step.step_id, error=reason
-                )
+                result = bus_pb2.StepResult(plan_version=self.view.epoch, step_id=step.step_id, error=reason)
                 result.sent_at = time.time()
                 await self.link.send_result(result)
             else:
@@ -151,7 +149,7 @@ class StageWorker:
             for sampled in results:
                 if sampled.finish_reason:
                     self.traces.end(sampled.seq_id, {"mohawk.finish_reason": sampled.finish_reason})
-            result = bus_pb2.StepResult(plan_version=self.plan.version, step_id=batch.step_id)
+            result = bus_pb2.StepResult(plan_version=self.view.epoch, step_id=batch.step_id)
             result.results.extend(results)
             result.sent_at = time.time()
             await self.link.send_result(result)

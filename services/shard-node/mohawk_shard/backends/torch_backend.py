@@ -26,6 +26,7 @@ from mohawk_shard.model.kv_cache import Int8Store, KVCache
 from mohawk_shard.model.kv_quant import KVTiers
 from mohawk_shard.model.quantized_layers import DENSE_MIN_ROWS, dense_rows
 from mohawk_shard.model.rope import RotaryTable
+from mohawk_shard.model.traced_decode import TRACE_AFTER, TracedDecode, traceable
 from mohawk_shard.model.weight_formats import weights_dtype
 from mohawk_shard.model.weight_loading import build_stage
 
@@ -63,6 +64,7 @@ class TorchBackend:
         weights: str = "native",
         kv_cache_dtype: str = "auto",
         batch_invariant: bool = True,
+        trace_decode_after: int | None = TRACE_AFTER,
     ) -> None:
         config = source.config
         self.start, self.end = start, end
@@ -94,6 +96,11 @@ class TorchBackend:
         self.kv_tiers: KVTiers | None = None
         self.config = config
         self.sampler = Sampler(config.eos_token_ids) if self.has_head else None
+        # batch-1 decodes replayed from a trace (`traced_decode.py`); None: always eager
+        self.traced_decode: TracedDecode | None = None
+        can_trace = traceable(self.model, self.rotary, self.torch_device, self._windows)
+        if trace_decode_after is not None and can_trace:
+            self.traced_decode = TracedDecode(self.model, self.rotary, trace_decode_after)
 
     @property
     def weight_bytes(self) -> int:
@@ -141,21 +148,29 @@ class TorchBackend:
             KVCache(page.key, page.value, page.key_int8, page.value_int8, group)
             for page, group in zip((pages[j] for j in self._tensor_slots), self.layer_groups, strict=True)
         ]
+        if self.traced_decode is not None:
+            self.traced_decode.forget()
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, hidden: torch.Tensor | None) -> torch.Tensor:
         if len(self._windows) > 1 and not batch.group_tables:
             raise ValueError(f"layers [{self.start}, {self.end}) need a block table per KV group")
-        plan = None if self.kv_tiers is None else self.kv_tiers.prepare(batch, self.kv_caches)
-        meta = AttentionMetadata.build(
-            batch, self.rotary, self.torch_device, plan, self._windows, fixed_chunks=self.batch_invariant
-        )
         if self.has_embedding:
             inputs = torch.from_numpy(batch.token_ids).to(self.torch_device)
         elif hidden is None:
             raise ValueError("a stage without the embedding needs hidden states from the stage before")
         else:
             inputs = hidden.to(self.torch_device, self.dtype)
+        traced = self.traced_decode
+        if traced is not None and self.batch_invariant and self.kv_tiers is None and traced.applies(batch):
+            return traced.step(batch, inputs, self.kv_caches, lambda: self._eager(batch, inputs))
+        return self._eager(batch, inputs)
+
+    def _eager(self, batch: ForwardBatch, inputs: torch.Tensor) -> torch.Tensor:
+        plan = None if self.kv_tiers is None else self.kv_tiers.prepare(batch, self.kv_caches)
+        meta = AttentionMetadata.build(
+            batch, self.rotary, self.torch_device, plan, self._windows, fixed_chunks=self.batch_invariant
+        )
         rows = None
         if self.has_head and batch.logits_rows.shape[0] != batch.num_tokens:
             rows = torch.from_numpy(np.ascontiguousarray(batch.logits_rows)).to(self.torch_device)

@@ -6,8 +6,8 @@ its message (`Delivery`) and keeps extending its ack deadline, and when the plan
 every held message back (nak). A request names the gateway process that waits for its tokens and
 its deadline: one whose gateway is gone (`GatewayPresence`), or whose deadline passed more than
 `ORPHAN_CHECK_S` ago, is an orphan (`HeldRequests.orphans`), which stage 0 cancels and acks, with
-a 504 error event when its deadline passed. `HeadDriver` moves the messages; this table only
-remembers them and decides.
+a 504 error event when its deadline passed. Stage 0's adapters (`head.py`, `intake.py`,
+`upkeep.py`) move the messages; this table only remembers them and decides.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A step given up (its deadline passed: frames lost, a stage died) frees its seque
 them from the tokens the token stream holds. A request that keeps expiring with no token in
 between would loop for ever; after `max_resumes` such resumes in a row its next expiry ends it with
 an error instead. Any token the request gets starts its count again. Plain bookkeeping, no bus:
-`HeadDriver` calls it.
+stage 0 (`HeadDriver`, and `Upkeep` when a step expires) calls it.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from mohawk_shard.model.attention_metadata import additive_mask
 from mohawk_shard.model.fixed_chunk_attention import (
     CHUNK,
+    MIN_GEMM_ROWS,
     allowed_keys,
     fixed_chunk_attention,
     key_reach,
@@ -121,21 +122,22 @@ def test_the_gemms_it_relies_on_reduce_a_row_the_same_way_at_every_size(
 ) -> None:
     """The premise of the module: on this machine's kernels, an output of q·kᵀ (reduced over the
     head dim) and of a chunk's weights·v (over CHUNK keys) does not depend on how many rows or
-    columns the call has."""
+    columns the call has, from `MIN_GEMM_ROWS` rows up (the module pads shorter calls to that)."""
     gen = torch.Generator().manual_seed(2)
     group = 3
+    least = -(-MIN_GEMM_ROWS // group) * group  # a decode's rows, padded
     a = torch.randn(KV_HEADS, 1, 512 * group, depth, generator=gen).to(dtype)
     b = torch.randn(KV_HEADS, 1, 512, depth, generator=gen).to(dtype)
-    first = torch.matmul(a[:, :, :group], b[:, :, :CHUNK].transpose(-1, -2))
-    for rows in (group, 32 * group, 512 * group):
+    first = torch.matmul(a[:, :, :least], b[:, :, :CHUNK].transpose(-1, -2))
+    for rows in (least, least + 1, 32 * group, 512 * group):
         for cols in (CHUNK, 4 * CHUNK, 512):
             out = torch.matmul(a[:, :, :rows], b[:, :, :cols].transpose(-1, -2))
-            assert torch.equal(out[:, :, :group, :CHUNK], first), (rows, cols)
+            assert torch.equal(out[:, :, :least, :CHUNK], first), (rows, cols)
     weights = torch.rand(KV_HEADS, 1, 8, 512 * group, CHUNK, generator=gen).to(dtype)
     values = torch.randn(KV_HEADS, 1, 8, CHUNK, depth, generator=gen).to(dtype)
-    first = torch.matmul(weights[:, :, :, :group], values)
-    for rows in (2 * group, 32 * group, 512 * group):
-        assert torch.equal(torch.matmul(weights[:, :, :, :rows], values)[:, :, :, :group], first), rows
+    first = torch.matmul(weights[:, :, :, :least], values)
+    for rows in (least + 1, 32 * group, 512 * group):
+        assert torch.equal(torch.matmul(weights[:, :, :, :rows], values)[:, :, :, :least], first), rows
 
 
 def test_keys_must_be_whole_chunks() -> None:

@@ -7,7 +7,12 @@ associate differently and a query's output moves in its last bits, which greedy 
 different text. Here every query is computed with one fixed order. The context is cut into chunks
 of CHUNK keys counted from the sequence's first position and padded with masked keys to whole
 chunks. The scores are one matmul whose reduction runs over the head dimension only, the same for
-every query (checked for gemm shapes by `tests/shard/model/test_fixed_chunk_attention.py`). The
+every query (checked for gemm shapes by `tests/shard/model/test_fixed_chunk_attention.py`). MKL
+runs a gemm of one to three rows through other kernels than a taller one, which on AVX2 CPUs reduce
+differently (an AMD EPYC's fp32: a decode's 3 query heads per KV head gave other bits than the same
+rows inside a prompt chunk); so a call's queries are padded with zero queries to at least
+`MIN_GEMM_ROWS` rows per KV head, whose outputs are dropped, and every gemm runs a taller kernel,
+in which a row's bits do not depend on the row count. The
 maximum is taken over all the query's keys, exact in any order. exp(score - max) is summed and
 multiplied into the values per chunk of exactly CHUNK keys (one gemm shape whatever the context),
 and the chunks are added in order by a cumulative sum, so masked chunks past a query's end add
@@ -27,6 +32,7 @@ import torch.nn.functional as F
 
 CHUNK = 64  # keys per chunk: one gemm shape for every query, whatever its context
 QUERY_TILE = 128  # a longer prompt chunk's queries go this many at a time
+MIN_GEMM_ROWS = 8  # rows (queries × heads per KV head) every attention gemm runs at least
 
 
 def padded_length(context_len: int) -> int:
@@ -102,6 +108,11 @@ def _attend(
     batch, num_queries, num_heads, head_dim = query.shape
     kv_heads, _, padded, _ = keys.shape
     group = num_heads // kv_heads
+    short = -(-MIN_GEMM_ROWS // group) - num_queries  # zero queries that make the gemms tall enough
+    if short > 0:
+        query = F.pad(query, (0, 0, 0, 0, 0, short))
+        mask = F.pad(mask, (0, 0, 0, short))  # the padding queries see every key: finite, dropped
+        return _attend(query, keys, values, mask, scale, softcap)[:, :num_queries]
     num_chunks = padded // CHUNK
     # [KVH, B, Q·group, D]: each query's heads grouped over the KV head they share
     q = (query * scale).view(batch, num_queries, kv_heads, group, head_dim).permute(2, 0, 1, 3, 4)

@@ -4,7 +4,9 @@ Runs one stage of all 30 layers on a 200-token context and times a one-token dec
 (median and min of 40) as it is, with the 4-bit matmuls replaced by empty outputs, and with
 attention replaced too, which leaves the small ops (norms, rotary, residuals) and the metadata;
 with `batch_invariant` on (the default: attention in fixed chunks) and off (fused attention).
-Then the floor: one step's 4-bit kernel calls alone (every layer's q/k/v, o, gate/up and down and
+With the setting on, the same step replayed from its TorchScript trace (`model/traced_decode.py`,
+what the engine runs once a context bucket has served 32 decodes). Then the floor: one step's
+4-bit kernel calls alone (every layer's q/k/v, o, gate/up and down and
 the LM head's, bf16 rows in, nothing around them), at 1 row and at 8, 32 and 128 (a batched decode,
 a prefill chunk), against llama.cpp's whole decode step on the
 same GGUF with the same threads, in the same run (when llama-cpp-python, the bench extra, is
@@ -55,6 +57,7 @@ def forward_breakdown(backend: TorchBackend) -> None:
     backend.forward(ForwardBatch.build([(list(range(CONTEXT)), 0, blocks, True)], 16), None)
     decode = ForwardBatch.build([([5], CONTEXT, blocks, True)], 16)
     step = lambda: backend.forward(decode, None)  # noqa: E731
+    traced, backend.traced_decode = backend.traced_decode, None  # eager, to take apart
     print("decode forward:", timed(step))
     matmul, attention = Int4Linear.forward, model_blocks.paged_attention
     try:
@@ -66,6 +69,10 @@ def forward_breakdown(backend: TorchBackend) -> None:
         print("  without matmuls and attention:", timed(step))
     finally:
         Int4Linear.forward, model_blocks.paged_attention = matmul, attention  # type: ignore[method-assign]
+        backend.traced_decode = traced
+    if traced is not None and backend.batch_invariant:  # the default for a long answer's decodes
+        traced.trace_after = 1
+        print("decode forward replayed from its trace (same bits):", timed(step))
 
 
 def post_attention_breakdown(backend: TorchBackend) -> None:
@@ -154,6 +161,7 @@ def kernel_floor(backend: TorchBackend, threads: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-compile", action="store_true", help="leave out the Inductor compile (minutes)")
     args = parser.parse_args()
     configure_logging("warning")
     torch.set_num_threads(args.threads)
@@ -165,7 +173,8 @@ def main() -> None:
             print(f"batch_invariant={invariant}")
             forward_breakdown(backend)
         kernel_floor(backend, args.threads)
-        post_attention_breakdown(backend)
+        if not args.no_compile:
+            post_attention_breakdown(backend)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,11 @@ different text. Here every query is computed with one fixed order. The context i
 of CHUNK keys counted from the sequence's first position and padded with masked keys to whole
 chunks. The scores are one matmul whose reduction runs over the head dimension only, the same for
 every query (checked for gemm shapes by `tests/shard/model/test_fixed_chunk_attention.py`). MKL
-runs a gemm of one to three rows through other kernels than a taller one, which on AVX2 CPUs reduce
-differently (an AMD EPYC's fp32: a decode's 3 query heads per KV head gave other bits than the same
-rows inside a prompt chunk); so a call's queries are padded with zero queries to at least
-`MIN_GEMM_ROWS` rows per KV head, whose outputs are dropped, and every gemm runs a taller kernel,
-in which a row's bits do not depend on the row count. The
+on AVX2 CPUs computes the rows of a call of fewer than 12 rows past its last whole tile of four with
+another kernel, which reduces differently (an AMD EPYC's fp32: a decode's 3 query heads per KV head
+gave other bits than the same rows inside a prompt chunk); so a call's queries are padded with
+zero queries to at least `MIN_GEMM_ROWS` rows per KV head, whose outputs are dropped, and every
+gemm is tall enough that a row's bits do not depend on the row count. The
 maximum is taken over all the query's keys, exact in any order. exp(score - max) is summed and
 multiplied into the values per chunk of exactly CHUNK keys (one gemm shape whatever the context),
 and the chunks are added in order by a cumulative sum, so masked chunks past a query's end add
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 CHUNK = 64  # keys per chunk: one gemm shape for every query, whatever its context
 QUERY_TILE = 128  # a longer prompt chunk's queries go this many at a time
-MIN_GEMM_ROWS = 8  # rows (queries × heads per KV head) every attention gemm runs at least
+MIN_GEMM_ROWS = 12  # rows (queries × heads per KV head) every attention gemm runs at least (`linear.py`)
 
 
 def padded_length(context_len: int) -> int:

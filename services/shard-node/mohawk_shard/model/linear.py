@@ -5,6 +5,11 @@ the 30 layers' matmuls take 26.9 ms with `F.linear` on a [out, in] fp32 weight a
 `x @ Wt` on the same weight stored transposed [in, out] and contiguous; the 49152-row LM head
 8.3 ms against 4.5 ms. bf16 (AMX) is the other way round (12.1 vs 15.4 ms), and CUDA prefers
 `F.linear`. So fp32 weights on CPU are stored transposed once, after loading.
+
+On CPU a call's rows are padded to `invariant_rows`: MKL's AVX2 sgemm (a 2-core AMD EPYC) computes
+rows in tiles of four, and in a call of fewer than 12 rows the rows past the last whole tile take
+another kernel that reduces differently, so a decode's one row, or a chunk's sixth, got other bits
+than the same row inside a longer prefill and a sequence's text changed with its chunking.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ class Linear(nn.Module):
         self.transposed = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0] if x.dim() == 2 else 0
+        padded = invariant_rows(rows) if x.is_cpu else rows
+        if padded != rows:
+            return self.forward(F.pad(x, (0, 0, 0, padded - rows)))[:rows]
         if not self.transposed:
             return F.linear(x, self.weight, self.bias)
         y = torch.matmul(x, self.weight)
@@ -33,6 +42,18 @@ class Linear(nn.Module):
         if not self.transposed:
             self.weight = nn.Parameter(self.weight.t().contiguous(), requires_grad=False)
             self.transposed = True
+
+
+INVARIANT_ROW_TILE = 4  # MKL's AVX2 sgemm: rows in tiles of 4 ...
+INVARIANT_ALL_ROWS = 12  # ... and from 12 rows on every row the same whatever the count
+
+
+def invariant_rows(num_rows: int) -> int:
+    """Rows a CPU gemm is run with so that each row's bits do not depend on how many there are:
+    `num_rows` from 12 up, else the next multiple of 4."""
+    if num_rows == 0 or num_rows >= INVARIANT_ALL_ROWS:
+        return num_rows
+    return -(-num_rows // INVARIANT_ROW_TILE) * INVARIANT_ROW_TILE
 
 
 def prefers_transposed(device: torch.device, dtype: torch.dtype) -> bool:

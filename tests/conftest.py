@@ -16,9 +16,9 @@ from tests.redis_server import ensure_running, flush, start_redis
 FULL_FORM = os.environ.get("MOHAWK_FULL") == "1"
 
 
-# Every test under these starts a cluster of processes or runs a benchmark's short form (10 s to
-# over a minute each): `slow`, so `pytest -m "not slow"` is the few-minute inner loop. `make test`
-# runs them all.
+# Every test under these starts a cluster of processes, runs a benchmark's short form, or runs a
+# real model end to end many times (each file 20 s to two minutes on a 2-core machine, by `make
+# test`'s --durations): `slow`, so `pytest -m "not slow"` is the inner loop. `make test` runs them all.
 SLOW_PLACES = (
     "tests/bench/",
     "tests/chaos/",
@@ -27,7 +27,18 @@ SLOW_PLACES = (
     "tests/loadtest/test_loadtest_short.py",
     "tests/cli/test_up.py",
     "tests/cli/test_up_architectures.py",
+    "tests/cli/test_generate_cli.py",
     "tests/telemetry/test_telemetry_cluster.py",
+    "tests/security/test_slices_on_the_bus.py",
+    "tests/security/test_bus_security.py",
+    "tests/security/attacks/test_control_plane.py",
+    "tests/common/model_store/test_gguf_cache.py",
+    "tests/common/model_store/test_store_bundled.py",
+    "tests/shard/backends/test_traced_decode.py",
+    "tests/shard/engine/test_batch_invariance.py",
+    "tests/shard/engine/test_engine_behaviour.py",
+    "tests/shard/engine/test_mlx.py",
+    "tests/shard/engine/test_reference_bundled.py",
 )
 
 

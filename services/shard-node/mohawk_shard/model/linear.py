@@ -6,10 +6,14 @@ the 30 layers' matmuls take 26.9 ms with `F.linear` on a [out, in] fp32 weight a
 8.3 ms against 4.5 ms. bf16 (AMX) is the other way round (12.1 vs 15.4 ms), and CUDA prefers
 `F.linear`. So fp32 weights on CPU are stored transposed once, after loading.
 
-On CPU a call's rows are padded to `invariant_rows`: MKL's AVX2 sgemm (a 2-core AMD EPYC) computes
-rows in tiles of four, and in a call of fewer than 12 rows the rows past the last whole tile take
-another kernel that reduces differently, so a decode's one row, or a chunk's sixth, got other bits
-than the same row inside a longer prefill and a sequence's text changed with its chunking.
+On CPU a call of 2 to 11 rows is padded to a multiple of four (`invariant_rows`): MKL's AVX2 sgemm
+(a 2-core AMD EPYC) computes rows in tiles of four, and in a call of fewer than 12 rows the rows
+past the last whole tile take another kernel that reduces differently, so a chunk's sixth row got
+other bits than the same row inside a longer prefill and a sequence's text changed with its
+chunking. One row alone is left to its own kernel (a gemv), which on that CPU also differs from a
+taller call's: padding it to four rows made a batch-1 decode's matmuls 3 to 6 times slower there
+(the 49152-row LM head 59 ms against 10), so a dense model's lone decode row is the one case this
+does not make invariant on AVX2; the native 4-bit layers (tinygemm) compute every row alike.
 """
 
 from __future__ import annotations
@@ -49,9 +53,9 @@ INVARIANT_ALL_ROWS = 12  # ... and from 12 rows on every row the same whatever t
 
 
 def invariant_rows(num_rows: int) -> int:
-    """Rows a CPU gemm is run with so that each row's bits do not depend on how many there are:
-    `num_rows` from 12 up, else the next multiple of 4."""
-    if num_rows == 0 or num_rows >= INVARIANT_ALL_ROWS:
+    """Rows a CPU gemm of two rows or more is run with so that each row's bits do not depend on how
+    many there are: `num_rows` from 12 up, else the next multiple of 4; one row stays one."""
+    if num_rows <= 1 or num_rows >= INVARIANT_ALL_ROWS:
         return num_rows
     return -(-num_rows // INVARIANT_ROW_TILE) * INVARIANT_ROW_TILE
 

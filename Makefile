@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test docs up bench chaos loadtest multihost models proto clean
+.PHONY: setup test docs up bench chaos loadtest multihost models full proto clean
 
 setup: $(STAMP)
 
@@ -70,6 +70,7 @@ loadtest: setup
 # built for the instruction sets /proc/cpuinfo lists (bench/llama_cpp_cmake_args.sh says why).
 bench: setup
 	CMAKE_ARGS="$$(sh bench/llama_cpp_cmake_args.sh)" $(PIP) install -e ".[bench]"
+	MOHAWK_FULL=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/bench
 	$(PY) bench/matmul_floor.py
 	$(PY) bench/engine.py --full --weights native,fp32 --no-prefix-cache --json bench/results/engine-cpu-native-fp32.json
 	$(PY) bench/engine.py --full --weights fp32 --dtype float32 --json bench/results/engine-cpu-float32.json
@@ -81,6 +82,11 @@ bench: setup
 	$(PY) bench/security.py --full --json bench/results/security-cpu.json
 	$(PY) bench/backends.py --full --json bench/results/backends-cpu.json
 	$(PY) bench/architectures.py --json bench/results/architectures-cpu.json --markdown bench/results/architectures-cpu.md
+
+# the whole suite with every case `make test` leaves to a long form: the chaos suite's full form, every
+# architecture served, MLX-only pipelines, the cluster benchmarks' short forms (without the bench extra)
+full: setup
+	MOHAWK_FULL=1 MOHAWK_ARCHITECTURES=1 $(VENV)/bin/pytest -q -p no:cacheprovider --durations=20
 
 # Generated code is committed: run this after editing anything under proto/mohawk.
 # protoc writes mohawk/v1/x_pb2.py (the proto package path); it is moved to mohawk_proto/v1/ and

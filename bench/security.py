@@ -13,8 +13,8 @@
    users), and --insecure (plaintext frames) on open NATS. The first two compare NATS's TLS and
    auth, the last two Mohawk's own encryption. The short form runs the first and the last only
    (what `mohawk up` runs against everything off), one cluster fewer on CI's two cores.
-Figures are medians (min–max). `python bench/security.py` runs the short form (CI, `make test`);
-`--full` the full form (`make bench`).
+Figures are medians (min–max). `python bench/security.py` runs the short form, `--full` the full
+form (`make bench`); `--micro-only` parts 1–3 alone (`make test`, in seconds).
 """
 
 from __future__ import annotations
@@ -153,6 +153,8 @@ def report(micro_results: dict[str, Stat], e2e: dict[str, Stat], form: Form) -> 
         f"| {name} | {stat.median:.3f} ({stat.low:.3f}–{stat.high:.3f}) |"
         for name, stat in micro_results.items()
     ]
+    if not e2e:
+        return "\n".join(lines)
     nats, plain = e2e[NATS_SECURE], e2e[PLAINTEXT]
     secure = e2e.get(ENCRYPTED)
     lines += [
@@ -177,12 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the full form (make bench)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--micro-only", action="store_true", help="the per-operation costs alone, without the clusters"
+    )
     args = parser.parse_args(argv)
     configure_logging("warning")
     form = FULL if args.full else SHORT
     with tempfile.TemporaryDirectory(prefix="mohawk-pki-") as pki:
         micro_results = micro(form, Path(pki))
-    e2e = end_to_end(form)
+    e2e = {} if args.micro_only else end_to_end(form)
     table = report(micro_results, e2e, form)
     print(table)
     if args.json:

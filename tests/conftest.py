@@ -28,6 +28,7 @@ SLOW_PLACES = (
     "tests/cli/test_up.py",
     "tests/cli/test_up_architectures.py",
     "tests/cli/test_generate_cli.py",
+    "tests/cli/test_slice_cli.py",
     "tests/telemetry/test_telemetry_cluster.py",
     "tests/security/test_slices_on_the_bus.py",
     "tests/security/test_bus_security.py",
@@ -43,9 +44,9 @@ SLOW_PLACES = (
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests in `SLOW_PLACES` are `slow`. `full_form` cases run only in the long forms (`make chaos`
-    sets MOHAWK_FULL=1): `make test` keeps one case of each scenario and skips the rest, saying
-    where they run."""
+    """Tests in `SLOW_PLACES` are `slow`. `full_form` cases run only in the long forms (MOHAWK_FULL=1:
+    `make chaos`, `make bench`, `make full`): `make test` keeps one case of each scenario and skips
+    the rest, saying where they run."""
     root = Path(str(config.rootpath))
     for item in items:
         where = Path(str(item.path)).relative_to(root).as_posix()
@@ -53,7 +54,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
     if FULL_FORM:
         return
-    skip = pytest.mark.skip(reason="full form only: `make chaos` (MOHAWK_FULL=1) runs it")
+    skip = pytest.mark.skip(
+        reason="long form only: `make full` runs it (`make chaos` and `make bench` run their own)"
+    )
     for item in items:
         if item.get_closest_marker("full_form") is not None:
             item.add_marker(skip)

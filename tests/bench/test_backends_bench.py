@@ -1,4 +1,7 @@
-"""The short form of bench/backends.py: a torch/MLX/torch cluster measured end to end, with its plan."""
+"""The short form of bench/backends.py: a torch/MLX/torch cluster measured end to end, with its plan.
+
+`make bench` runs it (MOHAWK_FULL=1) before the full form. `make test` leaves it out: that a mixed
+torch/MLX cluster serves and plans by speed is tests/integration/test_mixed_cluster.py's check there."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.bench import run_bench
+
+pytestmark = pytest.mark.full_form
 
 pytest.importorskip("mlx_lm", reason="the mlx extra (mlx, mlx-cpu, mlx-lm) is not installed")
 

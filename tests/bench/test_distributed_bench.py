@@ -1,10 +1,17 @@
-"""The short form of bench/distributed.py: the single-process engine against a 3-stage `mohawk up` cluster."""
+"""The short form of bench/distributed.py: the single-process engine against a 3-stage `mohawk up` cluster.
+
+`make bench` runs it (MOHAWK_FULL=1) before the full form. `make test` leaves it out: that a
+3-stage cluster serves as it should is tests/integration/test_cluster.py's check there."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.bench import run_bench
+
+pytestmark = pytest.mark.full_form
 
 
 def test_three_stage_cluster_against_the_single_process_engine(tmp_path: Path) -> None:

@@ -63,6 +63,7 @@ def pki(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
     return pki
 
 
+@pytest.mark.slow  # over 5 s here: the inner loop leaves it to `make test`
 def test_init_issue_show_revoke_as_a_subprocess(tmp_path: Path) -> None:
     pki = str(tmp_path / "pki")
     init = mohawk("init", "--pki-dir", pki)
@@ -229,6 +230,7 @@ def test_revoke_publishes_the_list_on_nats(pki: Path, nats_server: NatsServer) -
     assert caught.value.reason == "revoked"
 
 
+@pytest.mark.slow  # over 5 s here: the inner loop leaves it to `make test`
 def test_revoke_with_nats_unreachable_changes_nothing(pki: Path) -> None:
     serial = serial_of(pki / "nodes" / "gw-1")
     before = (pki / "crl").read_bytes()

@@ -44,6 +44,7 @@ def one_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # over 5 s here: the inner loop leaves it to `make test`
 def test_an_operator_adds_rotates_and_removes_a_tenant(redis_url: str) -> None:
     added = mohawk_tenant(redis_url, "add", "acme", "--rpm", "60", "--priority", "high")
     assert added.returncode == 0, added.stderr

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control import encode_json
@@ -21,6 +23,7 @@ from tests.coordinator.fake_node import FakeNode
 from tests.coordinator.harness import TTL_S, Replica, settings, start_replica, wait_for, wait_for_plan
 
 
+@pytest.mark.slow  # over 5 s here: the inner loop leaves it to `make test`
 def test_a_plan_of_an_earlier_run_is_never_adopted_and_a_restarted_node_is_replanned(
     nats_server: NatsServer,
 ) -> None:

@@ -36,6 +36,7 @@ async def live_keys(replica: Replica) -> set[str]:
         return set()
 
 
+@pytest.mark.slow  # over 5 s here: the inner loop leaves it to `make test`
 def test_plans_follow_membership_and_activate_when_loaded(
     nats_server: NatsServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -61,6 +61,7 @@ def test_the_last_live_node_is_never_quarantined() -> None:
     assert quarantine.excluded({"only"}) == set()
 
 
+@pytest.mark.slow  # over 5 s here: the inner loop leaves it to `make test`
 @pytest.mark.timeout(60)
 def test_a_failing_node_leaves_the_plan_and_comes_back(
     nats_server: NatsServer, capsys: pytest.CaptureFixture[str]

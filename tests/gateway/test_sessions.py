@@ -159,6 +159,7 @@ def test_a_session_is_its_tenants_own_and_can_be_deleted(
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "session_not_found"
 
 
+@pytest.mark.slow  # over 5 s here: the inner loop leaves it to `make test`
 def test_one_turn_at_a_time_and_caps_hold(session_gateway: httpx.Client) -> None:
     session_id = create(session_gateway, qos={"max_turns": 1})
     running = session_gateway.post(f"/v1/sessions/{session_id}/infer", json={"input": "slow", "async": True})

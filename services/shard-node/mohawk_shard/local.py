@@ -10,7 +10,7 @@ import structlog
 from mohawk_common.errors import ConfigError
 from mohawk_common.kv_groups import max_tokens_in, model_kv_groups
 from mohawk_common.model_store import ModelSource, open_model
-from mohawk_shard.backends import make_backend
+from mohawk_shard.backends import backend_from_settings
 from mohawk_shard.config import EngineSettings
 from mohawk_shard.engine.backend import Backend
 from mohawk_shard.engine.block_manager import BlockManager
@@ -82,17 +82,7 @@ def build_local_engine(
         raise ConfigError(f"{len(names)} backends named for {len(ranges)} stages")
     stages: list[Backend] = []
     for (start, end), name in zip(ranges, names, strict=True):
-        backend = make_backend(
-            name,
-            source,
-            start,
-            end,
-            device=settings.device,
-            dtype=settings.dtype,
-            weights=settings.weights,
-            kv_cache_dtype=settings.kv_cache_dtype,
-            batch_invariant=settings.batch_invariant,
-        )
+        backend = backend_from_settings(name, settings, source, start, end)
         log.info(
             "stage loaded",
             layers=f"[{start}, {end})",

@@ -136,6 +136,7 @@ def test_mixed_torch_and_4bit_mlx_pipeline_matches_torch(bundled: ModelSource) -
 
 
 @pytest.mark.slow
+@pytest.mark.full_form  # 44 s here; test_mixed_torch_and_4bit_mlx_pipeline_matches_torch checks the logits
 def test_4bit_mlx_greedy_text_equals_fp32_mlx(bundled: ModelSource, engine_factory: Any) -> None:
     tokenizer = bundled.load_tokenizer()
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]

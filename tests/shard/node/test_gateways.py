@@ -93,6 +93,7 @@ def test_a_forged_value_counts_as_missing_and_is_counted(nats_server: NatsServer
     asyncio.run(scenario())
 
 
+@pytest.mark.slow  # over 5 s here: the inner loop leaves it to `make test`
 def test_a_lapsed_gateway_is_gone_after_the_grace(nats_server: NatsServer) -> None:
     async def scenario() -> None:
         nc = await connect(nats_server.url, name="test")

@@ -25,6 +25,7 @@ INTERVAL_S = 0.2
 STEP_S = 4.0  # one long step, past the node timeout's 3 s
 
 
+@pytest.mark.slow  # over 5 s here: the inner loop leaves it to `make test`
 def test_heartbeats_keep_their_interval_while_a_long_step_holds_the_compute_thread(
     nats_server: NatsServer,
 ) -> None:

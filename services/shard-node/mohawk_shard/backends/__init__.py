@@ -2,11 +2,45 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from mohawk_common.errors import ConfigError
 from mohawk_common.model_store import ModelSource
 from mohawk_shard.engine.backend import Backend
 
 BACKENDS = ("torch", "mlx")
+
+
+class BackendChoices(Protocol):
+    """The settings a backend is built from (`EngineSettings` and the node's settings have them)."""
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def weights(self) -> str: ...
+    @property
+    def kv_cache_dtype(self) -> str: ...
+    @property
+    def batch_invariant(self) -> bool: ...
+
+
+def backend_from_settings(
+    name: str, settings: BackendChoices, source: ModelSource, start: int, end: int
+) -> Backend:
+    """`make_backend` with its choices read from `settings`, so a new choice is passed in one place."""
+    return make_backend(
+        name,
+        source,
+        start,
+        end,
+        device=settings.device,
+        dtype=settings.dtype,
+        weights=settings.weights,
+        kv_cache_dtype=settings.kv_cache_dtype,
+        batch_invariant=settings.batch_invariant,
+    )
 
 
 def make_backend(

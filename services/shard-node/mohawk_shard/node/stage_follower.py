@@ -30,7 +30,7 @@ from mohawk_common.kv_groups import model_kv_groups
 from mohawk_common.model_store.slice_source import SliceSource
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
-from mohawk_shard.backends import make_backend
+from mohawk_shard.backends import backend_from_settings
 from mohawk_shard.engine.backend import Backend
 from mohawk_shard.engine.stage import Stage
 from mohawk_shard.node.capacity import Capacity
@@ -214,17 +214,7 @@ class StageFollower:
 
     def _make_backend(self, start: int, end: int) -> Backend:
         s = self.host.settings
-        return make_backend(
-            s.backend,
-            self.host.source,
-            start,
-            end,
-            device=s.device,
-            dtype=s.dtype,
-            weights=s.weights,
-            kv_cache_dtype=s.kv_cache_dtype,
-            batch_invariant=s.batch_invariant,
-        )
+        return backend_from_settings(s.backend, s, self.host.source, start, end)
 
     def _room_beside(self, asked: Placement) -> bool:
         """Whether stage `asked.index` of `asked.view` fits beside the running stage (else: break first)."""

@@ -225,7 +225,9 @@ class LocalCluster:
     def add_coordinator(self) -> str:
         self._coordinator_count += 1
         name = f"coordinator-{self._coordinator_count}"
-        self._spawn(name, "mohawk_coordinator", ["--coordinator-id", name])
+        # the first plan need not wait for the set of nodes to settle once all of the spec's are live
+        expected = {"MOHAWK_EXPECTED_NODES": str(self.spec.nodes)} if self.spec.nodes else {}
+        self._spawn(name, "mohawk_coordinator", ["--coordinator-id", name], {**expected, **self.spec.env})
         return name
 
     def add_node(self, extra_args: Sequence[str] = ()) -> str:

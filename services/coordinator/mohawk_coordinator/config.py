@@ -31,6 +31,12 @@ class CoordinatorSettings(BusSettings):
     plan_settle_s: float = Field(
         1.5, ge=0, description="re-plan once the set of live nodes has been unchanged this long"
     )
+    expected_nodes: int | None = Field(
+        None,
+        ge=1,
+        description="make a term's first plan as soon as this many nodes are live, without waiting "
+        "plan_settle_s (mohawk up sets it to the nodes it starts); none = always wait",
+    )
     quarantine_failures: int = Field(
         3, ge=1, description="a node failing this many steps within quarantine_window_s is left out"
     )

@@ -210,6 +210,9 @@ class Coordinator:
         if live_ids != self._seen_ids:
             self._seen_ids, self._seen_since = live_ids, self._clock()
         settled = self._clock() - self._seen_since >= self.settings.plan_settle_s
+        expected = self.settings.expected_nodes
+        if term.planned_ids is None and expected is not None and len(live_ids) >= expected:
+            settled = True  # every node the operator started is here: nothing to wait for
         if term.planned_ids != live_ids and settled:
             await self._replan(term, shape, live)
         active = activate_ready(term.plan, live) if term.plan is not None else None

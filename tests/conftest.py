@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,6 +104,22 @@ def redis_url(redis_server: RedisServer) -> str:
     ensure_running(redis_server)
     flush(redis_server)
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def hf_reference_model() -> Any:
+    """Hugging Face transformers' model of the bundled GGUF, fp32, loaded once a run (15 s here):
+    the reference that engine tests compare logits and tokens with, and model-store tests weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mohawk_common.model_store import bundled_model_path
+
+    path = bundled_model_path()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True
+    )
+    return model.eval()
 
 
 @pytest.fixture(scope="session")

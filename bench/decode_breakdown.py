@@ -13,7 +13,8 @@ same GGUF with the same threads, in the same run (when llama-cpp-python, the ben
 installed). Last, the post-attention half of every layer (o_proj, norm, gate/up, SiLU, down) as
 plain tensor calls: eager, compiled one layer a call, and all 30 layers compiled as one graph with
 Inductor's freezing and C++ wrapper, against its 4-bit kernels alone.
-`python bench/decode_breakdown.py [--threads N]`.
+`python bench/decode_breakdown.py [--threads N] [--no-compile] [--json FILE]`; `--json` saves every
+row it printed (median and min, ms) as a stamped result file (`bench/results_file.py`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -37,10 +40,15 @@ from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.quantized_layers import Int4Linear
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import write_results
+
 CONTEXT = 200
+ROWS: list[dict[str, Any]] = []  # every timed row printed, for --json
 
 
 def timed(fn: Callable[[], Any], runs: int = 40) -> str:
+    """Median and min of `runs` calls after 5 warm-ups, as printed; the row is kept for --json."""
     for _ in range(5):
         fn()
     times = []
@@ -48,7 +56,14 @@ def timed(fn: Callable[[], Any], runs: int = 40) -> str:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return f"{statistics.median(times) * 1e3:.2f} ms (min {min(times) * 1e3:.2f})"
+    median, fastest = statistics.median(times) * 1e3, min(times) * 1e3
+    ROWS.append({"median_ms": round(median, 3), "min_ms": round(fastest, 3), "runs": runs})
+    return f"{median:.2f} ms (min {fastest:.2f})"
+
+
+def show(label: str, fn: Callable[[], Any], runs: int = 40) -> None:
+    print(label, timed(fn, runs))
+    ROWS[-1]["what"] = label.strip().rstrip(":")
 
 
 def forward_breakdown(backend: TorchBackend) -> None:
@@ -58,21 +73,21 @@ def forward_breakdown(backend: TorchBackend) -> None:
     decode = ForwardBatch.build([([5], CONTEXT, blocks, True)], 16)
     step = lambda: backend.forward(decode, None)  # noqa: E731
     traced, backend.traced_decode = backend.traced_decode, None  # eager, to take apart
-    print("decode forward:", timed(step))
+    show(f"batch_invariant={backend.batch_invariant}: decode forward:", step)
     matmul, attention = Int4Linear.forward, model_blocks.paged_attention
     try:
         Int4Linear.forward = lambda self, x: x.new_zeros(*x.shape[:-1], self.out_features)  # type: ignore[method-assign]
-        print("  without the 4-bit matmuls:", timed(step))
+        show("  without the 4-bit matmuls:", step)
         model_blocks.paged_attention = lambda q, k, v, cache, meta, options=None: q.new_zeros(
             q.shape[0], q.shape[1] * q.shape[2]
         )  # type: ignore[assignment]
-        print("  without matmuls and attention:", timed(step))
+        show("  without matmuls and attention:", step)
     finally:
         Int4Linear.forward, model_blocks.paged_attention = matmul, attention  # type: ignore[method-assign]
         backend.traced_decode = traced
     if traced is not None and backend.batch_invariant:  # the default for a long answer's decodes
         traced.trace_after = 1
-        print("decode forward replayed from its trace (same bits):", timed(step))
+        show("decode forward replayed from its trace (same bits):", step)
 
 
 def post_attention_breakdown(backend: TorchBackend) -> None:
@@ -94,13 +109,8 @@ def post_attention_breakdown(backend: TorchBackend) -> None:
     x, attn = torch.randn(1, hidden), torch.randn(1, hidden)
     inner = torch.randn(1, backend.config.intermediate_size).bfloat16()
     compiled = torch.compile(post, dynamic=False, fullgraph=True)
-    print(
-        "post-attention half, 30 layers, plain tensor calls:",
-        timed(lambda: [post(x, attn, *w) for w in layers]),
-    )
-    print(
-        "  the same, each layer a torch.compile call:", timed(lambda: [compiled(x, attn, *w) for w in layers])
-    )
+    show("post-attention half, 30 layers, plain tensor calls:", lambda: [post(x, attn, *w) for w in layers])
+    show("  the same, each layer a torch.compile call:", lambda: [compiled(x, attn, *w) for w in layers])
 
     class PostHalves(torch.nn.Module):
         """The 30 post-attention halves chained into one graph, the weights its buffers."""
@@ -124,12 +134,12 @@ def post_attention_breakdown(backend: TorchBackend) -> None:
         took = time.perf_counter() - start
         how = f"Inductor freezing + C++ wrapper ({took:.0f} s to compile, {verdict} eager)"
         label = f"  all 30 as one graph, {how}:"
-        print(label, timed(lambda: frozen(x, attn)))
+        show(label, lambda: frozen(x, attn))
     kernels = lambda: [  # noqa: E731
         (mm(attn.bfloat16(), w[0], 32, w[1]), mm(x.bfloat16(), w[3], 32, w[4]), mm(inner, w[5], 32, w[6]))
         for w in layers
     ]
-    print("  its three 4-bit kernels alone:", timed(kernels))
+    show("  its three 4-bit kernels alone:", kernels)
 
 
 def kernel_floor(backend: TorchBackend, threads: int) -> None:
@@ -137,11 +147,11 @@ def kernel_floor(backend: TorchBackend, threads: int) -> None:
     linears = [m for m in backend.model.modules() if isinstance(m, Int4Linear)]
     rows = {m.in_features: torch.randn(1, m.in_features).bfloat16() for m in linears}
     floor = lambda: [m._kernel(rows[m.in_features]) for m in linears]  # noqa: E731
-    print(f"one step's {len(linears)} 4-bit kernel calls alone (the floor):", timed(floor))
+    show(f"one step's {len(linears)} 4-bit kernel calls alone (the floor):", floor)
     for num_rows in (8, 32, 128):  # batched decode and prefill: the kernel's cost grows by the row
         many = {k: torch.randn(num_rows, k).bfloat16() for k in rows}
         every = lambda many=many: [m._kernel(many[m.in_features]) for m in linears]  # noqa: E731
-        print(f"  the same at {num_rows} rows:", timed(every, runs=8))
+        show(f"  the same at {num_rows} rows:", every, runs=8)
     from runners import LlamaCppRunner, llama_cpp_version  # the bench's runners, when llama.cpp is wanted
 
     if llama_cpp_version() is None:
@@ -152,17 +162,24 @@ def kernel_floor(backend: TorchBackend, threads: int) -> None:
     for _ in range(5):
         _, tokens_per_s = llama.batch1(list(range(1, CONTEXT + 1)), 65)
         steps.append(1 / tokens_per_s)
-    print(
-        f"llama.cpp's whole decode step ({CONTEXT}-token context, 64 steps, median of 5):"
-        f" {statistics.median(steps) * 1e3:.2f} ms (min {min(steps) * 1e3:.2f})"
-    )
+    label = f"llama.cpp's whole decode step ({CONTEXT}-token context, 64 steps, median of 5)"
+    median, fastest = statistics.median(steps) * 1e3, min(steps) * 1e3
+    print(f"{label}: {median:.2f} ms (min {fastest:.2f})")
+    ROWS.append({"what": label, "median_ms": round(median, 3), "min_ms": round(fastest, 3), "runs": 5})
 
 
-def main() -> None:
+def table() -> str:
+    lines = ["| what | median, ms | min, ms |", "|---|---|---|"]
+    lines += [f"| {row['what']} | {row['median_ms']:.2f} | {row['min_ms']:.2f} |" for row in ROWS]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-compile", action="store_true", help="leave out the Inductor compile (minutes)")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="also write the rows here, stamped")
+    args = parser.parse_args(argv)
     configure_logging("warning")
     torch.set_num_threads(args.threads)
     source = open_model(None)
@@ -170,11 +187,13 @@ def main() -> None:
     with torch.inference_mode():
         for invariant in (True, False):
             backend.batch_invariant = invariant
-            print(f"batch_invariant={invariant}")
             forward_breakdown(backend)
         kernel_floor(backend, args.threads)
         if not args.no_compile:
             post_attention_breakdown(backend)
+    if args.json:
+        figures = {"threads": args.threads, "context": CONTEXT, "rows": ROWS}
+        write_results(args.json, figures, table(), argv)
 
 
 if __name__ == "__main__":

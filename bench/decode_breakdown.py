@@ -47,8 +47,8 @@ CONTEXT = 200
 ROWS: list[dict[str, Any]] = []  # every timed row printed, for --json
 
 
-def timed(fn: Callable[[], Any], runs: int = 40) -> str:
-    """Median and min of `runs` calls after 5 warm-ups, as printed; the row is kept for --json."""
+def show(label: str, fn: Callable[[], Any], runs: int = 40) -> None:
+    """Print the median and min (ms) of `runs` calls after 5 warm-ups, and keep the row for --json."""
     for _ in range(5):
         fn()
     times = []
@@ -56,14 +56,14 @@ def timed(fn: Callable[[], Any], runs: int = 40) -> str:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    median, fastest = statistics.median(times) * 1e3, min(times) * 1e3
-    ROWS.append({"median_ms": round(median, 3), "min_ms": round(fastest, 3), "runs": runs})
-    return f"{median:.2f} ms (min {fastest:.2f})"
+    record(label, times)
 
 
-def show(label: str, fn: Callable[[], Any], runs: int = 40) -> None:
-    print(label, timed(fn, runs))
-    ROWS[-1]["what"] = label.strip().rstrip(":")
+def record(label: str, seconds: list[float]) -> None:
+    median, fastest = statistics.median(seconds) * 1e3, min(seconds) * 1e3
+    print(f"{label} {median:.2f} ms (min {fastest:.2f})")
+    row = {"what": label.strip().rstrip(":"), "median_ms": round(median, 3), "min_ms": round(fastest, 3)}
+    ROWS.append(row | {"runs": len(seconds)})
 
 
 def forward_breakdown(backend: TorchBackend) -> None:
@@ -162,10 +162,7 @@ def kernel_floor(backend: TorchBackend, threads: int) -> None:
     for _ in range(5):
         _, tokens_per_s = llama.batch1(list(range(1, CONTEXT + 1)), 65)
         steps.append(1 / tokens_per_s)
-    label = f"llama.cpp's whole decode step ({CONTEXT}-token context, 64 steps, median of 5)"
-    median, fastest = statistics.median(steps) * 1e3, min(steps) * 1e3
-    print(f"{label}: {median:.2f} ms (min {fastest:.2f})")
-    ROWS.append({"what": label, "median_ms": round(median, 3), "min_ms": round(fastest, 3), "runs": 5})
+    record(f"llama.cpp's whole decode step ({CONTEXT}-token context, 64 steps, median of 5):", steps)
 
 
 def table() -> str:

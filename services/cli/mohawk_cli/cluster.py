@@ -226,8 +226,10 @@ class LocalCluster:
         self._coordinator_count += 1
         name = f"coordinator-{self._coordinator_count}"
         # the first plan need not wait for the set of nodes to settle once all of the spec's are live
-        expected = {"MOHAWK_EXPECTED_NODES": str(self.spec.nodes)} if self.spec.nodes else {}
-        self._spawn(name, "mohawk_coordinator", ["--coordinator-id", name], {**expected, **self.spec.env})
+        # (unless the spec's own environment says otherwise)
+        expected = {"MOHAWK_EXPECTED_NODES": str(self.spec.nodes)}
+        chosen = self.spec.nodes and "MOHAWK_EXPECTED_NODES" not in self.spec.env
+        self._spawn(name, "mohawk_coordinator", ["--coordinator-id", name], expected if chosen else None)
         return name
 
     def add_node(self, extra_args: Sequence[str] = ()) -> str:

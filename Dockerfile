@@ -67,14 +67,29 @@ RUN pip install ".[torch,mlx]" "liboqs-python==0.16.0" \
  && python -c "import torch; print('torch', torch.__version__)" \
  && mohawk --help > /dev/null
 
+# The compiled CPU kernels (mohawk_shard/kernels/*.cpp: the row-block 4-bit matmul and fixed-order
+# attention), built here for AVX2 and AVX-512 alike: the runtime image has no compiler and loads the
+# build its CPU runs (MOHAWK_KERNEL_DIR); without one a shard runs torch's slower kernels.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ \
+ && rm -rf /var/lib/apt/lists/* \
+ && python -c "from pathlib import Path; from mohawk_shard.kernels import library; print(library.prebuild(Path('/opt/mohawk-kernels')))"
+
 # ---------------------------------------------------------------------------------------------
 FROM base AS runtime
 ARG MOHAWK_UID=10001
 
-RUN useradd --create-home --uid "${MOHAWK_UID}" --shell /usr/sbin/nologin mohawk
+# libgomp1: the compiled kernels' OpenMP, where torch does not already bring a libgomp.so.1 (CUDA builds)
+# hadolint ignore=DL3008
+RUN useradd --create-home --uid "${MOHAWK_UID}" --shell /usr/sbin/nologin mohawk \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends libgomp1 \
+ && rm -rf /var/lib/apt/lists/*
 
 COPY --from=liboqs /opt/liboqs /opt/liboqs
 COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /opt/mohawk-kernels /opt/mohawk-kernels
 
 WORKDIR /app
 # Settings are read from config/mohawk.yaml relative to the working directory (env MOHAWK_* wins).
@@ -87,7 +102,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     OQS_INSTALL_PATH=/opt/liboqs \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
-    MOHAWK_HOST=0.0.0.0
+    MOHAWK_HOST=0.0.0.0 \
+    MOHAWK_KERNEL_DIR=/opt/mohawk-kernels
 
 USER ${MOHAWK_UID}
 EXPOSE 8000

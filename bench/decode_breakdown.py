@@ -6,8 +6,9 @@ attention replaced too, which leaves the small ops (norms, rotary, residuals) an
 with `batch_invariant` on (the default: attention in fixed chunks) and off (fused attention).
 With the setting on, the same step replayed from its TorchScript trace (`model/traced_decode.py`,
 what the engine runs once a context bucket has served 32 decodes). Then the floor: one step's
-4-bit kernel calls alone (every layer's q/k/v, o, gate/up and down and
-the LM head's, bf16 rows in, nothing around them), at 1 row and at 8, 32 and 128 (a batched decode,
+4-bit matmuls alone (every layer's q/k/v, o, gate/up and down and the LM head's, fp32 rows in and
+out, nothing else), on the row-block kernel the engine uses where it builds (`kernels/int4_rows.py`)
+and on torch's tinygemm with the same weights, at 1 row and at 8, 32 and 128 (a batched decode,
 a prefill chunk), against llama.cpp's whole decode step on the
 same GGUF with the same threads, in the same run (when llama-cpp-python, the bench extra, is
 installed). Last, the post-attention half of every layer (o_proj, norm, gate/up, SiLU, down) as
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 import mohawk_shard.model.blocks as model_blocks
 from mohawk_common.logging import configure_logging
 from mohawk_common.model_store import open_model
+from mohawk_common.model_store.quantized import GroupQuantized
 from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.quantized_layers import Int4Linear
@@ -90,6 +92,19 @@ def forward_breakdown(backend: TorchBackend) -> None:
         show("decode forward replayed from its trace (same bits):", step)
 
 
+def tinygemm_copy(layer: Int4Linear) -> Int4Linear:
+    """The same 4-bit weight on torch's tinygemm kernel (bf16 scales and zeros), for comparison."""
+    if not layer.row_kernel:
+        return layer
+    codes = layer.row_codes(torch.arange(layer.out_features)).numpy()
+    scales, mins = (
+        t.float().transpose(1, 2).reshape(layer.out_features, -1).numpy()
+        for t in (layer.row_scales, layer.row_mins)
+    )
+    weight = GroupQuantized(codes, scales, mins, 4, layer.group_size, layer.source_format)
+    return Int4Linear(weight, torch.device("cpu"), kernel="tinygemm")
+
+
 def post_attention_breakdown(backend: TorchBackend) -> None:
     mm = torch.ops.aten._weight_int4pack_mm_for_cpu
     hidden = backend.config.hidden_size
@@ -101,7 +116,9 @@ def post_attention_breakdown(backend: TorchBackend) -> None:
 
     layers = []
     for layer in backend.model.layers:
-        o, gu, d = layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+        o, gu, d = (
+            tinygemm_copy(m) for m in (layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        )
         norm = layer.post_attention_layernorm.weight
         layers.append(
             (o.packed, o.scales_and_zeros, norm, gu.packed, gu.scales_and_zeros, d.packed, d.scales_and_zeros)
@@ -145,13 +162,20 @@ def post_attention_breakdown(backend: TorchBackend) -> None:
 def kernel_floor(backend: TorchBackend, threads: int) -> None:
     """One step's 4-bit kernel calls alone, against llama.cpp's whole step in the same run."""
     linears = [m for m in backend.model.modules() if isinstance(m, Int4Linear)]
-    rows = {m.in_features: torch.randn(1, m.in_features).bfloat16() for m in linears}
-    floor = lambda: [m._kernel(rows[m.in_features]) for m in linears]  # noqa: E731
-    show(f"one step's {len(linears)} 4-bit kernel calls alone (the floor):", floor)
-    for num_rows in (8, 32, 128):  # batched decode and prefill: the kernel's cost grows by the row
-        many = {k: torch.randn(num_rows, k).bfloat16() for k in rows}
-        every = lambda many=many: [m._kernel(many[m.in_features]) for m in linears]  # noqa: E731
-        show(f"  the same at {num_rows} rows:", every, runs=8)
+    kernels = {
+        "the row kernel (fp32 rows)": linears,
+        "tinygemm (bf16 rows)": [tinygemm_copy(m) for m in linears],
+    }
+    if not any(m.row_kernel for m in linears):
+        kernels = {"tinygemm (bf16 rows)": linears}  # the row kernel does not run here
+    for name, layers in kernels.items():
+        rows = {m.in_features: torch.randn(1, m.in_features) for m in layers}
+        floor = lambda layers=layers, rows=rows: [m(rows[m.in_features]) for m in layers]  # noqa: E731
+        show(f"one step's {len(layers)} 4-bit matmuls alone, {name} (the floor):", floor)
+        for num_rows in (8, 32, 128):  # batched decode and prefill: the cost grows with the rows
+            many = {k: torch.randn(num_rows, k) for k in rows}
+            every = lambda layers=layers, many=many: [m(many[m.in_features]) for m in layers]  # noqa: E731
+            show(f"  the same at {num_rows} rows:", every, runs=8)
     from runners import LlamaCppRunner, llama_cpp_version  # the bench's runners, when llama.cpp is wanted
 
     if llama_cpp_version() is None:

@@ -65,7 +65,7 @@ def test_a_long_step_runs_dense_bf16_with_the_kernels_weights() -> None:
     DENSE_ROW_MULTIPLE; calls over other rows (the head's logits rows) keep the kernel."""
     weights = np.random.default_rng(5).standard_normal((128, 96), dtype=np.float32)
     quantized = quantize_groupwise(weights)
-    layer = Int4Linear(quantized, torch.device("cpu"))
+    layer = Int4Linear(quantized, torch.device("cpu"), kernel="tinygemm")
     codes = torch.from_numpy(quantized.codes)
     assert layer._cpu_block is not None
     assert torch.equal(unpack_int4_cpu(layer.packed, 128, 96, layer._cpu_block), codes)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mohawk_shard.kernels import attend_rows
 from mohawk_shard.model.attention_metadata import AttentionMetadata, AttentionPart
 from mohawk_shard.model.fixed_chunk_attention import fixed_chunk_attention, pad_keys, padded_length
 from mohawk_shard.model.kv_cache import Int8Store, KVCache, dequantize
@@ -109,8 +110,14 @@ def attend_fixed_chunks(
         values = gather_context(cache.value, cache.value_int8, part, "value")
         keys, values = (t.view(kv_heads, batch, -1, head_dim) for t in (keys, values))
     mask, reach = part.fixed_chunk_mask(options.window, padded, query.device)
+    queries = query.reshape(part.num_seqs, part.max_query_len, num_heads, head_dim)
+    if attend_rows.supports(queries, keys, options.softcap):  # each query's own keys: no padding
+        scale = options.scale if options.scale is not None else head_dim**-0.5
+        length = keys.shape[2]
+        out = attend_rows.attend(queries, keys, values, mask[..., :length], scale)
+        return out.view(num_tokens, num_heads * head_dim)
     out = fixed_chunk_attention(
-        query.reshape(part.num_seqs, part.max_query_len, num_heads, head_dim),
+        queries,
         pad_keys(keys, padded),
         pad_keys(values, padded),
         mask,

@@ -22,6 +22,9 @@ A sliding layer reads from the first block its window still holds; that start is
 multiple of CHUNK positions (`ForwardBatch.from_window`'s `align`), so its chunks stay where the
 prefill had them (leading chunks the prefill masked added exact zeros there).
 This is the default (`batch_invariant`); the faster path of `attention.py` serves with it off.
+On an x86 CPU with AVX2 and a compiler, fp32 stages without a softcap run the same per-query
+contract in one compiled call (`kernels/attend_rows.py`: each query alone, in an order its own mask
+fixes), and the torch ops below serve everything else.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from mohawk_shard.kernels import attend_rows
 
 CHUNK = 64  # keys per chunk: one gemm shape for every query, whatever its context
 QUERY_TILE = 128  # a longer prompt chunk's queries go this many at a time
@@ -80,6 +85,8 @@ def fixed_chunk_attention(
     if keys.shape[2] % CHUNK:
         raise ValueError(f"keys padded to {keys.shape[2]}, not a multiple of {CHUNK}")
     scale = scale if scale is not None else head_dim**-0.5
+    if attend_rows.supports(query, keys, softcap):  # the same order per query, in one compiled call
+        return attend_rows.attend(query, keys, values, mask, scale)
     if reach is None or num_queries <= QUERY_TILE:
         return _attend(query, keys, values, mask, scale, softcap)
     out = query.new_empty(batch, num_queries, num_heads * head_dim)

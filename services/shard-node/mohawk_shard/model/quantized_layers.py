@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mohawk_common.model_store.quantized import GroupQuantized
+from mohawk_shard.kernels import int4_rows
 
 KERNEL_DTYPE = torch.bfloat16
 DENSE_MIN_ROWS = 96  # batch_invariant off: a step this long runs faster through the unpacked weight
@@ -65,42 +66,62 @@ def dense_rows(num_rows: int | None) -> Iterator[None]:
 class Int4Linear(nn.Module):
     """y = x·Wᵀ (+ b) with W held as packed 4-bit codes and per-group bf16 scales and zeros."""
 
-    packed: torch.Tensor
-    scales_and_zeros: torch.Tensor
+    packed: torch.Tensor  # tinygemm's packing, or the row kernel's codes (`row_kernel`)
+    scales_and_zeros: torch.Tensor  # tinygemm's
+    row_scales: torch.Tensor  # the row kernel's
+    row_mins: torch.Tensor
 
-    def __init__(self, weight: GroupQuantized, device: torch.device, bias: torch.Tensor | None = None):
+    def __init__(
+        self,
+        weight: GroupQuantized,
+        device: torch.device,
+        bias: torch.Tensor | None = None,
+        kernel: str = "auto",
+    ) -> None:
         super().__init__()
         if weight.bits != 4:
             raise ValueError(f"Int4Linear takes 4-bit codes, got {weight.bits}-bit")
         self.out_features, self.in_features = weight.shape
         self.group_size = weight.group_size
         self.source_format = weight.source_format
-        codes = torch.from_numpy(np.ascontiguousarray(weight.codes))
-        scales = torch.from_numpy(weight.scales)
-        mins = torch.from_numpy(weight.mins) if weight.mins is not None else torch.zeros_like(scales)
-        zeros = mins + 8.0 * scales
-        # the kernels want [groups, N, 2]: per group of inputs, each output's (scale, zero)
-        pairs = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
-        self.register_buffer("scales_and_zeros", pairs.to(device=device, dtype=KERNEL_DTYPE))
-        self.register_buffer("packed", pack_int4(codes, device))
         on_cpu = device.type == "cpu"
+        mins = weight.mins if weight.mins is not None else np.zeros_like(weight.scales)
+        fits = int4_rows.supports(weight.shape, self.group_size, device)
+        self.row_kernel = kernel != "tinygemm" and fits and int4_rows.fits_fp16(weight.scales, mins)
+        if self.row_kernel:
+            rows = int4_rows.pack(weight.codes, weight.scales, mins, device)
+            self.register_buffer("packed", rows.codes)
+            self.register_buffer("row_scales", rows.scales)
+            self.register_buffer("row_mins", rows.mins)
+        else:
+            codes = torch.from_numpy(np.ascontiguousarray(weight.codes))
+            scales = torch.from_numpy(weight.scales)
+            mins_t = torch.from_numpy(weight.mins) if weight.mins is not None else torch.zeros_like(scales)
+            zeros = mins_t + 8.0 * scales
+            # the kernels want [groups, N, 2]: per group of inputs, each output's (scale, zero)
+            pairs = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
+            self.register_buffer("scales_and_zeros", pairs.to(device=device, dtype=KERNEL_DTYPE))
+            self.register_buffer("packed", pack_int4(codes, device))
         self._matmul = (
             torch.ops.aten._weight_int4pack_mm_for_cpu if on_cpu else torch.ops.aten._weight_int4pack_mm
         )
-        dense = on_cpu and native_bf16_matmul()
-        self._cpu_block = cpu_pack_block(self.out_features, self.in_features) if dense else None
+        self._cpu_block = None if self.row_kernel or not on_cpu else cpu_pack_block(*weight.shape)
+        self._dense_rows_pay = (
+            on_cpu and native_bf16_matmul() and (self.row_kernel or self._cpu_block is not None)
+        )
         self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        rows = flat.to(KERNEL_DTYPE)
-        dense = self._cpu_block is not None and _DENSE_ROWS.get() == rows.shape[0]
-        y = self._dense(rows) if dense else self._kernel(rows)
+        dense = self._dense_rows_pay and _DENSE_ROWS.get() == flat.shape[0]
+        if dense:
+            y = self._dense(flat.to(KERNEL_DTYPE))
+        elif self.row_kernel:
+            y = int4_rows.matmul(flat.float(), self.packed, self.row_scales, self.row_mins, self.out_features)
+        else:
+            y = self._matmul(flat.to(KERNEL_DTYPE), self.packed, self.group_size, self.scales_and_zeros)
         y = y.to(x.dtype) if x.dim() == 2 else y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
-
-    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        return self._matmul(rows, self.packed, self.group_size, self.scales_and_zeros)
 
     def _dense(self, rows: torch.Tensor) -> torch.Tensor:
         """bf16 rows through the unpacked weight in one call, padded to a multiple of
@@ -109,8 +130,24 @@ class Int4Linear(nn.Module):
         padded = F.pad(rows, (0, 0, 0, -num_rows % DENSE_ROW_MULTIPLE))
         return F.linear(padded, self.dense_weight())[:num_rows]
 
+    def row_codes(self, rows: torch.Tensor) -> torch.Tensor:
+        """uint8 codes [n, in] of output rows `rows` (int64 [n]), read back out of the CPU packing."""
+        if self.row_kernel:
+            return int4_rows.unpack_rows(self.packed, rows)
+        if self._cpu_block is None:
+            raise RuntimeError("row_codes reads a CPU packing only")
+        half = self._cpu_block // 2
+        by_block = self.packed.view(-1, self.in_features, half).transpose(1, 2)
+        within = rows % self._cpu_block
+        packed = by_block[rows // self._cpu_block, within % half]  # [n, in] bytes
+        return (packed >> ((within >= half).to(torch.uint8) * 4)[:, None]) & 15
+
     def dense_weight(self) -> torch.Tensor:
         """The bf16 weight [out, in] the kernel computes with, from the CPU packing."""
+        if self.row_kernel:
+            return int4_rows.dense_weight(
+                self.packed, self.row_scales, self.row_mins, self.out_features, KERNEL_DTYPE
+            )
         if self._cpu_block is None:
             raise RuntimeError("dense_weight reads the CPU packing only")
         codes = unpack_int4_cpu(self.packed, self.out_features, self.in_features, self._cpu_block)

@@ -9,7 +9,7 @@ high nibble `u >> 4` and low nibble `u & 15`. The high nibbles alone are a 4-bit
 `w ≈ 16·d·hi + d·(7.5 − 128)` (the low nibble's mean, 7.5, stands in for it; error at most 7.5·d),
 which the kernel packs as it likes; the low nibbles sit beside it, two a byte. A shortlist row (or
 an embedding row) is `d · (16·hi + lo − 128)` again, exactly the file's weights, its high nibbles
-read back out of the kernel's CPU packing (`unpack_int4_cpu`'s layout). Bytes: 8 bits of codes,
+read back out of the kernel's CPU packing (`Int4Linear.row_codes`). Bytes: 8 bits of codes,
 1 bit of the kernel's bf16 (scale, zero) pairs and 0.5 bit of fp16 scales a weight, against Q8_0's
 8.5: 1.12× the file, for the head and the tied table together.
 """
@@ -21,19 +21,22 @@ import torch
 from torch import nn
 
 from mohawk_common.model_store.quantized import GroupQuantized
+from mohawk_shard.kernels import int4_rows
 from mohawk_shard.model.quantized_layers import Int4Linear, cpu_pack_block
 
 LOW_NIBBLE_MEAN = 7.5
 Q8_OFFSET = 128
 
 
-def split_head_block(table: GroupQuantized, device: torch.device) -> int | None:
-    """The CPU packing block the split head reads back, or None where it cannot be used (not a
-    Q8_0 table, not on CPU, or a packing this build's layout probe does not know)."""
+def split_head_fits(table: GroupQuantized, device: torch.device) -> bool:
+    """Whether the split head can be used: a Q8_0 table on CPU, whose 4-bit packing this build can
+    read rows back out of (the row kernel's always; tinygemm's where its layout probe knows it)."""
     if table.bits != 8 or table.mins is not None or device.type != "cpu":
-        return None
+        return False
     rows, columns = table.shape
-    return cpu_pack_block(rows, columns)
+    return (
+        int4_rows.supports(table.shape, table.group_size, device) or cpu_pack_block(rows, columns) is not None
+    )
 
 
 class SplitQ8Head(nn.Module):
@@ -42,10 +45,10 @@ class SplitQ8Head(nn.Module):
     low: torch.Tensor
     scales: torch.Tensor
 
-    def __init__(self, table: GroupQuantized, device: torch.device, block: int, shortlist: int = 64) -> None:
+    def __init__(self, table: GroupQuantized, device: torch.device, shortlist: int = 64) -> None:
         super().__init__()
         rows, columns = table.shape
-        self.num_rows, self.num_columns, self.group_size, self.block = rows, columns, table.group_size, block
+        self.num_rows, self.num_columns, self.group_size = rows, columns, table.group_size
         shifted = table.codes.astype(np.int16) + Q8_OFFSET  # [1, 255]
         high, low = (shifted >> 4).astype(np.uint8), (shifted & 15).astype(np.uint8)
         d = table.scales.astype(np.float32)
@@ -61,11 +64,7 @@ class SplitQ8Head(nn.Module):
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The file's exact float32 rows of `token_ids` (any shape) -> [..., columns]."""
         flat = token_ids.reshape(-1)
-        half = self.block // 2
-        by_block = self.approximate.packed.view(-1, self.num_columns, half).transpose(1, 2)
-        within = flat % self.block
-        packed_high = by_block[flat // self.block, within % half]  # [n, columns] bytes
-        high = (packed_high >> ((within >= half).to(torch.uint8) * 4)[:, None]) & 15
+        high = self.approximate.row_codes(flat)
         low_bytes = self.low.index_select(0, flat)
         low = torch.stack((low_bytes & 15, low_bytes >> 4), dim=-1).view(-1, self.num_columns)
         codes = high.to(torch.int16) * 16 + low - Q8_OFFSET

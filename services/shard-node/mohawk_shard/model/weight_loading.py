@@ -47,7 +47,7 @@ from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear, S
 from mohawk_shard.model.linear import Linear, prefers_transposed
 from mohawk_shard.model.models import DecoderStage, stage_class
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear, RescoredHead
-from mohawk_shard.model.split_head import SplitHeadEmbedding, SplitQ8Head, split_head_block
+from mohawk_shard.model.split_head import SplitHeadEmbedding, SplitQ8Head, split_head_fits
 from mohawk_shard.model.weight_formats import (
     INT4,
     MatmulFormat,
@@ -123,11 +123,10 @@ def _quantize_head(
         return
     if head_is_split(source, weights, device.type):
         table = _stored(source, LM_HEAD)
-        block = split_head_block(table, device)
-        if block is None:
+        if not split_head_fits(table, device):
             log.warning("this CPU's int4 packing is not one the split head reads: head kept twice")
         else:
-            model.lm_head = SplitQ8Head(table, device, block)
+            model.lm_head = SplitQ8Head(table, device)
             if source.config.tie_word_embeddings and model.embed_tokens is not None:
                 model.embed_tokens = SplitHeadEmbedding(model.lm_head, dtype)  # one table, not two
             return

@@ -1,0 +1,158 @@
+"""The compiled CPU kernels (`*.cpp` beside this file) as one library: built on first use, loaded
+with ctypes, registered as torch ops for traces.
+
+Design. The kernels are plain C++ with a C ABI and no torch headers, so the library builds in a
+couple of seconds with the machine's g++ (or `CXX`) into `MOHAWK_KERNEL_DIR` (default
+`~/.cache/mohawk/kernels`), under a name that digests the sources and flags: an edit or another
+flag builds a new file, and processes starting together each compile to a temporary file and
+rename it into place. It is built for the widest instruction set torch itself uses on this CPU
+(`torch.backends.cpu.get_cpu_capability()`: AVX2 or AVX512); each kernel computes the same bits in
+either build. It links OpenMP, which resolves to the libgomp torch already loaded: one thread pool,
+sized by `torch.get_num_threads()` at each call. Where the CPU is not x86 with AVX2, no compiler is
+found, the build fails or `MOHAWK_CPU_KERNELS=off` is set, `kernel()` is None and the layers keep
+torch's own kernels (tinygemm for 4-bit matmuls, fixed-chunk attention as torch ops); the log says
+why, once. An image without a compiler ships the builds `prebuild` made (the Dockerfile does).
+
+Each kernel is also a torch op (`torch.ops.mohawk.*`, `register`), so `torch.jit.trace` records a
+traced decode step's call as one node; eager code calls the library directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+import torch
+
+log = structlog.get_logger("mohawk.shard.kernels")
+
+SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
+FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off")
+ISA_FLAGS = {  # torch's CPU capability -> the instruction set the library is built for
+    "AVX2": ("-mavx2", "-mfma", "-mf16c"),
+    "AVX512": ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"),
+}
+INT4_LAYOUT_VERSION = 2  # what int4_rows.pack lays out; the library must answer the same
+BUILD_TIMEOUT_S = 300.0
+CHOICE_ENV = "MOHAWK_CPU_KERNELS"  # auto (default): these kernels where they build; off: never
+DIR_ENV = "MOHAWK_KERNEL_DIR"
+
+_POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES = {
+    "mohawk_int4_rows_mm": [
+        _POINTER, _SIZE, _SIZE, _POINTER, _POINTER, _POINTER, _SIZE, _POINTER, ctypes.c_int,
+    ],
+    "mohawk_attend_rows": [
+        _POINTER, _SIZE, _SIZE, _SIZE, _SIZE, _POINTER, _POINTER, _SIZE, _SIZE, _POINTER, ctypes.c_float,
+        _POINTER, ctypes.c_int,
+    ],
+}  # fmt: skip
+
+
+@functools.cache
+def kernel() -> ctypes.CDLL | None:
+    """The loaded library, or None (why is logged once) where this process keeps torch's kernels."""
+    choice = os.environ.get(CHOICE_ENV, "auto")
+    if choice not in ("auto", "off"):
+        raise ValueError(f"{CHOICE_ENV}={choice!r}: auto or off")
+    reason = _unavailable(choice)
+    if reason is None:
+        try:
+            isa = torch.backends.cpu.get_cpu_capability()
+            return load_library(build_library(isa, library_dir()))
+        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+            reason = f"could not build or load the CPU kernels: {str(exc)[-500:]}"
+    log.info("compiled CPU kernels off: torch's own kernels", reason=reason)
+    return None
+
+
+def _unavailable(choice: str) -> str | None:
+    if choice == "off":
+        return f"{CHOICE_ENV}=off"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the kernels are x86 code; this is {platform.machine()}"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ISA_FLAGS:
+        return f"the kernels need AVX2 and FMA; torch reports {capability}"
+    if _compiler() is None and not library_path(capability, library_dir()).is_file():
+        return "no C++ compiler (g++, or CXX) to build the kernels"
+    return None
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+def library_dir() -> Path:
+    configured = os.environ.get(DIR_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "mohawk" / "kernels"
+
+
+def library_path(isa: str, directory: Path) -> Path:
+    """Where the build for `isa` (a key of ISA_FLAGS) of these sources and flags lives."""
+    flags = (*FLAGS, *ISA_FLAGS[isa])
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(flags).encode())
+    return directory / f"mohawk_kernels-{isa.lower()}-{digest.hexdigest()[:16]}.so"
+
+
+def build_library(isa: str, directory: Path) -> Path:
+    """The library for `isa`, built now where it is not there yet."""
+    path = library_path(isa, directory)
+    if path.is_file():
+        return path
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=path.stem + "-", suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, *FLAGS, *ISA_FLAGS[isa], *map(str, SOURCES), "-o", temporary],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr or f"{compiler} exited {done.returncode}")
+        os.replace(temporary, path)  # atomic: a process starting beside us loads a whole file
+        log.info("built the CPU kernels", path=str(path))
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    return path
+
+
+def prebuild(directory: Path) -> list[Path]:
+    """Every instruction set's build in `directory` (an image's builder stage: the runtime image has
+    no compiler and finds them through MOHAWK_KERNEL_DIR); a compiler builds each whatever the CPU."""
+    return [build_library(isa, directory) for isa in ISA_FLAGS]
+
+
+def load_library(path: Path) -> ctypes.CDLL:
+    library = ctypes.CDLL(str(path))
+    library.mohawk_int4_rows_version.restype = ctypes.c_int
+    if library.mohawk_int4_rows_version() != INT4_LAYOUT_VERSION:
+        raise RuntimeError(f"{path} lays weights out as version {library.mohawk_int4_rows_version()}")
+    for name, arguments in _SIGNATURES.items():
+        function = getattr(library, name)
+        function.restype, function.argtypes = None, arguments
+    return library
+
+
+_OPS = torch.library.Library("mohawk", "FRAGMENT")
+
+
+def register(schema: str, implementation: Callable[..., torch.Tensor]) -> None:
+    """`torch.ops.mohawk.<name>` with this schema, run by `implementation` on CPU (for traces)."""
+    _OPS.define(schema)
+    _OPS.impl(schema.split("(")[0], implementation, "CPU")

@@ -1,0 +1,135 @@
+"""Fixed-order attention: each query's bits alone against any call it shares (a prompt chunk, other
+sequences, padded keys, thread count, instruction set, a trace), and the softmax it should be."""
+
+from __future__ import annotations
+
+from ctypes import CDLL
+
+import numpy as np
+import pytest
+import torch
+
+from mohawk_shard.kernels import attend_rows
+from mohawk_shard.kernels.library import kernel
+from mohawk_shard.model.fixed_chunk_attention import allowed_keys
+
+pytestmark = pytest.mark.skipif(kernel() is None, reason="the compiled kernels do not build here")
+
+HEADS, KV_HEADS, DIM = 9, 3, 64
+SCALE = DIM**-0.5
+
+
+def additive(allowed: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.where(allowed, 0.0, -np.inf).astype(np.float32))
+
+
+def sequence(length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sequence's queries [length, H, D] and keys/values [KVH, length, D]."""
+    gen = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(length, HEADS, DIM, generator=gen),
+        torch.randn(KV_HEADS, length, DIM, generator=gen),
+        torch.randn(KV_HEADS, length, DIM, generator=gen),
+    )
+
+
+def run(
+    seqs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    queries: list[range],
+    padded: int,
+    window: int | None = None,
+    build: CDLL | None = None,
+) -> list[torch.Tensor]:
+    """Attention of `queries[i]` (positions) of each sequence i, in one call, keys padded to `padded`."""
+    num_q = max(len(r) for r in queries)
+    q = torch.zeros(len(seqs), num_q, HEADS, DIM)
+    k = torch.zeros(KV_HEADS, len(seqs), padded, DIM)
+    v = torch.zeros_like(k)
+    for i, ((sq, sk, sv), rows) in enumerate(zip(seqs, queries, strict=True)):
+        q[i, : len(rows)] = sq[rows.start : rows.stop]
+        k[:, i, : rows.stop], v[:, i, : rows.stop] = sk[:, : rows.stop], sv[:, : rows.stop]
+    query_lens = np.array([len(r) for r in queries])
+    context_lens = np.array([r.stop for r in queries])
+    mask = additive(allowed_keys(query_lens, context_lens, window, padded))
+    if build is None:
+        out = attend_rows.attend(q, k, v, mask, SCALE)
+    else:
+        out = attend_rows.run_with(build, q, k, v, mask, SCALE)
+    return [out[i, : len(rows)] for i, rows in enumerate(queries)]
+
+
+def reference(
+    seq: tuple[torch.Tensor, torch.Tensor, torch.Tensor], pos: int, window: int | None
+) -> torch.Tensor:
+    """float64 softmax attention of the query at `pos` -> [H·D]."""
+    q, k, v = (t.double() for t in seq)
+    first = 0 if window is None else max(0, pos - window + 1)
+    keys = k[:, first : pos + 1].repeat_interleave(HEADS // KV_HEADS, dim=0)  # [H, n, D]
+    values = v[:, first : pos + 1].repeat_interleave(HEADS // KV_HEADS, dim=0)
+    weights = torch.softmax(torch.einsum("hd,hnd->hn", q[pos] * SCALE, keys), dim=-1)
+    return torch.einsum("hn,hnd->hd", weights, values).reshape(-1)
+
+
+@pytest.mark.parametrize("window", [None, 24])
+def test_the_softmax_it_should_be(window: int | None) -> None:
+    seq = sequence(100, seed=1)
+    (out,) = run([seq], [range(0, 100)], padded=128, window=window)
+    for pos in (0, 1, 23, 24, 57, 99):
+        torch.testing.assert_close(out[pos].double(), reference(seq, pos, window), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 24])
+def test_a_querys_bits_do_not_depend_on_its_call(window: int | None) -> None:
+    seqs = [sequence(n, seed=10 + n) for n in (70, 130, 33)]
+    # every query of sequence 1 as a decode alone (keys padded to 64 past it), then the whole
+    # prompt in one chunk, in other chunks, and beside other sequences' prompts and decodes
+    alone = torch.cat(
+        [run([seqs[1]], [range(p, p + 1)], padded=p + 64, window=window)[0] for p in range(130)]
+    )
+    (prompt,) = run([seqs[1]], [range(0, 130)], padded=192, window=window)
+    assert torch.equal(prompt, alone)
+    chunks = [
+        run([seqs[1]], [range(a, b)], padded=b, window=window)[0] for a, b in ((0, 7), (7, 64), (64, 130))
+    ]
+    assert torch.equal(torch.cat(chunks), alone)
+    mixed = run(seqs, [range(69, 70), range(40, 130), range(0, 33)], padded=256, window=window)
+    assert torch.equal(mixed[1], alone[40:130])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(run([seqs[1]], [range(0, 130)], padded=130, window=window)[0], alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_avx2_and_avx512_builds_give_the_same_bits(isa_builds: dict[str, CDLL]) -> None:
+    seq = sequence(90, seed=3)
+    avx2, avx512 = (
+        run([seq], [range(0, 90)], padded=128, build=isa_builds[isa])[0] for isa in ("AVX2", "AVX512")
+    )
+    assert torch.equal(avx2, avx512)
+
+
+def test_a_trace_records_one_call_with_the_same_bits() -> None:
+    seq = sequence(40, seed=4)
+    mask = additive(allowed_keys(np.array([1]), np.array([40]), None, 64))
+    keys = torch.zeros(KV_HEADS, 1, 64, DIM)
+    keys[:, 0, :40] = seq[1]
+
+    class Step(torch.nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            return attend_rows.attend(q, keys, keys, mask, SCALE) + 1
+
+    q = seq[0][39:40].unsqueeze(0)
+    traced = torch.jit.trace(Step(), (q,), check_trace=False)
+    assert "mohawk::attend_rows" in str(traced.graph)
+    other = seq[0][12:13].unsqueeze(0)
+    assert torch.equal(traced(other), Step()(other))
+
+
+def test_mismatched_shapes_are_refused() -> None:
+    q, keys = torch.zeros(2, 1, HEADS, DIM), torch.zeros(KV_HEADS, 1, 64, DIM)
+    with pytest.raises(ValueError, match="against keys"):
+        attend_rows.attend(q, keys, keys, torch.zeros(2, 1, 64), SCALE)
+    with pytest.raises(ValueError, match="mask"):
+        attend_rows.attend(q[:1], keys, keys, torch.zeros(1, 1, 32), SCALE)

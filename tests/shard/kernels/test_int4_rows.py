@@ -1,0 +1,118 @@
+"""The row-block 4-bit CPU kernel: its layout, its accuracy, and a row's bits alone against any
+call it shares (other rows, their number and order, thread count, instruction set, a trace)."""
+
+from __future__ import annotations
+
+from ctypes import CDLL
+
+import numpy as np
+import pytest
+import torch
+
+from mohawk_shard.kernels import int4_rows
+from mohawk_shard.kernels.library import kernel
+
+pytestmark = pytest.mark.skipif(
+    kernel() is None, reason="the compiled kernels do not build or run here (x86 with AVX2 and g++)"
+)
+
+CPU = torch.device("cpu")
+
+
+def weight(out_features: int, in_features: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random codes with Q4_1-like scales and mins."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 16, (out_features, in_features), dtype=np.uint8)
+    groups = in_features // 32
+    scales = (rng.random((out_features, groups)) * 0.02 + 0.002).astype(np.float32)
+    mins = -(rng.random((out_features, groups)) * 0.2).astype(np.float32)
+    return codes, scales, mins
+
+
+def dequantized(codes: np.ndarray, scales: np.ndarray, mins: np.ndarray) -> torch.Tensor:
+    """The weight in fp64, from scales and mins as the layout holds them (fp16)."""
+    scales, mins = (t.astype(np.float16).astype(np.float64) for t in (scales, mins))
+    n, k = codes.shape
+    groups = codes.reshape(n, k // 32, 32).astype(np.float64) * scales[..., None] + mins[..., None]
+    return torch.from_numpy(groups.reshape(n, k))
+
+
+SHAPES = [(960, 576), (576, 1536), (112, 96)]  # 112: a last superblock of 3 column blocks
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+def test_the_layout_holds_the_codes_and_the_weight(out_features: int, in_features: int) -> None:
+    codes, scales, mins = weight(out_features, in_features, seed=1)
+    packed = int4_rows.pack(codes, scales, mins, CPU)
+    rows = torch.arange(out_features)
+    assert torch.equal(int4_rows.unpack_rows(packed.codes, rows), torch.from_numpy(codes))
+    dense = int4_rows.dense_weight(packed.codes, packed.scales, packed.mins, out_features, torch.float64)
+    torch.testing.assert_close(dense, dequantized(codes, scales, mins), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+def test_as_exact_as_a_dense_fp32_matmul(out_features: int, in_features: int) -> None:
+    codes, scales, mins = weight(out_features, in_features, seed=2)
+    packed = int4_rows.pack(codes, scales, mins, CPU)
+    x = torch.randn(33, in_features, generator=torch.Generator().manual_seed(3))
+    y = int4_rows.matmul(x, packed.codes, packed.scales, packed.mins, out_features)
+    exact = x.double() @ dequantized(codes, scales, mins).t()
+    assert y.shape == (33, out_features)
+    # fp32 accumulation: errors of a few parts in ten million of the output's size (tinygemm's
+    # bf16 activations and scales give a few parts in a thousand)
+    assert ((y.double() - exact).abs().max() / exact.abs().max()).item() < 2e-6
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+def test_a_rows_bits_do_not_depend_on_its_call(out_features: int, in_features: int) -> None:
+    codes, scales, mins = weight(out_features, in_features, seed=4)
+    packed = int4_rows.pack(codes, scales, mins, CPU)
+    held = (packed.codes, packed.scales, packed.mins, out_features)
+    x = torch.randn(200, in_features, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([int4_rows.matmul(x[i : i + 1], *held) for i in range(200)])
+    rng = np.random.default_rng(6)
+    for num_rows in (2, 3, 4, 5, 7, 8, 9, 12, 31, 32, 33, 64, 129):
+        rows = torch.from_numpy(rng.integers(0, 200, num_rows))  # any order, repeats allowed
+        assert torch.equal(int4_rows.matmul(x[rows], *held), alone[rows]), num_rows
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            assert torch.equal(int4_rows.matmul(x, *held), alone), f"{count} threads"
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_trace_records_one_call_with_the_same_bits() -> None:
+    codes, scales, mins = weight(192, 576, seed=9)
+    packed = int4_rows.pack(codes, scales, mins, CPU)
+
+    class Step(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return int4_rows.matmul(x, packed.codes, packed.scales, packed.mins, 192) * 2
+
+    x = torch.randn(1, 576)
+    traced = torch.jit.trace(Step(), (x,), check_trace=False)
+    assert "mohawk::int4_rows_mm" in str(traced.graph)
+    other = torch.randn(1, 576)
+    assert torch.equal(traced(other), Step()(other))
+
+
+def test_the_avx2_and_avx512_builds_give_the_same_bits(isa_builds: dict[str, CDLL]) -> None:
+    codes, scales, mins = weight(576, 576, seed=7)
+    packed = int4_rows.pack(codes, scales, mins, CPU)
+    x = torch.randn(37, 576, generator=torch.Generator().manual_seed(8))
+    avx2, avx512 = (
+        int4_rows.run(isa_builds[isa], x, packed.codes, packed.scales, packed.mins, 576)
+        for isa in ("AVX2", "AVX512")
+    )
+    assert torch.equal(avx2, avx512)
+
+
+def test_wrong_rows_are_refused() -> None:
+    codes, scales, mins = weight(64, 64, seed=10)
+    packed = int4_rows.pack(codes, scales, mins, CPU)
+    with pytest.raises(ValueError, match="float32 rows of 64"):
+        int4_rows.matmul(torch.randn(2, 32), packed.codes, packed.scales, packed.mins, 64)
+    with pytest.raises(ValueError, match="float32 rows of 64"):
+        int4_rows.matmul(torch.randn(2, 64).double(), packed.codes, packed.scales, packed.mins, 64)

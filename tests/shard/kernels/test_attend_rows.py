@@ -133,3 +133,14 @@ def test_mismatched_shapes_are_refused() -> None:
         attend_rows.attend(q, keys, keys, torch.zeros(2, 1, 64), SCALE)
     with pytest.raises(ValueError, match="mask"):
         attend_rows.attend(q[:1], keys, keys, torch.zeros(1, 1, 32), SCALE)
+
+
+def test_keys_are_read_in_place_from_a_narrowed_cache() -> None:
+    gen = torch.Generator().manual_seed(5)
+    pool_k, pool_v = torch.randn(2, KV_HEADS, 300, DIM, generator=gen)
+    keys, values = (pool.narrow(1, 50, 128).unsqueeze(1) for pool in (pool_k, pool_v))  # [KVH, 1, 128, D]
+    assert not keys.is_contiguous()
+    q = torch.randn(1, 3, HEADS, DIM, generator=gen)
+    mask = additive(allowed_keys(np.array([3]), np.array([100]), None, 128))
+    in_place = attend_rows.attend(q, keys, values, mask, SCALE)
+    assert torch.equal(in_place, attend_rows.attend(q, keys.contiguous(), values.contiguous(), mask, SCALE))

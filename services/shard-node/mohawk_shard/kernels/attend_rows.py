@@ -64,12 +64,14 @@ def run_with(
         raise ValueError(f"attend_rows: query {tuple(query.shape)} against keys {tuple(keys.shape)}")
     if mask.shape != (batch, num_queries, length):
         raise ValueError(f"attend_rows: mask {tuple(mask.shape)}, not {(batch, num_queries, length)}")
-    q, k, v = (t.contiguous() for t in (query, keys, values))
-    m = mask.to(torch.float32).contiguous()
+    q, m = query.contiguous(), mask.to(torch.float32).contiguous()
+    k, v = keys, values  # read in place (a narrowed cache): any strides but a key's own values
+    if k.stride(-1) != 1 or v.stride() != k.stride():
+        k, v = keys.contiguous(), values.contiguous()
     out = torch.empty(batch, num_queries, num_heads * head_dim, dtype=torch.float32)
     library.mohawk_attend_rows(
         q.data_ptr(), batch, num_queries, num_heads, head_dim, k.data_ptr(), v.data_ptr(), kv_heads,
-        length, m.data_ptr(), scale, out.data_ptr(), torch.get_num_threads(),
+        length, *k.stride()[:3], m.data_ptr(), scale, out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     return out
 

@@ -100,7 +100,15 @@ template <int R, int CB>
 inline void tile512(const float* __restrict xs, const float* __restrict xsum, int64_t K, int64_t G,
                     const uint32_t* __restrict codes, const uint16_t* __restrict sc,
                     const uint16_t* __restrict mn, float* y, int64_t ldy) {
-  constexpr bool kFloatTrick = R <= 2;
+  // few rows: the unpacking is the bottleneck, so each nibble becomes its weight by one lookup
+  // (vpermps reads an index's low 4 bits) in a table of code * 16^j, the exact value below
+  constexpr bool kLookup = R <= 2;
+  __m512 table[8];
+  for (int j = 0; j < 8; ++j) {
+    const float step = j < 7 ? static_cast<float>(1 << (4 * j)) : 1.0f;
+    table[j] = _mm512_mul_ps(_mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                             _mm512_set1_ps(step));
+  }
   const int64_t cstride = (K / 8) * 16, sstride = G * 16;
   for (int64_t g = 0; g < G; ++g) {
     __m512 acc[R][CB];
@@ -119,10 +127,8 @@ inline void tile512(const float* __restrict xs, const float* __restrict xsum, in
         __m512 w[CB];
 #pragma GCC unroll 16
         for (int v = 0; v < CB; ++v) {
-          if (kFloatTrick && j < 5) {
-            __m512i q = _mm512_or_si512(_mm512_and_si512(cv[v], _mm512_set1_epi32(0xF << (4 * j))),
-                                        _mm512_set1_epi32(0x4B000000));
-            w[v] = _mm512_sub_ps(_mm512_castsi512_ps(q), _mm512_set1_ps(8388608.f));
+          if (kLookup) {
+            w[v] = _mm512_permutexvar_ps(j == 0 ? cv[v] : _mm512_srli_epi32(cv[v], 4 * j), table[j]);
           } else {
             __m512i q = j < 7 ? _mm512_and_si512(cv[v], _mm512_set1_epi32(0xF << (4 * j)))
                               : _mm512_srli_epi32(cv[v], 28);

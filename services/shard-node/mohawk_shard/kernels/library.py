@@ -51,9 +51,10 @@ _SIGNATURES = {
     "mohawk_int4_rows_mm": [
         _POINTER, _SIZE, _SIZE, _POINTER, _POINTER, _POINTER, _SIZE, _POINTER, ctypes.c_int,
     ],
+    "mohawk_rms_norm_rows": [_POINTER, _SIZE, _SIZE, _POINTER, ctypes.c_float, _POINTER, ctypes.c_int],
     "mohawk_attend_rows": [
-        _POINTER, _SIZE, _SIZE, _SIZE, _SIZE, _POINTER, _POINTER, _SIZE, _SIZE, _POINTER, ctypes.c_float,
-        _POINTER, ctypes.c_int,
+        _POINTER, _SIZE, _SIZE, _SIZE, _SIZE, _POINTER, _POINTER, _SIZE, _SIZE, _SIZE, _SIZE, _SIZE,
+        _POINTER, ctypes.c_float, _POINTER, ctypes.c_int,
     ],
 }  # fmt: skip
 

@@ -114,6 +114,8 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         dense = self._dense_rows_pay and _DENSE_ROWS.get() == flat.shape[0]
+        if self.row_kernel and not dense and x.dtype == torch.float32 and x.dim() == 2 and self.bias is None:
+            return int4_rows.matmul(x, self.packed, self.row_scales, self.row_mins, self.out_features)
         if dense:
             y = self._dense(flat.to(KERNEL_DTYPE))
         elif self.row_kernel:

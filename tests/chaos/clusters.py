@@ -39,9 +39,10 @@ def streams_through(
     num_streams: int,
     bound_s: float = 60.0,
     settle_s: float = 0.0,
+    max_tokens: int = REFERENCE_TOKENS,
 ) -> tuple[list[Outcome], float]:
-    """`num_streams` greedy streams of the reference prompts; `fault()` (awaited when it returns an
-    awaitable) as soon as every stream has its first text, or `settle_s` later, so it lands
+    """`num_streams` greedy streams of the reference prompts, `max_tokens` each; `fault()` (awaited
+    when it returns an awaitable) as soon as every stream has its first text, or `settle_s` later, so it lands
     mid-answer (asserted for at least half of them: a fault after the answers tests nothing). Every outcome,
     and how long after the fault was done the last stream finished."""
 
@@ -58,7 +59,7 @@ def streams_through(
         limits = httpx.Limits(max_connections=num_streams + 4)
         async with httpx.AsyncClient(base_url=cluster.url, limits=limits) as client:
             tasks = [
-                asyncio.create_task(stream_chat(client, p, REFERENCE_TOKENS, counter(i)))
+                asyncio.create_task(stream_chat(client, p, max_tokens, counter(i)))
                 for i, p in enumerate(prompts)
             ]
             async with asyncio.timeout(bound_s):

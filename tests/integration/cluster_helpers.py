@@ -38,9 +38,9 @@ REFERENCE_TOKENS = 24
 MIXED_BACKENDS_WEIGHTS = "fp32"
 
 
-def reference_texts(weights: str | None = None) -> dict[str, str]:
+def reference_texts(weights: str | None = None, max_tokens: int = REFERENCE_TOKENS) -> dict[str, str]:
     """Greedy texts of PROMPTS from the single-process torch engine (what `mohawk generate` prints),
-    in the default mode unless `weights` names another format."""
+    `max_tokens` each, in the default mode unless `weights` names another format."""
     from mohawk_common.chat import encode_chat
     from mohawk_shard.config import EngineSettings
     from mohawk_shard.engine.sampling_params import SamplingParams
@@ -49,7 +49,7 @@ def reference_texts(weights: str | None = None) -> dict[str, str]:
     pinned = {} if weights is None else {"weights": weights}
     engine = build_local_engine(EngineSettings.model_validate({"num_threads": 1, **pinned}))
     prompts = [encode_chat(engine.tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
-    done = engine.generate(prompts, SamplingParams.create(temperature=0.0, max_tokens=REFERENCE_TOKENS))
+    done = engine.generate(prompts, SamplingParams.create(temperature=0.0, max_tokens=max_tokens))
     return {p: c.text for p, c in zip(PROMPTS, done, strict=True)}
 
 

@@ -144,3 +144,14 @@ def test_keys_are_read_in_place_from_a_narrowed_cache() -> None:
     mask = additive(allowed_keys(np.array([3]), np.array([100]), None, 128))
     in_place = attend_rows.attend(q, keys, values, mask, SCALE)
     assert torch.equal(in_place, attend_rows.attend(q, keys.contiguous(), values.contiguous(), mask, SCALE))
+
+
+def test_no_queries_give_no_rows() -> None:
+    keys = torch.zeros(KV_HEADS, 1, 64, DIM)
+    assert attend_rows.attend(
+        torch.zeros(1, 0, HEADS, DIM), keys, keys, torch.zeros(1, 0, 64), SCALE
+    ).shape == (
+        1,
+        0,
+        HEADS * DIM,
+    )

@@ -116,3 +116,11 @@ def test_wrong_rows_are_refused() -> None:
         int4_rows.matmul(torch.randn(2, 32), packed.codes, packed.scales, packed.mins, 64)
     with pytest.raises(ValueError, match="float32 rows of 64"):
         int4_rows.matmul(torch.randn(2, 64).double(), packed.codes, packed.scales, packed.mins, 64)
+
+
+def test_no_rows_give_no_rows() -> None:
+    """A step whose rows need no logits hands the head zero rows."""
+    codes, scales, mins = weight(64, 64, seed=11)
+    packed = int4_rows.pack(codes, scales, mins, CPU)
+    assert int4_rows.matmul(torch.zeros(0, 64), packed.codes, packed.scales, packed.mins, 64).shape == (0, 64)
+    assert int4_rows.unpack_rows(packed.codes, torch.zeros(0, dtype=torch.int64)).shape == (0, 64)

@@ -39,3 +39,7 @@ def test_the_avx2_and_avx512_builds_give_the_same_bits(isa_builds: dict[str, CDL
 def test_a_wrong_weight_is_refused() -> None:
     with pytest.raises(ValueError, match="weight"):
         rms_norm_rows.rms_norm(torch.randn(2, 64), torch.randn(32), 1e-5)
+
+
+def test_no_rows_give_no_rows() -> None:
+    assert rms_norm_rows.rms_norm(torch.zeros(0, 64), torch.ones(64), 1e-5).shape == (0, 64)

@@ -69,6 +69,8 @@ def run_with(
     if k.stride(-1) != 1 or v.stride() != k.stride():
         k, v = keys.contiguous(), values.contiguous()
     out = torch.empty(batch, num_queries, num_heads * head_dim, dtype=torch.float32)
+    if out.numel() == 0:
+        return out
     library.mohawk_attend_rows(
         q.data_ptr(), batch, num_queries, num_heads, head_dim, k.data_ptr(), v.data_ptr(), kv_heads,
         length, *k.stride()[:3], m.data_ptr(), scale, out.data_ptr(), torch.get_num_threads(),

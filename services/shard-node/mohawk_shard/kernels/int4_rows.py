@@ -90,7 +90,7 @@ def unpack_rows(codes: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     words = codes[rows // COLUMN_BLOCK, :, rows % COLUMN_BLOCK]  # [n, K/8]
     shifts = 4 * torch.arange(CODES_PER_WORD, dtype=torch.int32, device=words.device)
     nibbles = (words.unsqueeze(-1) >> shifts) & 15  # arithmetic shift: the mask drops the sign
-    return nibbles.reshape(rows.shape[0], -1).to(torch.uint8)
+    return nibbles.reshape(rows.shape[0], codes.shape[1] * CODES_PER_WORD).to(torch.uint8)
 
 
 def dense_weight(
@@ -144,6 +144,8 @@ def run(
             f"int4_rows: float32 rows of {codes.shape[1] * CODES_PER_WORD}, got {x.dtype} {tuple(x.shape)}"
         )
     y = torch.empty(rows, n, dtype=torch.float32)
+    if rows == 0:
+        return y
     library.mohawk_int4_rows_mm(
         x.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), mins.data_ptr(),
         n, y.data_ptr(), torch.get_num_threads(),

@@ -32,6 +32,8 @@ def _run(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         raise ValueError(f"rms_norm_rows: weight {tuple(weight.shape)} for rows of {rows.shape[-1]}")
     out = torch.empty_like(rows)
     num_rows = rows.numel() // max(rows.shape[-1], 1)
+    if num_rows == 0:
+        return out
     library.mohawk_rms_norm_rows(
         rows.data_ptr(),
         num_rows,

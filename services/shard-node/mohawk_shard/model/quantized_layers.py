@@ -1,6 +1,9 @@
 """Layers that run 4- and 8-bit groupwise weights as stored: `Int4Linear` and `GroupwiseEmbedding`.
 
-Design. `Int4Linear` hands the codes to torch's tinygemm kernels, which compute
+Design. On CPU, where the compiled kernels build (`kernels/library.py`), `Int4Linear` runs the row-block
+kernel of `kernels/int4_rows.py`: fp32 rows, fp16 scales and minimums, a row's bits independent of
+the call by construction. Elsewhere, and what the rest of this paragraph describes, it hands the
+codes to torch's tinygemm kernels, which compute
 `y = x · ((q − 8) · scale + zero)ᵀ` with one bf16 scale and zero per group of input columns: on
 CPU `_weight_int4pack_mm_for_cpu`, on CUDA `_weight_int4pack_mm`, each with its own packing of the
 codes. A group `w = scale · code + minimum` is the same weights with `zero = minimum + 8 · scale`.
@@ -64,7 +67,9 @@ def dense_rows(num_rows: int | None) -> Iterator[None]:
 
 
 class Int4Linear(nn.Module):
-    """y = x·Wᵀ (+ b) with W held as packed 4-bit codes and per-group bf16 scales and zeros."""
+    """y = x·Wᵀ (+ b) with W held as packed 4-bit codes: on CPU, where the compiled kernels run, in
+    the row kernel's layout with fp16 scales and minimums (`kernels/int4_rows.py`), else in
+    tinygemm's with per-group bf16 scales and zeros (`kernel="tinygemm"` asks for the latter)."""
 
     packed: torch.Tensor  # tinygemm's packing, or the row kernel's codes (`row_kernel`)
     scales_and_zeros: torch.Tensor  # tinygemm's

@@ -15,6 +15,7 @@ from mohawk_shard.config import EngineSettings
 from mohawk_shard.engine.llm_engine import LLMEngine
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.local import build_local_engine
+from tests.shard.torch_kernels import choose
 
 TOKENS = 24
 TOPICS = ["the moon", "bread", "rivers", "chess", "volcanoes", "owls", "jazz", "glaciers"]
@@ -93,3 +94,16 @@ def test_resumed_from_half_its_answer(
     assert [resume(fresh, p, ref[:cut]) for p, ref in zip(six, alone, strict=True)] == [
         ref[cut:] for ref in alone
     ]
+
+
+@pytest.mark.slow
+def test_on_torchs_own_kernels_too(bundled: ModelSource, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without the compiled CPU kernels (tinygemm, torch-op attention, F.rms_norm) keeps
+    the promise with its own arithmetic: alone, in a batch of 32, in other chunks."""
+    choose(monkeypatch, "torch")
+    three = prompts(bundled, 3)
+    on_torch = engine(bundled)
+    assert not any(getattr(m, "row_kernel", False) for m in on_torch.stages[0].backend.model.modules())
+    alone = [generate(engine(bundled), [p])[0] for p in three]
+    assert generate(on_torch, three + prompts(bundled, 29, offset=3))[:3] == alone
+    assert generate(engine(bundled, max_num_batched_tokens=48), three) == alone

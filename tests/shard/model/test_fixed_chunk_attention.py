@@ -19,6 +19,7 @@ from mohawk_shard.model.fixed_chunk_attention import (
     pad_keys,
     padded_length,
 )
+from tests.shard.torch_kernels import KERNEL_PATHS, choose
 
 HEADS, KV_HEADS = 6, 2
 
@@ -71,10 +72,19 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | N
 INVARIANT = [(torch.bfloat16, 64), (torch.bfloat16, 128), (torch.bfloat16, 256), (torch.float32, 64)]
 
 
+@pytest.fixture(params=KERNEL_PATHS)
+def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test on the compiled attention kernel (fp32) and on the torch ops it stands in for."""
+    choose(monkeypatch, request.param)
+    return str(request.param)
+
+
 @pytest.mark.parametrize(("dtype", "head_dim"), INVARIANT)
 def test_a_query_gets_the_same_bits_alone_in_a_batch_and_in_its_prompt(
-    dtype: torch.dtype, head_dim: int
+    dtype: torch.dtype, head_dim: int, kernel_path: str
 ) -> None:
+    if kernel_path == "compiled" and dtype != torch.float32:
+        pytest.skip("the compiled kernel takes fp32; bf16 runs the torch ops either way")
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape: int) -> torch.Tensor:
@@ -104,7 +114,7 @@ def test_a_query_gets_the_same_bits_alone_in_a_batch_and_in_its_prompt(
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (40, None), (None, 30.0), (70, 50.0)])
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 def test_it_is_softmax_attention(
-    window: int | None, softcap: float | None, dtype: torch.dtype, tolerance: float
+    window: int | None, softcap: float | None, dtype: torch.dtype, tolerance: float, kernel_path: str
 ) -> None:
     gen = torch.Generator().manual_seed(1)
     length, head_dim = 200, 64

@@ -17,7 +17,7 @@ from ctypes import CDLL
 
 import torch
 
-from mohawk_shard.kernels.library import kernel, register
+from mohawk_shard.kernels.library import kernel, register, require
 
 
 def supports(query: torch.Tensor, keys: torch.Tensor, softcap: float | None) -> bool:
@@ -43,10 +43,7 @@ def attend(
 def _run(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    library = kernel()
-    if library is None:
-        raise RuntimeError("the compiled CPU kernels are not available here")
-    return run_with(library, query, keys, values, mask, scale)
+    return run_with(require(), query, keys, values, mask, scale)
 
 
 def run_with(

@@ -163,8 +163,14 @@ inline void tile512(const float* __restrict xs, const float* __restrict xsum, in
 
 #ifdef __AVX512F__
 #define MOHAWK_TILE tile512
+// rows a tall tile takes, and column blocks a tile of R rows takes at once (index R): as many
+// accumulators as the registers hold (32 of 16 floats; AVX2 has 16 of 8)
+constexpr int kTallRows = 8, kTallBlocks = 2;
+constexpr int kBlocksOf[5] = {0, 4, 4, 4, 4};
 #else
 #define MOHAWK_TILE tile
+constexpr int kTallRows = 5, kTallBlocks = 1;
+constexpr int kBlocksOf[5] = {0, 4, 2, 1, 1};
 #endif
 
 // One superblock (`blocks` column blocks of 16, SB of them but at the end of N) for R rows, CB
@@ -223,35 +229,19 @@ void mohawk_int4_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* c
     int64_t m = 0;
     // tiles of the most rows that fit the registers, then the rest in one smaller tile: the
     // per-row arithmetic of every tile shape is the same (tile())
-#ifdef __AVX512F__
-    for (; m + 8 <= M; m += 8)
-      superblock<8, 2>(xs + m * K, xsum + m * G, K, G, c, sc, mn, ys + m * N, N, blocks);
+    for (; m + kTallRows <= M; m += kTallRows)
+      superblock<kTallRows, kTallBlocks>(xs + m * K, xsum + m * G, K, G, c, sc, mn, ys + m * N, N, blocks);
     for (; m + 4 <= M; m += 4)
-      superblock<4, 4>(xs + m * K, xsum + m * G, K, G, c, sc, mn, ys + m * N, N, blocks);
+      superblock<4, kBlocksOf[4]>(xs + m * K, xsum + m * G, K, G, c, sc, mn, ys + m * N, N, blocks);
     const float* xr = xs + m * K;
     const float* xsr = xsum + m * G;
     float* yr = ys + m * N;
     switch (M - m) {
-      case 1: superblock<1, 4>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
-      case 2: superblock<2, 4>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
-      case 3: superblock<3, 4>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
+      case 1: superblock<1, kBlocksOf[1]>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
+      case 2: superblock<2, kBlocksOf[2]>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
+      case 3: superblock<3, kBlocksOf[3]>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
       default: break;
     }
-#else
-    for (; m + 5 <= M; m += 5)
-      superblock<5, 1>(xs + m * K, xsum + m * G, K, G, c, sc, mn, ys + m * N, N, blocks);
-    for (; m + 4 <= M; m += 4)
-      superblock<4, 1>(xs + m * K, xsum + m * G, K, G, c, sc, mn, ys + m * N, N, blocks);
-    const float* xr = xs + m * K;
-    const float* xsr = xsum + m * G;
-    float* yr = ys + m * N;
-    switch (M - m) {
-      case 1: superblock<1, 4>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
-      case 2: superblock<2, 2>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
-      case 3: superblock<3, 1>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
-      default: break;
-    }
-#endif
   }
   std::free(xs);
 }

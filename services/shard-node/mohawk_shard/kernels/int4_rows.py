@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mohawk_shard.kernels.library import kernel, register
+from mohawk_shard.kernels.library import kernel, register, require
 
 GROUP_SIZE = 32
 COLUMN_BLOCK = 16  # columns a code word row holds
@@ -119,10 +119,7 @@ def matmul(
 def _run(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, n: int
 ) -> torch.Tensor:
-    library = kernel()
-    if library is None:
-        raise RuntimeError("the compiled CPU kernels are not available here")
-    return run(library, x, codes, scales, mins, n)
+    return run(require(), x, codes, scales, mins, n)
 
 
 register("int4_rows_mm(Tensor x, Tensor codes, Tensor scales, Tensor mins, int n) -> Tensor", _run)

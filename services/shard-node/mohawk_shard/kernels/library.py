@@ -76,6 +76,14 @@ def kernel() -> ctypes.CDLL | None:
     return None
 
 
+def require() -> ctypes.CDLL:
+    """The loaded library; a caller that got here without checking `kernel()` first is a bug."""
+    library = kernel()
+    if library is None:
+        raise RuntimeError("the compiled CPU kernels are not available here")
+    return library
+
+
 def _unavailable(choice: str) -> str | None:
     if choice == "off":
         return f"{CHOICE_ENV}=off"

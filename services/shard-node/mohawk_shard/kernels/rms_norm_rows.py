@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from mohawk_shard.kernels.library import kernel, register
+from mohawk_shard.kernels.library import kernel, register, require
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -24,9 +24,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    library = kernel()
-    if library is None:
-        raise RuntimeError("the compiled CPU kernels are not available here")
+    library = require()
     rows = x.contiguous()
     if weight.shape != (rows.shape[-1],) or not weight.is_contiguous():
         raise ValueError(f"rms_norm_rows: weight {tuple(weight.shape)} for rows of {rows.shape[-1]}")

@@ -54,7 +54,7 @@ def run(
     if build is None:
         out = attend_rows.attend(q, k, v, mask, SCALE)
     else:
-        out = attend_rows.run_with(build, q, k, v, mask, SCALE)
+        out = attend_rows.run(build, q, k, v, mask, SCALE)
     return [out[i, : len(rows)] for i, rows in enumerate(queries)]
 
 

@@ -14,6 +14,7 @@ from mohawk_shard.model.fixed_chunk_attention import (
     CHUNK,
     MIN_GEMM_ROWS,
     allowed_keys,
+    attend_in_fixed_order,
     fixed_chunk_attention,
     key_reach,
     pad_keys,
@@ -44,7 +45,7 @@ def attend(
 
     allowed = allowed_keys(q_lens, c_lens, window, padded)
     mask = additive_mask(torch.from_numpy(allowed), torch.float32)
-    out = fixed_chunk_attention(
+    out = attend_in_fixed_order(
         query, stack(keys), stack(values), mask, softcap=softcap, reach=key_reach(allowed)
     )
     return [out[i, : q_lens[i]] for i in range(len(queries))]

@@ -35,18 +35,16 @@ def attend(
 ) -> torch.Tensor:
     """softmax(q·kᵀ·scale + mask)·v per query: query [B, Q, H, D], keys/values [KVH, B, L, D], mask
     additive [B, Q, L] (0 or -inf) -> [B, Q, H·D]."""
-    if torch.jit.is_tracing():
-        return torch.ops.mohawk.attend_rows(query, keys, values, mask, scale)
-    return _run(query, keys, values, mask, scale)
+    return _traceable(query, keys, values, mask, scale)
 
 
 def _run(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    return run_with(require(), query, keys, values, mask, scale)
+    return run(require(), query, keys, values, mask, scale)
 
 
-def run_with(
+def run(
     library: CDLL,
     query: torch.Tensor,
     keys: torch.Tensor,
@@ -75,4 +73,6 @@ def run_with(
     return out
 
 
-register("attend_rows(Tensor query, Tensor keys, Tensor values, Tensor mask, float scale) -> Tensor", _run)
+_traceable = register(
+    "attend_rows(Tensor query, Tensor keys, Tensor values, Tensor mask, float scale) -> Tensor", _run
+)

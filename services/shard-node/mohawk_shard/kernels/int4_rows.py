@@ -2,7 +2,8 @@
 
 Design. torch's CPU 4-bit kernel (tinygemm, `_weight_int4pack_mm_for_cpu`) takes bf16
 activations and runs a row at a time, so a batched decode pays it once per row and every call pays
-a cast on each side. `int4_rows.cpp` reads each weight tile once for a block of up to five rows, in
+a cast on each side. `int4_rows.cpp` reads each weight tile once for a block of up to eight rows (five
+on AVX2), in
 fp32 from end to end, and gives every output the same sequence of fp32 operations whatever the
 number of rows, their place in the call or the thread count: batch invariant by construction, and as
 exact as a dense fp32 matmul (tinygemm rounds activations, scales and zeros to bf16). Scales and
@@ -111,9 +112,7 @@ def matmul(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, n: int
 ) -> torch.Tensor:
     """float32 rows x [M, K] times a packed weight (`pack`'s tensors, N = `n`) -> float32 [M, N]."""
-    if torch.jit.is_tracing():
-        return torch.ops.mohawk.int4_rows_mm(x, codes, scales, mins, n)
-    return _run(x, codes, scales, mins, n)
+    return _traceable(x, codes, scales, mins, n)
 
 
 def _run(
@@ -122,7 +121,9 @@ def _run(
     return run(require(), x, codes, scales, mins, n)
 
 
-register("int4_rows_mm(Tensor x, Tensor codes, Tensor scales, Tensor mins, int n) -> Tensor", _run)
+_traceable = register(
+    "int4_rows_mm(Tensor x, Tensor codes, Tensor scales, Tensor mins, int n) -> Tensor", _run
+)
 
 
 def run(

@@ -161,7 +161,16 @@ def load_library(path: Path) -> ctypes.CDLL:
 _OPS = torch.library.Library("mohawk", "FRAGMENT")
 
 
-def register(schema: str, implementation: Callable[..., torch.Tensor]) -> None:
-    """`torch.ops.mohawk.<name>` with this schema, run by `implementation` on CPU (for traces)."""
+def register(schema: str, implementation: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`torch.ops.mohawk.<name>` with this schema, run by `implementation` on CPU; returns the call to
+    use: through the op inside `torch.jit.trace` (the trace records one node), else `implementation`
+    itself (the op's dispatch costs a few µs a call)."""
+    name = schema.split("(")[0]
     _OPS.define(schema)
-    _OPS.impl(schema.split("(")[0], implementation, "CPU")
+    _OPS.impl(name, implementation, "CPU")
+    op = getattr(torch.ops.mohawk, name)
+
+    def call(*args: object) -> torch.Tensor:
+        return op(*args) if torch.jit.is_tracing() else implementation(*args)
+
+    return call

@@ -18,9 +18,7 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., N] / sqrt(mean(x²) + eps) · weight [N], fp32."""
-    if torch.jit.is_tracing():
-        return torch.ops.mohawk.rms_norm_rows(x, weight, eps)
-    return _run(x, weight, eps)
+    return _traceable(x, weight, eps)
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -44,4 +42,4 @@ def _run(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-register("rms_norm_rows(Tensor x, Tensor weight, float eps) -> Tensor", _run)
+_traceable = register("rms_norm_rows(Tensor x, Tensor weight, float eps) -> Tensor", _run)

@@ -38,9 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mohawk_shard.kernels import attend_rows
 from mohawk_shard.model.attention_metadata import AttentionMetadata, AttentionPart
-from mohawk_shard.model.fixed_chunk_attention import fixed_chunk_attention, pad_keys, padded_length
+from mohawk_shard.model.fixed_chunk_attention import attend_in_fixed_order, padded_length
 from mohawk_shard.model.kv_cache import Int8Store, KVCache, dequantize
 
 
@@ -111,20 +110,7 @@ def attend_fixed_chunks(
         keys, values = (t.view(kv_heads, batch, -1, head_dim) for t in (keys, values))
     mask, reach = part.fixed_chunk_mask(options.window, padded, query.device)
     queries = query.reshape(part.num_seqs, part.max_query_len, num_heads, head_dim)
-    if attend_rows.supports(queries, keys, options.softcap):  # each query's own keys: no padding
-        scale = options.scale if options.scale is not None else head_dim**-0.5
-        length = keys.shape[2]
-        out = attend_rows.attend(queries, keys, values, mask[..., :length], scale)
-        return out.view(num_tokens, num_heads * head_dim)
-    out = fixed_chunk_attention(
-        queries,
-        pad_keys(keys, padded),
-        pad_keys(values, padded),
-        mask,
-        options.scale,
-        options.softcap,
-        reach,
-    )
+    out = attend_in_fixed_order(queries, keys, values, mask, options.scale, options.softcap, reach)
     return out.view(num_tokens, num_heads * head_dim)
 
 

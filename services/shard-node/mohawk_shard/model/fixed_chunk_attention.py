@@ -24,7 +24,7 @@ prefill had them (leading chunks the prefill masked added exact zeros there).
 This is the default (`batch_invariant`); the faster path of `attention.py` serves with it off.
 On an x86 CPU with AVX2 and a compiler, fp32 stages without a softcap run the same per-query
 contract in one compiled call (`kernels/attend_rows.py`: each query alone, in an order its own mask
-fixes), and the torch ops below serve everything else.
+fixes), and the torch ops below serve everything else; `attend_in_fixed_order` chooses.
 """
 
 from __future__ import annotations
@@ -65,6 +65,27 @@ def key_reach(allowed: np.ndarray) -> np.ndarray:
     return last.max(axis=0)
 
 
+def attend_in_fixed_order(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float | None = None,
+    softcap: float | None = None,
+    reach: np.ndarray | None = None,
+) -> torch.Tensor:
+    """`fixed_chunk_attention`'s contract for keys/values [KVH, B, L, D] of any length L up to the
+    mask's: the compiled kernel, where it serves (`kernels/attend_rows.py`), reads them as they are
+    (each query only its own keys); the torch ops get them zero-padded to the mask's length."""
+    if attend_rows.supports(query, keys, softcap):
+        scale = scale if scale is not None else query.shape[-1] ** -0.5
+        return attend_rows.attend(query, keys, values, mask[..., : keys.shape[2]], scale)
+    padded = mask.shape[-1]
+    return fixed_chunk_attention(
+        query, pad_keys(keys, padded), pad_keys(values, padded), mask, scale, softcap, reach
+    )
+
+
 def fixed_chunk_attention(
     query: torch.Tensor,
     keys: torch.Tensor,
@@ -85,8 +106,6 @@ def fixed_chunk_attention(
     if keys.shape[2] % CHUNK:
         raise ValueError(f"keys padded to {keys.shape[2]}, not a multiple of {CHUNK}")
     scale = scale if scale is not None else head_dim**-0.5
-    if attend_rows.supports(query, keys, softcap):  # the same order per query, in one compiled call
-        return attend_rows.attend(query, keys, values, mask, scale)
     if reach is None or num_queries <= QUERY_TILE:
         return _attend(query, keys, values, mask, scale, softcap)
     out = query.new_empty(batch, num_queries, num_heads * head_dim)

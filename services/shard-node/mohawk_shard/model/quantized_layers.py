@@ -101,8 +101,7 @@ class Int4Linear(nn.Module):
         else:
             codes = torch.from_numpy(np.ascontiguousarray(weight.codes))
             scales = torch.from_numpy(weight.scales)
-            mins_t = torch.from_numpy(weight.mins) if weight.mins is not None else torch.zeros_like(scales)
-            zeros = mins_t + 8.0 * scales
+            zeros = torch.from_numpy(mins) + 8.0 * scales
             # the kernels want [groups, N, 2]: per group of inputs, each output's (scale, zero)
             pairs = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
             self.register_buffer("scales_and_zeros", pairs.to(device=device, dtype=KERNEL_DTYPE))

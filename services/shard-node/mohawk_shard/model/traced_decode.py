@@ -15,14 +15,18 @@ keys, which fixed-chunk attention adds as exact zeros (`fixed_chunk_attention.py
 padding changes no bit and a few traces cover every length. A bucket is traced only after it has
 served `trace_after` eager steps (tracing takes seconds; short generations never pay it), and each
 trace is checked once on the step it was recorded from: bit-equal to eager, or the bucket stays
-eager for good. Only stages whose forward has no data-dependent Python take this path: batch
-invariant attention, one KV group without a window, no int8 tier, no routed experts, on CPU.
+eager for good. On CUDA the same step, with the same inputs, is recorded as a CUDA graph instead
+(`cuda_graph_step.py`): there the host's launches, not Python's dispatch, are what a small step
+waits on, and a graph replays them all in one call. Only stages whose forward has no data-dependent
+Python take this path: batch invariant attention, one KV group without a window, no int8 tier, no
+routed experts, on CPU or CUDA.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import structlog
@@ -30,15 +34,21 @@ import torch
 from torch import nn
 
 from mohawk_shard.model.attention_metadata import AttentionMetadata, AttentionPart, GroupStep
+from mohawk_shard.model.cuda_graph_step import CudaGraphStep
 from mohawk_shard.model.fixed_chunk_attention import CHUNK
 from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.kv_cache import KVCache
 from mohawk_shard.model.moe import SparseMoE
 from mohawk_shard.model.rope import RotaryTable
 
+if TYPE_CHECKING:
+    from mohawk_shard.model.cuda_graph_step import GraphPool
+
 log = structlog.get_logger("mohawk.shard.model")
 
 TRACE_AFTER = 32  # eager batch-1 steps of a bucket before it is traced
+
+Replay = Callable[..., torch.Tensor]  # a bucket's recorded step: a TorchScript trace or a CUDA graph
 
 
 def context_bucket(context_len: int) -> int:
@@ -50,8 +60,8 @@ def traceable(
     model: nn.Module, rotary: RotaryTable, device: torch.device, windows: Mapping[int, int | None]
 ) -> bool:
     """Whether the stage's forward runs the same Python for every batch-1 decode (no routed
-    experts, one KV group without a window, one rotary base) on CPU."""
-    if device.type != "cpu" or list(windows.values()) != [None] or rotary.local is not None:
+    experts, one KV group without a window, one rotary base) on CPU or CUDA."""
+    if device.type not in ("cpu", "cuda") or list(windows.values()) != [None] or rotary.local is not None:
         return False
     return not any(isinstance(module, SparseMoE) for module in model.modules())
 
@@ -89,8 +99,9 @@ class TracedDecode:
 
     def __init__(self, model: nn.Module, rotary: RotaryTable, trace_after: int = TRACE_AFTER) -> None:
         self.model, self.rotary, self.trace_after = model, rotary, trace_after
-        self._traces: dict[int, torch.jit.ScriptModule | None] = {}
+        self._traces: dict[int, Replay | None] = {}
         self._eager_steps: dict[int, int] = {}
+        self._graph_pool: GraphPool | None = None  # the CUDA graphs' shared memory pool
 
     @staticmethod
     def applies(batch: ForwardBatch) -> bool:
@@ -99,9 +110,11 @@ class TracedDecode:
         return one and int(batch.context_lens[0]) > 1
 
     def forget(self) -> None:
-        """Drop every trace (they hold the caches' shapes: called when the caches are reallocated)."""
+        """Drop every trace (they hold the caches' shapes, a graph their addresses: called when the
+        caches are reallocated)."""
         self._traces.clear()
         self._eager_steps.clear()
+        self._graph_pool = None
 
     def step(
         self,
@@ -147,14 +160,26 @@ class TracedDecode:
         caches: list[KVCache],
         bucket: int,
         eager_out: torch.Tensor,
-    ) -> torch.jit.ScriptModule | None:
-        """The bucket's trace, recorded on this step (whose K/V it writes again, the same values)
-        and kept only if it gives eager's output bit for bit."""
+    ) -> Replay | None:
+        """The bucket's trace (a CUDA graph on a GPU), recorded on this step (whose K/V it writes
+        again, the same values) and kept only if it gives eager's output bit for bit."""
         args = self._trace_inputs(batch, inputs, caches, bucket)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the tracer's notes on Python values it bakes in
-            trace = torch.jit.trace(_DecodeStep(self.model, bucket).eval(), args, check_trace=False)
-        if not torch.equal(trace(*args), eager_out):
+        step = _DecodeStep(self.model, bucket).eval()
+        try:
+            replay = self._record(step, args)
+        except RuntimeError as error:  # a capture that met an op a graph cannot hold
+            log.warning("decode step not recorded: the bucket stays eager", bucket=bucket, error=error)
+            return None
+        if not torch.equal(replay(*args), eager_out):
             log.warning("decode trace differs from eager: the bucket stays eager", context_bucket=bucket)
             return None
-        return trace
+        return replay
+
+    def _record(self, step: _DecodeStep, args: Sequence[object]) -> Replay:
+        if isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            return CudaGraphStep(step, args, self._graph_pool)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on Python values it bakes in
+            return torch.jit.trace(step, tuple(args), check_trace=False)

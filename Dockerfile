@@ -68,8 +68,10 @@ RUN pip install ".[torch,mlx]" "liboqs-python==0.16.0" \
  && mohawk --help > /dev/null
 
 # The compiled CPU kernels (mohawk_shard/kernels/*.cpp: the row-block 4-bit matmul and fixed-order
-# attention), built here for AVX2 and AVX-512 alike: the runtime image has no compiler and loads the
-# build its CPU runs (MOHAWK_KERNEL_DIR); without one a shard runs torch's slower kernels.
+# attention, and ops.cpp, their torch-op wrappers, against this venv's torch headers), built here for
+# AVX2 and AVX-512 alike: the runtime image has no compiler and loads the build its CPU runs
+# (MOHAWK_KERNEL_DIR; the venv sits at the same path, so the digest and torch match); without one a
+# shard runs torch's slower kernels.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends g++ \

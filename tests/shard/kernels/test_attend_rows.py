@@ -40,21 +40,29 @@ def run(
     window: int | None = None,
     build: CDLL | None = None,
 ) -> list[torch.Tensor]:
-    """Attention of `queries[i]` (positions) of each sequence i, in one call, keys padded to `padded`."""
+    """Attention of `queries[i]` (positions) of each sequence i, in one call, over `padded` keys a
+    sequence, which sit in a cache pool at scattered slots (as a paged cache's blocks do)."""
     num_q = max(len(r) for r in queries)
     q = torch.zeros(len(seqs), num_q, HEADS, DIM)
-    k = torch.zeros(KV_HEADS, len(seqs), padded, DIM)
-    v = torch.zeros_like(k)
+    num_slots = len(seqs) * padded + 17
+    slots = torch.randperm(num_slots, generator=torch.Generator().manual_seed(99))[: len(seqs) * padded]
+    slots = slots.view(len(seqs), padded)
+    k = torch.randn(KV_HEADS, num_slots, DIM)  # slots no sequence uses hold other keys
+    v = torch.randn(KV_HEADS, num_slots, DIM)
     for i, ((sq, sk, sv), rows) in enumerate(zip(seqs, queries, strict=True)):
         q[i, : len(rows)] = sq[rows.start : rows.stop]
-        k[:, i, : rows.stop], v[:, i, : rows.stop] = sk[:, : rows.stop], sv[:, : rows.stop]
+        k[:, slots[i, : rows.stop]], v[:, slots[i, : rows.stop]] = sk[:, : rows.stop], sv[:, : rows.stop]
     query_lens = np.array([len(r) for r in queries])
     context_lens = np.array([r.stop for r in queries])
     mask = additive(allowed_keys(query_lens, context_lens, window, padded))
     if build is None:
-        out = attend_rows.attend(q, k, v, mask, SCALE)
-    else:
-        out = attend_rows.run(build, q, k, v, mask, SCALE)
+        out = attend_rows.attend(q, k, v, slots, mask, SCALE)
+    else:  # that build's own C function (only the process's build is the op)
+        out = torch.empty(len(seqs), num_q, HEADS * DIM)
+        build.mohawk_attend_rows(
+            q.data_ptr(), len(seqs), num_q, HEADS, DIM, k.data_ptr(), v.data_ptr(), KV_HEADS, padded,
+            *k.stride()[:2], slots.data_ptr(), mask.data_ptr(), SCALE, out.data_ptr(), 2,
+        )  # fmt: skip
     return [out[i, : len(rows)] for i, rows in enumerate(queries)]
 
 
@@ -113,12 +121,13 @@ def test_the_avx2_and_avx512_builds_give_the_same_bits(isa_builds: dict[str, CDL
 def test_a_trace_records_one_call_with_the_same_bits() -> None:
     seq = sequence(40, seed=4)
     mask = additive(allowed_keys(np.array([1]), np.array([40]), None, 64))
-    keys = torch.zeros(KV_HEADS, 1, 64, DIM)
-    keys[:, 0, :40] = seq[1]
+    keys = torch.zeros(KV_HEADS, 64, DIM)
+    keys[:, :40] = seq[1]
+    slots = torch.arange(64).view(1, 64)
 
     class Step(torch.nn.Module):
         def forward(self, q: torch.Tensor) -> torch.Tensor:
-            return attend_rows.attend(q, keys, keys, mask, SCALE) + 1
+            return attend_rows.attend(q, keys, keys, slots, mask, SCALE) + 1
 
     q = seq[0][39:40].unsqueeze(0)
     traced = torch.jit.trace(Step(), (q,), check_trace=False)
@@ -127,31 +136,38 @@ def test_a_trace_records_one_call_with_the_same_bits() -> None:
     assert torch.equal(traced(other), Step()(other))
 
 
-def test_mismatched_shapes_are_refused() -> None:
-    q, keys = torch.zeros(2, 1, HEADS, DIM), torch.zeros(KV_HEADS, 1, 64, DIM)
+def test_mismatched_shapes_and_slots_outside_the_pool_are_refused() -> None:
+    q, keys, slots = (
+        torch.zeros(2, 1, HEADS, DIM),
+        torch.zeros(KV_HEADS, 64, DIM),
+        torch.zeros(2, 64, dtype=torch.long),
+    )
     with pytest.raises(ValueError, match="against keys"):
-        attend_rows.attend(q, keys, keys, torch.zeros(2, 1, 64), SCALE)
+        attend_rows.attend(q, keys[:, :, :32], keys[:, :, :32], slots, torch.zeros(2, 1, 64), SCALE)
     with pytest.raises(ValueError, match="mask"):
-        attend_rows.attend(q[:1], keys, keys, torch.zeros(1, 1, 32), SCALE)
+        attend_rows.attend(q, keys, keys, slots, torch.zeros(2, 1, 32), SCALE)
+    with pytest.raises(ValueError, match="int64 slots"):
+        attend_rows.attend(q, keys, keys, slots[:1], torch.zeros(2, 1, 64), SCALE)
+    with pytest.raises(ValueError, match="slot 64 outside the pool of 64"):
+        attend_rows.attend(q, keys, keys, slots + 64, torch.zeros(2, 1, 64), SCALE)
 
 
-def test_keys_are_read_in_place_from_a_narrowed_cache() -> None:
+def test_keys_are_read_in_place_from_a_strided_pool() -> None:
+    """A slot-major cache viewed head-major (strided, not contiguous) gives the bits of a gathered,
+    contiguous copy of the same keys."""
     gen = torch.Generator().manual_seed(5)
-    pool_k, pool_v = torch.randn(2, KV_HEADS, 300, DIM, generator=gen)
-    keys, values = (pool.narrow(1, 50, 128).unsqueeze(1) for pool in (pool_k, pool_v))  # [KVH, 1, 128, D]
-    assert not keys.is_contiguous()
+    pool_k, pool_v = (torch.randn(300, KV_HEADS, DIM, generator=gen).transpose(0, 1) for _ in range(2))
+    assert not pool_k.is_contiguous()
+    slots = torch.randperm(300, generator=gen)[:128].view(1, 128)
     q = torch.randn(1, 3, HEADS, DIM, generator=gen)
     mask = additive(allowed_keys(np.array([3]), np.array([100]), None, 128))
-    in_place = attend_rows.attend(q, keys, values, mask, SCALE)
-    assert torch.equal(in_place, attend_rows.attend(q, keys.contiguous(), values.contiguous(), mask, SCALE))
+    in_place = attend_rows.attend(q, pool_k, pool_v, slots, mask, SCALE)
+    gathered_k, gathered_v = (pool[:, slots[0]].contiguous() for pool in (pool_k, pool_v))
+    in_order = torch.arange(128).view(1, 128)
+    assert torch.equal(in_place, attend_rows.attend(q, gathered_k, gathered_v, in_order, mask, SCALE))
 
 
 def test_no_queries_give_no_rows() -> None:
-    keys = torch.zeros(KV_HEADS, 1, 64, DIM)
-    assert attend_rows.attend(
-        torch.zeros(1, 0, HEADS, DIM), keys, keys, torch.zeros(1, 0, 64), SCALE
-    ).shape == (
-        1,
-        0,
-        HEADS * DIM,
-    )
+    keys, slots = torch.zeros(KV_HEADS, 64, DIM), torch.zeros(1, 64, dtype=torch.long)
+    out = attend_rows.attend(torch.zeros(1, 0, HEADS, DIM), keys, keys, slots, torch.zeros(1, 0, 64), SCALE)
+    assert out.shape == (1, 0, HEADS * DIM)

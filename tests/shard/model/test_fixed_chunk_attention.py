@@ -31,9 +31,11 @@ def attend(
     values: list[torch.Tensor],
     window: int | None = None,
     softcap: float | None = None,
+    through_slots: bool = False,
 ) -> list[torch.Tensor]:
     """Sequences' last len(q) positions attended in one call: queries [Q, H, D], keys/values
-    [L, KVH, D] each -> outputs [Q, H·D] each."""
+    [L, KVH, D] each -> outputs [Q, H·D] each. `through_slots`: the keys given as a cache's pools
+    with each sequence's keys at scattered slots (padding at slot 0), as a paged cache holds them."""
     q_lens = np.array([q.shape[0] for q in queries])
     c_lens = np.array([k.shape[0] for k in keys])
     padded = padded_length(int(c_lens.max()))
@@ -45,9 +47,26 @@ def attend(
 
     allowed = allowed_keys(q_lens, c_lens, window, padded)
     mask = additive_mask(torch.from_numpy(allowed), torch.float32)
-    out = attend_in_fixed_order(
-        query, stack(keys), stack(values), mask, softcap=softcap, reach=key_reach(allowed)
-    )
+    if through_slots:
+        order = torch.randperm(int(c_lens.sum()) + 1, generator=torch.Generator().manual_seed(7))
+        slots = torch.zeros(len(keys), padded, dtype=torch.long)
+        key_pool = torch.zeros(KV_HEADS, order.shape[0], keys[0].shape[-1], dtype=keys[0].dtype)
+        value_pool = torch.zeros_like(key_pool)
+        used = 0
+        for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+            slots[i, : k.shape[0]] = order[used : used + k.shape[0]]
+            key_pool[:, slots[i, : k.shape[0]]], value_pool[:, slots[i, : k.shape[0]]] = (
+                k.transpose(0, 1),
+                v.transpose(0, 1),
+            )
+            used += k.shape[0]
+        out = attend_in_fixed_order(
+            query, key_pool, value_pool, mask, softcap=softcap, reach=key_reach(allowed), slots=slots
+        )
+    else:
+        out = attend_in_fixed_order(
+            query, stack(keys), stack(values), mask, softcap=softcap, reach=key_reach(allowed)
+        )
     return [out[i, : q_lens[i]] for i in range(len(queries))]
 
 
@@ -100,6 +119,8 @@ def test_a_query_gets_the_same_bits_alone_in_a_batch_and_in_its_prompt(
     for pos in (0, 63, 64, 100, 200, length - 1):
         alone = attend([q[pos : pos + 1]], [k[: pos + 1]], [v[: pos + 1]])[0]
         assert torch.equal(alone, prefill[pos : pos + 1]), pos
+        from_cache = attend([q[pos : pos + 1]], [k[: pos + 1]], [v[: pos + 1]], through_slots=True)[0]
+        assert torch.equal(from_cache, prefill[pos : pos + 1]), pos
     # the last position decoded among 31 other sequences, some with far longer contexts
     others = [300, 17, 1000, 64, 129] * 6 + [5]
     queries = [rand(1, HEADS, head_dim) for _ in others] + [q[-1:]]
@@ -107,6 +128,7 @@ def test_a_query_gets_the_same_bits_alone_in_a_batch_and_in_its_prompt(
     values = [rand(n, KV_HEADS, head_dim) for n in others] + [v]
     batched = attend(queries, keys, values)
     assert torch.equal(batched[-1], prefill[-1:])
+    assert torch.equal(attend(queries, keys, values, through_slots=True)[-1], prefill[-1:])
     # a later chunk of the prompt continuing its cache
     chunk = attend([q[100:]], [k], [v])[0]
     assert torch.equal(chunk, prefill[100:])

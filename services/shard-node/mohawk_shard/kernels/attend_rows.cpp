@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -142,16 +143,20 @@ struct Row {
   int64_t first, last;
 };
 
-// keys [n, D] rows `stride` apart -> kt [D][16] for keys first + 16 t + l (zero past `count`)
-void transpose_block(const float* keys, int64_t stride, int64_t count, int64_t D, float* kt) {
+// `count` keys, key l at pool + slots[l] * stride -> kt [D][16] (zero past `count`). The rows are
+// first copied whole into `rows` [16][D] (independent contiguous reads, which the memory system
+// overlaps; reading them a column at a time waited on each), then transposed from there.
+void transpose_block(const float* pool, const int64_t* slots, int64_t stride, int64_t count, int64_t D, float* rows,
+                     float* kt) {
+  for (int64_t l = 0; l < count; ++l) std::memcpy(rows + l * D, pool + slots[l] * stride, D * sizeof(float));
   for (int64_t d = 0; d < D; ++d)
-    for (int l = 0; l < LANES; ++l) kt[d * LANES + l] = l < count ? keys[l * stride + d] : 0.0f;
+    for (int l = 0; l < LANES; ++l) kt[d * LANES + l] = l < count ? rows[l * D + d] : 0.0f;
 }
 
-// One tile of rows sharing a sequence's KV head: values [L, D] (rows `stride` apart), `kt` its keys
-// transposed in blocks of 16; `scores` TILE rows of scratch, each the row's scores then its sum.
-void attend_tile(Row* rows, int n, const float* values, int64_t stride, int64_t D, const float* kt,
-                 float* scores, int64_t ldsc) {
+// One tile of rows sharing a sequence's KV head: value j at values + slots[j] * stride, `kt` its
+// keys transposed in blocks of 16; `scores` TILE rows of scratch, each the row's scores then its sum.
+void attend_tile(Row* rows, int n, const float* values, const int64_t* slots, int64_t stride, int64_t D,
+                 const float* kt, float* scores, int64_t ldsc) {
   int64_t lo = rows[0].first, hi = rows[0].last;
   for (int r = 1; r < n; ++r) {
     lo = rows[r].first < lo ? rows[r].first : lo;
@@ -226,7 +231,7 @@ void attend_tile(Row* rows, int n, const float* values, int64_t stride, int64_t 
       for (int c = 0; c < CHUNKS; ++c) acc[r][c] = splat(0.0f);
     float tail[LANES] = {};
     for (int64_t j = lo; j <= hi; ++j) {
-      const float* vrow = values + j * stride + d0;
+      const float* vrow = values + slots[j] * stride + d0;
       V v[CHUNKS];
       for (int c = 0; c < chunks; ++c) {
         if (d0 + (c + 1) * LANES <= D) {
@@ -256,11 +261,13 @@ void attend_tile(Row* rows, int n, const float* values, int64_t stride, int64_t 
 
 extern "C" {
 
-// q [B, Q, H, D], k and v [KVH, B, L, D] with strides (sh, sb, sl) in elements (a key's D values
-// contiguous), mask [B, Q, L] (0 or -inf) -> out [B, Q, H, D].
+// q [B, Q, H, D]; k and v pools [KVH, S, D] with strides (sh, sl) in elements (a key's D values
+// contiguous), read where the cache holds them: key j of sequence b is slot slots[b * L + j];
+// mask [B, Q, L] (0 or -inf) -> out [B, Q, H, D]. A masked key's slot is read too (its score is
+// replaced by -inf, its weight is exactly 0), so it must lie inside the pool like any other.
 void mohawk_attend_rows(const float* q, int64_t B, int64_t Q, int64_t H, int64_t D,
                         const float* k, const float* v, int64_t KVH, int64_t L, int64_t sh,
-                        int64_t sb, int64_t sl, const float* mask, float scale, float* out,
+                        int64_t sl, const int64_t* slots, const float* mask, float scale, float* out,
                         int num_threads) {
   const int64_t group = H / KVH, per_kv = Q * group;  // rows sharing a (sequence, KV head)
   const int64_t tiles_per_kv = (per_kv + TILE - 1) / TILE, blocks = (L + LANES - 1) / LANES;
@@ -280,11 +287,13 @@ void mohawk_attend_rows(const float* q, int64_t B, int64_t Q, int64_t H, int64_t
   {
 #pragma omp for schedule(static) nowait
     for (int64_t t = 0; t < B * Q; ++t) visible_range(mask + t * L, L, &visible[2 * t], &visible[2 * t + 1]);
+    static thread_local std::vector<float> block_rows;
+    if (block_rows.size() < static_cast<size_t>(LANES * D)) block_rows.resize(LANES * D);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < B * KVH * blocks; ++t) {
       const int64_t b = t / (KVH * blocks), g = (t / blocks) % KVH, block = t % blocks;
       const int64_t first = block * LANES, count = L - first < LANES ? L - first : LANES;
-      transpose_block(k + g * sh + b * sb + first * sl, sl, count, D, transposed + t * D * LANES);
+      transpose_block(k + g * sh, slots + b * L + first, sl, count, D, block_rows.data(), transposed + t * D * LANES);
     }
     static thread_local std::vector<float> qs, scores;
     if (qs.size() < static_cast<size_t>(TILE * D)) qs.resize(TILE * D);
@@ -310,7 +319,7 @@ void mohawk_attend_rows(const float* q, int64_t B, int64_t Q, int64_t H, int64_t
         rows[n++] = Row{scaled, mrow, o, first, last};
       }
       if (n == 0) continue;
-      attend_tile(rows, n, v + g * sh + b * sb, sl, D, transposed + (b * KVH + g) * blocks * D * LANES,
+      attend_tile(rows, n, v + g * sh, slots + b * L, sl, D, transposed + (b * KVH + g) * blocks * D * LANES,
                   scores.data(), ldsc);
     }
   }

@@ -11,19 +11,18 @@ mins are held as fp16 (GGUF's own are fp16, so Q4_0/Q4_1 keep them exactly), the
 tinygemm's bf16 pairs. Where the library does not load (`library.kernel()` is None), `Int4Linear`
 keeps tinygemm.
 
-The op is also registered as `torch.ops.mohawk.int4_rows_mm`, so a traced decode step
-(`traced_decode.py`) records it as one call; eager code calls the library directly.
+It is called as the torch op `torch.ops.mohawk.int4_rows_mm` (`ops.cpp`), from eager code and
+traced decode steps (`traced_decode.py`) alike.
 """
 
 from __future__ import annotations
 
-from ctypes import CDLL
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from mohawk_shard.kernels.library import kernel, register, require
+from mohawk_shard.kernels.library import kernel
 
 GROUP_SIZE = 32
 COLUMN_BLOCK = 16  # columns a code word row holds
@@ -112,40 +111,4 @@ def matmul(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, n: int
 ) -> torch.Tensor:
     """float32 rows x [M, K] times a packed weight (`pack`'s tensors, N = `n`) -> float32 [M, N]."""
-    return _traceable(x, codes, scales, mins, n)
-
-
-def _run(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, n: int
-) -> torch.Tensor:
-    return run(require(), x, codes, scales, mins, n)
-
-
-_traceable = register(
-    "int4_rows_mm(Tensor x, Tensor codes, Tensor scales, Tensor mins, int n) -> Tensor", _run
-)
-
-
-def run(
-    library: CDLL,
-    x: torch.Tensor,
-    codes: torch.Tensor,
-    scales: torch.Tensor,
-    mins: torch.Tensor,
-    n: int,
-) -> torch.Tensor:
-    """`matmul` through a given build of the library (tests compare the AVX2 and AVX-512 builds)."""
-    x = x.contiguous()
-    rows, in_features = x.shape
-    if x.dtype != torch.float32 or codes.shape[1] * CODES_PER_WORD != in_features:
-        raise ValueError(
-            f"int4_rows: float32 rows of {codes.shape[1] * CODES_PER_WORD}, got {x.dtype} {tuple(x.shape)}"
-        )
-    y = torch.empty(rows, n, dtype=torch.float32)
-    if rows == 0:
-        return y
-    library.mohawk_int4_rows_mm(
-        x.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), mins.data_ptr(),
-        n, y.data_ptr(), torch.get_num_threads(),
-    )  # fmt: skip
-    return y
+    return torch.ops.mohawk.int4_rows_mm.default(x, codes, scales, mins, n)

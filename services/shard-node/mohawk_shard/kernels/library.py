@@ -1,10 +1,11 @@
-"""The compiled CPU kernels (`*.cpp` beside this file) as one library: built on first use, loaded
-with ctypes, registered as torch ops for traces.
+"""The compiled CPU kernels (`*.cpp` beside this file) as one library: built on first use, its
+kernels registered as torch ops.
 
-Design. The kernels are plain C++ with a C ABI and no torch headers, so the library builds in a
-couple of seconds with the machine's g++ (or `CXX`) into `MOHAWK_KERNEL_DIR` (default
-`~/.cache/mohawk/kernels`), under a name that digests the sources and flags: an edit or another
-flag builds a new file, and processes starting together each compile to a temporary file and
+Design. The kernels are plain C++ with a C ABI; one more file, `ops.cpp`, wraps them as torch ops
+against torch's own headers (the wheel ships them), so the library builds in a few seconds with
+the machine's g++ (or `CXX`) into `MOHAWK_KERNEL_DIR` (default `~/.cache/mohawk/kernels`), under a
+name that digests the sources, the flags and torch's version: an edit, another flag or another
+torch builds a new file, and processes starting together each compile to a temporary file and
 rename it into place. It is built for the widest instruction set torch itself uses on this CPU
 (`torch.backends.cpu.get_cpu_capability()`: AVX2 or AVX512); each kernel computes the same bits in
 either build. It links OpenMP, which resolves to the libgomp torch already loaded: one thread pool,
@@ -13,8 +14,11 @@ found, the build fails or `MOHAWK_CPU_KERNELS=off` is set, `kernel()` is None an
 torch's own kernels (tinygemm for 4-bit matmuls, fixed-chunk attention as torch ops); the log says
 why, once. An image without a compiler ships the builds `prebuild` made (the Dockerfile does).
 
-Each kernel is also a torch op (`torch.ops.mohawk.*`, `register`), so `torch.jit.trace` records a
-traced decode step's call as one node; eager code calls the library directly.
+The process's build registers `torch.ops.mohawk.*` (`mohawk_register_ops`, once): eager code and
+traced decode steps call the kernels through the dispatcher, with no Python between (a ctypes call
+and its wrapper cost about 8 µs, more than most of a decode step's kernels take). Other builds can
+be loaded beside it, unregistered, and called through their C functions (the tests compare the
+AVX2 and AVX-512 builds' bits that way).
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -36,7 +39,7 @@ import torch
 log = structlog.get_logger("mohawk.shard.kernels")
 
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
-FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off")
+FLAGS = ("-O3", "-std=c++20", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off", "-Wl,-Bsymbolic")
 ISA_FLAGS = {  # torch's CPU capability -> the instruction set the library is built for
     "AVX2": ("-mavx2", "-mfma", "-mf16c"),
     "AVX512": ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"),
@@ -48,13 +51,14 @@ DIR_ENV = "MOHAWK_KERNEL_DIR"
 
 _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
+    "mohawk_register_ops": [],
     "mohawk_int4_rows_mm": [
         _POINTER, _SIZE, _SIZE, _POINTER, _POINTER, _POINTER, _SIZE, _POINTER, ctypes.c_int,
     ],
     "mohawk_rms_norm_rows": [_POINTER, _SIZE, _SIZE, _POINTER, ctypes.c_float, _POINTER, ctypes.c_int],
     "mohawk_attend_rows": [
-        _POINTER, _SIZE, _SIZE, _SIZE, _SIZE, _POINTER, _POINTER, _SIZE, _SIZE, _SIZE, _SIZE, _SIZE,
-        _POINTER, ctypes.c_float, _POINTER, ctypes.c_int,
+        _POINTER, _SIZE, _SIZE, _SIZE, _SIZE, _POINTER, _POINTER, _SIZE, _SIZE, _SIZE, _SIZE,
+        _POINTER, _POINTER, ctypes.c_float, _POINTER, ctypes.c_int,
     ],
 }  # fmt: skip
 
@@ -69,7 +73,10 @@ def kernel() -> ctypes.CDLL | None:
     if reason is None:
         try:
             isa = torch.backends.cpu.get_cpu_capability()
-            return load_library(build_library(isa, library_dir()))
+            library = load_library(build_library(isa, library_dir()))
+            if library.mohawk_register_ops() != 0:
+                raise RuntimeError("registering the kernels as torch ops failed")
+            return library
         except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
             reason = f"could not build or load the CPU kernels: {str(exc)[-500:]}"
     log.info("compiled CPU kernels off: torch's own kernels", reason=reason)
@@ -106,9 +113,23 @@ def library_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "mohawk" / "kernels"
 
 
+def torch_flags() -> tuple[str, ...]:
+    """What `ops.cpp` compiles and links with: this torch's headers and libraries, its C++ ABI."""
+    root = Path(torch.__file__).parent
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return (
+        f"-I{root / 'include'}",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-L{root / 'lib'}",
+        f"-Wl,-rpath,{root / 'lib'}",
+        "-ltorch_cpu",
+        "-lc10",
+    )
+
+
 def library_path(isa: str, directory: Path) -> Path:
-    """Where the build for `isa` (a key of ISA_FLAGS) of these sources and flags lives."""
-    flags = (*FLAGS, *ISA_FLAGS[isa])
+    """Where the build for `isa` (a key of ISA_FLAGS) of these sources, flags and torch lives."""
+    flags = (*FLAGS, *ISA_FLAGS[isa], *torch_flags(), torch.__version__)
     digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(flags).encode())
     return directory / f"mohawk_kernels-{isa.lower()}-{digest.hexdigest()[:16]}.so"
 
@@ -126,7 +147,7 @@ def build_library(isa: str, directory: Path) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, *ISA_FLAGS[isa], *map(str, SOURCES), "-o", temporary],
+            [compiler, *FLAGS, *ISA_FLAGS[isa], *map(str, SOURCES), "-o", temporary, *torch_flags()],
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,
@@ -155,22 +176,5 @@ def load_library(path: Path) -> ctypes.CDLL:
     for name, arguments in _SIGNATURES.items():
         function = getattr(library, name)
         function.restype, function.argtypes = None, arguments
+    library.mohawk_register_ops.restype = ctypes.c_int
     return library
-
-
-_OPS = torch.library.Library("mohawk", "FRAGMENT")
-
-
-def register(schema: str, implementation: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """`torch.ops.mohawk.<name>` with this schema, run by `implementation` on CPU; returns the call to
-    use: through the op inside `torch.jit.trace` (the trace records one node), else `implementation`
-    itself (the op's dispatch costs a few µs a call)."""
-    name = schema.split("(")[0]
-    _OPS.define(schema)
-    _OPS.impl(name, implementation, "CPU")
-    op = getattr(torch.ops.mohawk, name)
-
-    def call(*args: object) -> torch.Tensor:
-        return op(*args) if torch.jit.is_tracing() else implementation(*args)
-
-    return call

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from mohawk_shard.kernels.library import kernel, register, require
+from mohawk_shard.kernels.library import kernel
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -17,29 +17,5 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., N] / sqrt(mean(x²) + eps) · weight [N], fp32."""
-    return _traceable(x, weight, eps)
-
-
-def _run(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    library = require()
-    rows = x.contiguous()
-    if weight.shape != (rows.shape[-1],) or not weight.is_contiguous():
-        raise ValueError(f"rms_norm_rows: weight {tuple(weight.shape)} for rows of {rows.shape[-1]}")
-    out = torch.empty_like(rows)
-    num_rows = rows.numel() // max(rows.shape[-1], 1)
-    if num_rows == 0:
-        return out
-    library.mohawk_rms_norm_rows(
-        rows.data_ptr(),
-        num_rows,
-        rows.shape[-1],
-        weight.data_ptr(),
-        eps,
-        out.data_ptr(),
-        torch.get_num_threads(),
-    )
-    return out
-
-
-_traceable = register("rms_norm_rows(Tensor x, Tensor weight, float eps) -> Tensor", _run)
+    """x [..., N] / sqrt(mean(x²) + eps) · weight [N], fp32 (the op `torch.ops.mohawk.rms_norm_rows`)."""
+    return torch.ops.mohawk.rms_norm_rows.default(x, weight, eps)

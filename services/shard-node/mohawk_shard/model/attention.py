@@ -101,8 +101,12 @@ def attend_fixed_chunks(
     if part.context_lens is None:
         raise RuntimeError("an attention part without its sequence lengths")
     padded = padded_length(int(part.context_lens.max()))
+    slots = None
     if part.fresh_prompt:
         keys, values = (t.transpose(0, 1).unsqueeze(1) for t in (key, value))  # [KVH, 1, P, D]
+    elif part.context_slots is not None and part.cold is None:
+        # the cache's pools and each sequence's slots: no gathered copy where the kernel reads them
+        keys, values, slots = cache.key, cache.value, part.context_slots.view(part.num_seqs, -1)
     else:
         batch, kv_heads = part.num_seqs, cache.key.shape[0]
         keys = gather_context(cache.key, cache.key_int8, part, "key")
@@ -110,7 +114,7 @@ def attend_fixed_chunks(
         keys, values = (t.view(kv_heads, batch, -1, head_dim) for t in (keys, values))
     mask, reach = part.fixed_chunk_mask(options.window, padded, query.device)
     queries = query.reshape(part.num_seqs, part.max_query_len, num_heads, head_dim)
-    out = attend_in_fixed_order(queries, keys, values, mask, options.scale, options.softcap, reach)
+    out = attend_in_fixed_order(queries, keys, values, mask, options.scale, options.softcap, reach, slots)
     return out.view(num_tokens, num_heads * head_dim)
 
 

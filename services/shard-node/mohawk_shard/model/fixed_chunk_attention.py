@@ -73,17 +73,35 @@ def attend_in_fixed_order(
     scale: float | None = None,
     softcap: float | None = None,
     reach: np.ndarray | None = None,
+    slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`fixed_chunk_attention`'s contract for keys/values [KVH, B, L, D] of any length L up to the
-    mask's: the compiled kernel, where it serves (`kernels/attend_rows.py`), reads them as they are
-    (each query only its own keys); the torch ops get them zero-padded to the mask's length."""
+    mask's, or, with `slots` [B, L], for a cache's pools [KVH, S, D] whose slot `slots[b, j]` holds
+    key j of sequence b. The compiled kernel, where it serves (`kernels/attend_rows.py`), reads them
+    where they lie (each query only its own keys); the torch ops get them gathered and zero-padded
+    to the mask's length."""
     if attend_rows.supports(query, keys, softcap):
         scale = scale if scale is not None else query.shape[-1] ** -0.5
-        return attend_rows.attend(query, keys, values, mask[..., : keys.shape[2]], scale)
+        if slots is None:
+            kv_heads, batch, length, head_dim = keys.shape
+            keys, values = (t.reshape(kv_heads, batch * length, head_dim) for t in (keys, values))
+            slots = torch.arange(batch * length, device=keys.device).view(batch, length)
+        return attend_rows.attend(query, keys, values, slots, mask[..., : slots.shape[1]], scale)
+    if slots is not None:
+        keys, values = (gather_slots(t, slots) for t in (keys, values))
     padded = mask.shape[-1]
     return fixed_chunk_attention(
         query, pad_keys(keys, padded), pad_keys(values, padded), mask, scale, softcap, reach
     )
+
+
+def gather_slots(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """pool [KVH, S, D] at slots [B, L] -> [KVH, B, L, D] (rows of the pool flattened to
+    [KVH·S, D]: twice as fast as index_select on dim 1)."""
+    kv_heads, num_slots, head_dim = pool.shape
+    heads = torch.arange(kv_heads, device=pool.device)[:, None] * num_slots
+    rows = (heads + slots.reshape(1, -1)).reshape(-1)
+    return pool.reshape(-1, head_dim).index_select(0, rows).view(kv_heads, *slots.shape, head_dim)
 
 
 def fixed_chunk_attention(

@@ -55,6 +55,7 @@ _SIGNATURES = {
     "mohawk_int4_rows_mm": [
         _POINTER, _SIZE, _SIZE, _POINTER, _POINTER, _POINTER, _SIZE, _POINTER, ctypes.c_int,
     ],
+    "mohawk_top_rows": [_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, ctypes.c_int],
     "mohawk_rms_norm_rows": [_POINTER, _SIZE, _SIZE, _POINTER, ctypes.c_float, _POINTER, ctypes.c_int],
     "mohawk_attend_rows": [
         _POINTER, _SIZE, _SIZE, _SIZE, _SIZE, _POINTER, _POINTER, _SIZE, _SIZE, _SIZE, _SIZE,

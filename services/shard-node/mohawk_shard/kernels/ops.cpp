@@ -24,6 +24,7 @@ void mohawk_rms_norm_rows(const float* x, int64_t M, int64_t N, const float* w, 
 void mohawk_attend_rows(const float* q, int64_t B, int64_t Q, int64_t H, int64_t D, const float* k,
                         const float* v, int64_t KVH, int64_t L, int64_t sh, int64_t sl, const int64_t* slots,
                         const float* mask, float scale, float* out, int num_threads);
+void mohawk_top_rows(const float* x, int64_t M, int64_t V, int64_t k, int64_t* out, int num_threads);
 }
 
 namespace {
@@ -107,11 +108,24 @@ at::Tensor attend_rows(const at::Tensor& query, const at::Tensor& keys, const at
   return out;
 }
 
+// int64 [M, k]: the indices of each row's k largest values of x [M, V] (float32), best first,
+// ties to the lower index.
+at::Tensor top_rows(const at::Tensor& rows, int64_t k) {
+  TORCH_CHECK_VALUE(rows.scalar_type() == at::kFloat && rows.dim() == 2, "top_rows: float32 rows [M, V], got ",
+                    rows.scalar_type(), " ", rows.sizes());
+  TORCH_CHECK_VALUE(k > 0 && k <= rows.size(1), "top_rows: k = ", k, " of rows of ", rows.size(1));
+  const at::Tensor x = rows.contiguous();
+  at::Tensor out = at::empty({x.size(0), k}, x.options().dtype(at::kLong));
+  if (x.size(0) > 0)
+    mohawk_top_rows(as<float>(x), x.size(0), x.size(1), k, out.mutable_data_ptr<int64_t>(), at::get_num_threads());
+  return out;
+}
+
 }  // namespace
 
 extern "C" {
 
-// Registers torch.ops.mohawk.{int4_rows_mm, rms_norm_rows, attend_rows} with this build's kernels;
+// Registers torch.ops.mohawk.{int4_rows_mm, rms_norm_rows, attend_rows, top_rows} with this build's kernels;
 // once a process (later calls do nothing). Returns 0, or -1 where registration threw.
 int mohawk_register_ops() {
   static bool done = false;
@@ -121,10 +135,12 @@ int mohawk_register_ops() {
     ops->def("int4_rows_mm(Tensor x, Tensor codes, Tensor scales, Tensor mins, int n) -> Tensor");
     ops->def("rms_norm_rows(Tensor x, Tensor weight, float eps) -> Tensor");
     ops->def("attend_rows(Tensor query, Tensor keys, Tensor values, Tensor slots, Tensor mask, float scale) -> Tensor");
+    ops->def("top_rows(Tensor x, int k) -> Tensor");
     auto* cpu = new torch::Library(torch::Library::IMPL, "mohawk", c10::DispatchKey::CPU, __FILE__, __LINE__);
     cpu->impl("int4_rows_mm", TORCH_FN(int4_rows_mm));
     cpu->impl("rms_norm_rows", TORCH_FN(rms_norm_rows));
     cpu->impl("attend_rows", TORCH_FN(attend_rows));
+    cpu->impl("top_rows", TORCH_FN(top_rows));
   } catch (const std::exception&) {
     return -1;
   }

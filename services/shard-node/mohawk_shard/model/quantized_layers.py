@@ -46,6 +46,7 @@ from torch import nn
 
 from mohawk_common.model_store.quantized import GroupQuantized
 from mohawk_shard.kernels import int4_rows
+from mohawk_shard.kernels.top_rows import top_indices
 
 KERNEL_DTYPE = torch.bfloat16
 DENSE_MIN_ROWS = 96  # batch_invariant off: a step this long runs faster through the unpacked weight
@@ -278,7 +279,7 @@ class RescoredHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.approximate.forward(x).float()
-        candidates = logits.topk(self.shortlist, dim=-1).indices  # [M, shortlist]
+        candidates = top_indices(logits, self.shortlist)  # [M, shortlist]
         rows = self.exact.rows(candidates)  # [M, shortlist, hidden]
         exact = torch.matmul(rows, x.float().unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(-1, candidates, exact)

@@ -22,6 +22,7 @@ from torch import nn
 
 from mohawk_common.model_store.quantized import GroupQuantized
 from mohawk_shard.kernels import int4_rows
+from mohawk_shard.kernels.top_rows import top_indices
 from mohawk_shard.model.quantized_layers import Int4Linear, cpu_pack_block
 
 LOW_NIBBLE_MEAN = 7.5
@@ -74,7 +75,7 @@ class SplitQ8Head(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.approximate.forward(x).float()
-        candidates = logits.topk(self.shortlist, dim=-1).indices  # [M, shortlist]
+        candidates = top_indices(logits, self.shortlist)  # [M, shortlist]
         # a product and a sum over the row, not a batched matmul: its kernel's result for one row
         # changes with how many rows share the call, and a logit must not depend on the batch
         exact = (self.rows(candidates) * x.float().unsqueeze(-2)).sum(-1)

@@ -20,7 +20,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 namespace {
@@ -143,14 +142,117 @@ struct Row {
   int64_t first, last;
 };
 
-// `count` keys, key l at pool + slots[l] * stride -> kt [D][16] (zero past `count`). The rows are
-// first copied whole into `rows` [16][D] (independent contiguous reads, which the memory system
-// overlaps; reading them a column at a time waited on each), then transposed from there.
-void transpose_block(const float* pool, const int64_t* slots, int64_t stride, int64_t count, int64_t D, float* rows,
-                     float* kt) {
-  for (int64_t l = 0; l < count; ++l) std::memcpy(rows + l * D, pool + slots[l] * stride, D * sizeof(float));
-  for (int64_t d = 0; d < D; ++d)
-    for (int l = 0; l < LANES; ++l) kt[d * LANES + l] = l < count ? rows[l * D + d] : 0.0f;
+#ifdef __AVX512F__
+// dst[c * 16 + r] = src[r][c] for a 16 x 16 block (src[r] null: a row of zeros): unpacking pairs
+// of 32-bit, then of 64-bit elements, then a 4 x 4 transpose of 128-bit lanes. Moves, no arithmetic.
+inline void transpose16(const float* const* src, float* dst) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = src[i] != nullptr ? _mm512_loadu_ps(src[i]) : _mm512_setzero_ps();
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // r[i + c], lane q: column 4q + c of rows i .. i + 3
+    const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+    const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+    const __m512 u2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+    const __m512 u3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+    _mm512_storeu_ps(dst + (0 + c) * 16, _mm512_shuffle_f32x4(u0, u2, 0x88));
+    _mm512_storeu_ps(dst + (4 + c) * 16, _mm512_shuffle_f32x4(u0, u2, 0xDD));
+    _mm512_storeu_ps(dst + (8 + c) * 16, _mm512_shuffle_f32x4(u1, u3, 0x88));
+    _mm512_storeu_ps(dst + (12 + c) * 16, _mm512_shuffle_f32x4(u1, u3, 0xDD));
+  }
+}
+#endif
+
+// `count` keys, key l at pool + slots[l] * stride -> kt [D][16] (zero past `count`): data moves
+// only, so the scores computed from it are the same bits however it is done.
+void transpose_block(const float* pool, const int64_t* slots, int64_t stride, int64_t count, int64_t D, float* kt) {
+  const float* keys[LANES];
+  for (int l = 0; l < LANES; ++l) keys[l] = l < count ? pool + slots[l] * stride : nullptr;
+  int64_t d0 = 0;
+#ifdef __AVX512F__
+  for (; d0 + LANES <= D; d0 += LANES) {
+    const float* rows[LANES];
+    for (int l = 0; l < LANES; ++l) rows[l] = keys[l] != nullptr ? keys[l] + d0 : nullptr;
+    transpose16(rows, kt + d0 * LANES);
+  }
+#endif
+  for (int64_t d = d0; d < D; ++d)
+    for (int l = 0; l < LANES; ++l) kt[d * LANES + l] = keys[l] != nullptr ? keys[l][d] : 0.0f;
+}
+
+constexpr int CHUNKS = 4;  // blocks of 16 of d a pass over the values takes
+
+// out[d0 .. d0 + 64) of N rows: for each row the fma chain over j = lo..hi of p_j * v_jd (p_j its
+// scores' exp, 0 outside its range), divided by its sum; N known at compile time, so the N x 4
+// accumulators stay in registers. The same operations per row as the general loop below.
+template <int N>
+inline void weigh_values(Row* rows, const float* values, const int64_t* slots, int64_t stride, int64_t d0,
+                         int64_t lo, int64_t hi, const float* scores, int64_t ldsc) {
+  V acc[N][CHUNKS];
+#pragma GCC unroll 16
+  for (int r = 0; r < N; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < CHUNKS; ++c) acc[r][c] = splat(0.0f);
+  for (int64_t j = lo; j <= hi; ++j) {
+    const float* vrow = values + slots[j] * stride + d0;
+    V v[CHUNKS];
+#pragma GCC unroll 4
+    for (int c = 0; c < CHUNKS; ++c) v[c] = load(vrow + c * LANES);
+#pragma GCC unroll 16
+    for (int r = 0; r < N; ++r) {
+      const V p = splat(scores[r * ldsc + j]);
+#pragma GCC unroll 4
+      for (int c = 0; c < CHUNKS; ++c) acc[r][c] = fma(p, v[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < N; ++r) {
+    const float sum = scores[r * ldsc + ldsc - 1];
+    for (int c = 0; c < CHUNKS; ++c) {
+      float out[LANES];
+      store(out, acc[r][c]);
+      for (int l = 0; l < LANES; ++l) rows[r].out[d0 + c * LANES + l] = out[l] / sum;
+    }
+  }
+}
+
+// Scores of N rows for keys lo .. hi (whole blocks of 16): one fma chain over d per (row, key),
+// KEY_BLOCKS blocks at once, so that enough chains run side by side to hide the fma's latency and
+// a broadcast serves several; N known at compile time, so the accumulators stay in registers.
+template <int N>
+inline void score_blocks(const Row* rows, int64_t lo, int64_t hi, int64_t D, const float* kt, float* scores,
+                         int64_t ldsc) {
+  const int64_t last_block = hi / LANES;
+  for (int64_t b = lo / LANES; b <= last_block; b += KEY_BLOCKS) {
+    const int blocks = static_cast<int>(last_block - b + 1 < KEY_BLOCKS ? last_block - b + 1 : KEY_BLOCKS);
+    const float* block = kt + b * D * LANES;
+    V acc[N][KEY_BLOCKS];
+#pragma GCC unroll 16
+    for (int r = 0; r < N; ++r)
+#pragma GCC unroll 4
+      for (int c = 0; c < KEY_BLOCKS; ++c) acc[r][c] = splat(0.0f);
+    for (int64_t d = 0; d < D; ++d) {
+      V k[KEY_BLOCKS];
+#pragma GCC unroll 4
+      for (int c = 0; c < KEY_BLOCKS; ++c) k[c] = load(block + ((c < blocks ? c : 0) * D + d) * LANES);
+#pragma GCC unroll 16
+      for (int r = 0; r < N; ++r) {
+        const V qd = splat(rows[r].q[d]);
+#pragma GCC unroll 4
+        for (int c = 0; c < KEY_BLOCKS; ++c) acc[r][c] = fma(qd, k[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < N; ++r)
+      for (int c = 0; c < blocks; ++c) store(scores + r * ldsc + (b + c) * LANES, acc[r][c]);
+  }
 }
 
 // One tile of rows sharing a sequence's KV head: value j at values + slots[j] * stride, `kt` its
@@ -162,25 +264,12 @@ void attend_tile(Row* rows, int n, const float* values, const int64_t* slots, in
     lo = rows[r].first < lo ? rows[r].first : lo;
     hi = rows[r].last > hi ? rows[r].last : hi;
   }
-  // scores, 16 keys at a time: one fma chain over d per (row, key); KEY_BLOCKS blocks at once, so
-  // that enough chains run side by side to hide the fma's latency and a broadcast serves several
-  const int64_t last_block = hi / LANES;
-  for (int64_t b = lo / LANES; b <= last_block; b += KEY_BLOCKS) {
-    const int blocks = static_cast<int>(last_block - b + 1 < KEY_BLOCKS ? last_block - b + 1 : KEY_BLOCKS);
-    const float* block = kt + b * D * LANES;
-    V acc[TILE][KEY_BLOCKS];
-    for (int r = 0; r < TILE; ++r)
-      for (int c = 0; c < KEY_BLOCKS; ++c) acc[r][c] = splat(0.0f);
-    for (int64_t d = 0; d < D; ++d) {
-      V k[KEY_BLOCKS];
-      for (int c = 0; c < KEY_BLOCKS; ++c) k[c] = load(block + ((c < blocks ? c : 0) * D + d) * LANES);
-      for (int r = 0; r < n; ++r) {
-        const V qd = splat(rows[r].q[d]);
-        for (int c = 0; c < KEY_BLOCKS; ++c) acc[r][c] = fma(qd, k[c], acc[r][c]);
-      }
-    }
-    for (int r = 0; r < n; ++r)
-      for (int c = 0; c < blocks; ++c) store(scores + r * ldsc + (b + c) * LANES, acc[r][c]);
+  // scores, 16 keys at a time: one fma chain over d per (row, key)
+  switch (n) {
+    case 1: score_blocks<1>(rows, lo, hi, D, kt, scores, ldsc); break;
+    case 2: score_blocks<2>(rows, lo, hi, D, kt, scores, ldsc); break;
+    case 3: score_blocks<3>(rows, lo, hi, D, kt, scores, ldsc); break;
+    default: score_blocks<TILE>(rows, lo, hi, D, kt, scores, ldsc); break;
   }
   for (int r = 0; r < n; ++r) {
     const Row& row = rows[r];
@@ -223,8 +312,15 @@ void attend_tile(Row* rows, int n, const float* values, const int64_t* slots, in
     for (int64_t j = end; j <= hi; ++j) s[j] = 0.0f;
   }
   // out_d = fma chain over j of p_j * v_jd, up to 64 of d at a time (a row's zeros change nothing)
-  constexpr int CHUNKS = 4;
   for (int64_t d0 = 0; d0 < D; d0 += CHUNKS * LANES) {
+    if (d0 + CHUNKS * LANES <= D) {  // whole chunks: the accumulators stay in registers
+      switch (n) {
+        case 1: weigh_values<1>(rows, values, slots, stride, d0, lo, hi, scores, ldsc); continue;
+        case 2: weigh_values<2>(rows, values, slots, stride, d0, lo, hi, scores, ldsc); continue;
+        case 3: weigh_values<3>(rows, values, slots, stride, d0, lo, hi, scores, ldsc); continue;
+        default: weigh_values<TILE>(rows, values, slots, stride, d0, lo, hi, scores, ldsc); continue;
+      }
+    }
     const int chunks = static_cast<int>((D - d0 + LANES - 1) / LANES < CHUNKS ? (D - d0 + LANES - 1) / LANES : CHUNKS);
     V acc[TILE][CHUNKS];
     for (int r = 0; r < TILE; ++r)
@@ -257,6 +353,59 @@ void attend_tile(Row* rows, int n, const float* values, const int64_t* slots, in
   }
 }
 
+// One call's shapes and tensors (mohawk_attend_rows's arguments, and what follows from them).
+struct Call {
+  const float *q, *k, *v, *mask;
+  const int64_t* slots;
+  float* out;
+  float scale;
+  int64_t B, Q, H, D, KVH, L, sh, sl;
+  int64_t group, per_kv, tiles_per_kv, blocks, ldsc;
+};
+
+// Rows row0 .. row0 + TILE - 1 of (sequence b, KV head g) against `kt`, its keys transposed;
+// `visible` each query's first and last visible key, or null to find them here.
+void attend_unit_tile(const Call& c, int64_t b, int64_t g, int64_t row0, const int64_t* visible, const float* kt,
+                      float* qs, float* scores) {
+  Row rows[TILE];
+  int n = 0;
+  for (int64_t x = row0; x < row0 + TILE && x < c.per_kv; ++x) {
+    const int64_t i = x / c.group, h = g * c.group + x % c.group;
+    const float* mrow = c.mask + (b * c.Q + i) * c.L;
+    float* o = c.out + ((b * c.Q + i) * c.H + h) * c.D;
+    int64_t first, last;
+    if (visible != nullptr) {
+      first = visible[2 * (b * c.Q + i)];
+      last = visible[2 * (b * c.Q + i) + 1];
+    } else {
+      visible_range(mrow, c.L, &first, &last);
+    }
+    if (first >= c.L) {  // a query that sees no key (a padding row): zeros, dropped by the caller
+      for (int64_t d = 0; d < c.D; ++d) o[d] = 0.0f;
+      continue;
+    }
+    const float* qrow = c.q + ((b * c.Q + i) * c.H + h) * c.D;
+    float* scaled = qs + n * c.D;
+    for (int64_t d = 0; d < c.D; ++d) scaled[d] = qrow[d] * c.scale;
+    rows[n++] = Row{scaled, mrow, o, first, last};
+  }
+  if (n > 0) attend_tile(rows, n, c.v + g * c.sh, c.slots + b * c.L, c.sl, c.D, kt, scores, c.ldsc);
+}
+
+// (sequence b, KV head g)'s keys transposed in blocks of 16 into kt.
+void transpose_unit(const Call& c, int64_t b, int64_t g, float* kt) {
+  for (int64_t block = 0; block < c.blocks; ++block) {
+    const int64_t first = block * LANES, count = c.L - first < LANES ? c.L - first : LANES;
+    transpose_block(c.k + g * c.sh, c.slots + b * c.L + first, c.sl, count, c.D, kt + block * c.D * LANES);
+  }
+}
+
+template <typename T>
+T* sized(std::vector<T>& scratch, size_t size) {  // scratch kept between calls, grown as needed
+  if (scratch.size() < size) scratch.resize(size);
+  return scratch.data();
+}
+
 }  // namespace
 
 extern "C" {
@@ -269,58 +418,57 @@ void mohawk_attend_rows(const float* q, int64_t B, int64_t Q, int64_t H, int64_t
                         const float* k, const float* v, int64_t KVH, int64_t L, int64_t sh,
                         int64_t sl, const int64_t* slots, const float* mask, float scale, float* out,
                         int num_threads) {
-  const int64_t group = H / KVH, per_kv = Q * group;  // rows sharing a (sequence, KV head)
-  const int64_t tiles_per_kv = (per_kv + TILE - 1) / TILE, blocks = (L + LANES - 1) / LANES;
-  const int64_t ldsc = blocks * LANES + 1;  // a row's scores, then its sum
-  // every (sequence, KV head)'s keys transposed in blocks of 16, shared by its tiles
+  Call c{q, k, v, mask, slots, out, scale, B, Q, H, D, KVH, L, sh, sl, 0, 0, 0, 0, 0};
+  c.group = H / KVH;
+  c.per_kv = Q * c.group;  // rows sharing a (sequence, KV head)
+  c.tiles_per_kv = (c.per_kv + TILE - 1) / TILE;
+  c.blocks = (L + LANES - 1) / LANES;
+  c.ldsc = c.blocks * LANES + 1;  // a row's scores, then its sum
+  const size_t unit_kt = static_cast<size_t>(c.blocks * D * LANES);
   // scratch kept between calls (a decode step's calls are small: allocating each time cost more
   // than the arithmetic); every element used is written before it is read
+  if (c.tiles_per_kv == 1) {
+    // one tile a (sequence, KV head), as in every decode step: a thread transposes the keys of the
+    // unit it takes into its own small buffer and attends at once, while they are in its cache
+#pragma omp parallel num_threads(num_threads)
+    {
+      static thread_local std::vector<float> own_kt, qs, scores;
+      float* kt = sized(own_kt, unit_kt);
+      float* qbuf = sized(qs, static_cast<size_t>(TILE * D));
+      float* sbuf = sized(scores, static_cast<size_t>(TILE * c.ldsc));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < B * KVH; ++t) {
+        transpose_unit(c, t / KVH, t % KVH, kt);
+        attend_unit_tile(c, t / KVH, t % KVH, 0, nullptr, kt, qbuf, sbuf);
+      }
+    }
+    return;
+  }
+  // prompt chunks: every (sequence, KV head)'s keys transposed first, shared by its many tiles
   static thread_local std::vector<float> kt;
   static thread_local std::vector<int64_t> ranges;  // each query's first and last visible key
-  const size_t need = static_cast<size_t>(B * KVH * blocks * D * LANES);
+  const size_t need = static_cast<size_t>(B * KVH) * unit_kt;
   if (kt.size() > 4 * need && kt.size() > (size_t{1} << 20)) std::vector<float>().swap(kt);  // after a long prompt
-  if (kt.size() < need) kt.resize(need);
-  if (ranges.size() < static_cast<size_t>(2 * B * Q)) ranges.resize(2 * B * Q);
-  float* const transposed = kt.data();  // (the pool's threads each have their own thread_locals)
-  int64_t* const visible = ranges.data();
+  float* const transposed = sized(kt, need);  // (the pool's threads each have their own thread_locals)
+  int64_t* const visible = sized(ranges, static_cast<size_t>(2 * B * Q));
 #pragma omp parallel num_threads(num_threads)
   {
 #pragma omp for schedule(static) nowait
     for (int64_t t = 0; t < B * Q; ++t) visible_range(mask + t * L, L, &visible[2 * t], &visible[2 * t + 1]);
-    static thread_local std::vector<float> block_rows;
-    if (block_rows.size() < static_cast<size_t>(LANES * D)) block_rows.resize(LANES * D);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < B * KVH * blocks; ++t) {
-      const int64_t b = t / (KVH * blocks), g = (t / blocks) % KVH, block = t % blocks;
-      const int64_t first = block * LANES, count = L - first < LANES ? L - first : LANES;
-      transpose_block(k + g * sh, slots + b * L + first, sl, count, D, block_rows.data(), transposed + t * D * LANES);
+    for (int64_t t = 0; t < B * KVH * c.blocks; ++t) {  // block by block: a lone prompt has few units
+      const int64_t b = t / (KVH * c.blocks), g = (t / c.blocks) % KVH, first = t % c.blocks * LANES;
+      transpose_block(k + g * sh, slots + b * L + first, sl, L - first < LANES ? L - first : LANES, D,
+                      transposed + t * D * LANES);
     }
     static thread_local std::vector<float> qs, scores;
-    if (qs.size() < static_cast<size_t>(TILE * D)) qs.resize(TILE * D);
-    if (scores.size() < static_cast<size_t>(TILE * ldsc)) scores.resize(TILE * ldsc);
+    float* qbuf = sized(qs, static_cast<size_t>(TILE * D));
+    float* sbuf = sized(scores, static_cast<size_t>(TILE * c.ldsc));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < B * KVH * tiles_per_kv; ++t) {
-      const int64_t b = t / (KVH * tiles_per_kv), g = (t / tiles_per_kv) % KVH;
-      const int64_t row0 = (t % tiles_per_kv) * TILE;
-      Row rows[TILE];
-      int n = 0;
-      for (int64_t x = row0; x < row0 + TILE && x < per_kv; ++x) {
-        const int64_t i = x / group, h = g * group + x % group;
-        const float* mrow = mask + (b * Q + i) * L;
-        float* o = out + ((b * Q + i) * H + h) * D;
-        const int64_t first = visible[2 * (b * Q + i)], last = visible[2 * (b * Q + i) + 1];
-        if (first >= L) {  // a query that sees no key (a padding row): zeros, dropped by the caller
-          for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
-          continue;
-        }
-        const float* qrow = q + ((b * Q + i) * H + h) * D;
-        float* scaled = qs.data() + n * D;
-        for (int64_t d = 0; d < D; ++d) scaled[d] = qrow[d] * scale;
-        rows[n++] = Row{scaled, mrow, o, first, last};
-      }
-      if (n == 0) continue;
-      attend_tile(rows, n, v + g * sh, slots + b * L, sl, D, transposed + (b * KVH + g) * blocks * D * LANES,
-                  scores.data(), ldsc);
+    for (int64_t t = 0; t < B * KVH * c.tiles_per_kv; ++t) {
+      const int64_t unit = t / c.tiles_per_kv;
+      attend_unit_tile(c, unit / KVH, unit % KVH, (t % c.tiles_per_kv) * TILE, visible, transposed + unit * unit_kt,
+                       qbuf, sbuf);
     }
   }
 }

@@ -3,8 +3,6 @@ on the bundled model in the default mode (native 4-bit weights, batch invariant)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -16,6 +14,7 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.local import build_local_engine
 from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.traced_decode import TRACE_AFTER, context_bucket
+from tests.shard.greedy_steps import greedy
 
 BLOCK = 16
 PROMPT = [1, 504, 3458, 282, 260, 3563, 30, 2]  # eight ids of the bundled vocabulary
@@ -32,17 +31,6 @@ def backend(source: ModelSource, trace_after: int | None) -> TorchBackend:
     return stage
 
 
-def greedy(stage: TorchBackend, steps: int) -> Iterator[torch.Tensor]:
-    """Logits of the prompt's last token, then of each greedy decode step (blocks 0, 1, ... in order)."""
-    blocks = list(range(-(-(len(PROMPT) + steps) // BLOCK)))
-    with torch.inference_mode():
-        logits = stage.forward(ForwardBatch.build([(PROMPT, 0, blocks, True)], BLOCK), None)
-        for position in range(len(PROMPT), len(PROMPT) + steps):
-            yield logits
-            token = int(logits[-1].argmax())
-            logits = stage.forward(ForwardBatch.build([([token], position, blocks, True)], BLOCK), None)
-
-
 def test_the_bucket_pads_to_a_power_of_two_of_whole_chunks() -> None:
     assert [context_bucket(n) for n in (1, 64, 65, 128, 129, 1000)] == [64, 64, 128, 128, 256, 1024]
 
@@ -51,7 +39,9 @@ def test_traced_steps_give_eager_logits_bit_for_bit_across_buckets(bundled: Mode
     steps = 130 - len(PROMPT)  # contexts of 9 to 130: the 64, 128 and 256 buckets
     traced, eager = backend(bundled, 1), backend(bundled, None)
     assert traced.traced_decode is not None and eager.traced_decode is None
-    for step, (a, b) in enumerate(zip(greedy(traced, steps), greedy(eager, steps), strict=True)):
+    for step, (a, b) in enumerate(
+        zip(greedy(traced, PROMPT, steps, BLOCK), greedy(eager, PROMPT, steps, BLOCK), strict=True)
+    ):
         assert torch.equal(a, b), f"step {step}"
     kept = traced.traced_decode._traces
     assert set(kept) == {64, 128, 256} and all(t is not None for t in kept.values())
@@ -72,7 +62,7 @@ def test_a_trace_that_differs_from_eager_is_dropped_and_the_bucket_stays_eager(
         return out if batch.num_tokens > 1 else torch.nextafter(out, out + 1)
 
     monkeypatch.setattr(stage, "_eager", eager_but_off_by_a_bit)
-    list(greedy(stage, 6))
+    list(greedy(stage, PROMPT, 6, BLOCK))
     assert traced._traces == {64: None}  # checked on its second step, found different, dropped
     assert len(calls) == 7  # the prompt, then all six decode steps eager
 
@@ -84,7 +74,7 @@ def test_not_traced_in_the_faster_mode_or_with_an_int8_tier(bundled: ModelSource
     tiered.allocate_kv_cache(32, BLOCK)
     for stage in (fast, tiered):
         stage.traced_decode.trace_after = 1  # type: ignore[union-attr]
-        list(greedy(stage, 4))
+        list(greedy(stage, PROMPT, 4, BLOCK))
         assert stage.traced_decode._traces == {}  # type: ignore[union-attr]
 
 

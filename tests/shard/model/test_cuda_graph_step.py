@@ -4,7 +4,6 @@ no GPU; run on a GPU machine with `pytest tests/shard/model/test_cuda_graph_step
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from torch import nn
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.model.cuda_graph_step import CudaGraphStep
-from mohawk_shard.model.forward_batch import ForwardBatch
+from tests.shard.greedy_steps import greedy
 from tests.shard.model.test_kquant_native import write_kquant_gguf
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
@@ -56,17 +55,6 @@ def backend(source: ModelSource, weights: str, record_after: int | None) -> Torc
     return stage
 
 
-def greedy(stage: TorchBackend, steps: int) -> Iterator[torch.Tensor]:
-    """Logits of the prompt's last token, then of each greedy decode step."""
-    blocks = list(range(-(-(len(PROMPT) + steps) // BLOCK)))
-    with torch.inference_mode():
-        logits = stage.forward(ForwardBatch.build([(PROMPT, 0, blocks, True)], BLOCK), None)
-        for position in range(len(PROMPT), len(PROMPT) + steps):
-            yield logits.clone()
-            token = int(logits[-1].argmax())
-            logits = stage.forward(ForwardBatch.build([([token], position, blocks, True)], BLOCK), None)
-
-
 def test_graphed_decode_gives_eager_logits_bit_for_bit_across_buckets(
     stage_source: tuple[ModelSource, str],
 ) -> None:
@@ -74,7 +62,9 @@ def test_graphed_decode_gives_eager_logits_bit_for_bit_across_buckets(
     steps = 80 - len(PROMPT)  # contexts of 9 to 80: the 64 and 128 buckets
     graphed, eager = backend(source, weights, 1), backend(source, weights, None)
     assert graphed.dtype == torch.bfloat16 and graphed.traced_decode is not None
-    for step, (a, b) in enumerate(zip(greedy(graphed, steps), greedy(eager, steps), strict=True)):
+    for step, (a, b) in enumerate(
+        zip(greedy(graphed, PROMPT, steps, BLOCK), greedy(eager, PROMPT, steps, BLOCK), strict=True)
+    ):
         assert torch.equal(a, b), f"step {step}"
     kept = graphed.traced_decode._traces
     assert set(kept) == {64, 128} and all(isinstance(g, CudaGraphStep) for g in kept.values())
@@ -85,11 +75,13 @@ def test_reallocated_caches_drop_the_graphs_and_new_ones_read_the_new_caches(
 ) -> None:
     source, weights = stage_source
     graphed, eager = backend(source, weights, 1), backend(source, weights, None)
-    list(greedy(graphed, 8))
+    list(greedy(graphed, PROMPT, 8, BLOCK))
     assert graphed.traced_decode is not None and graphed.traced_decode._traces
     graphed.allocate_kv_cache(16, BLOCK)  # new cache tensors: graphs recorded on the old ones must go
     assert graphed.traced_decode._traces == {}
-    for step, (a, b) in enumerate(zip(greedy(graphed, 12), greedy(eager, 12), strict=True)):
+    for step, (a, b) in enumerate(
+        zip(greedy(graphed, PROMPT, 12, BLOCK), greedy(eager, PROMPT, 12, BLOCK), strict=True)
+    ):
         assert torch.equal(a, b), f"step {step}"
 
 

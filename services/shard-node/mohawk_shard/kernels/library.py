@@ -51,7 +51,6 @@ DIR_ENV = "MOHAWK_KERNEL_DIR"
 
 _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
-    "mohawk_register_ops": [],
     "mohawk_int4_rows_mm": [
         _POINTER, _SIZE, _SIZE, _POINTER, _POINTER, _POINTER, _SIZE, _POINTER, ctypes.c_int,
     ],
@@ -177,5 +176,5 @@ def load_library(path: Path) -> ctypes.CDLL:
     for name, arguments in _SIGNATURES.items():
         function = getattr(library, name)
         function.restype, function.argtypes = None, arguments
-    library.mohawk_register_ops.restype = ctypes.c_int
+    library.mohawk_register_ops.restype, library.mohawk_register_ops.argtypes = ctypes.c_int, []
     return library

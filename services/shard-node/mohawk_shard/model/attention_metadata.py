@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mohawk_shard.model.fixed_chunk_attention import CHUNK, allowed_keys, key_reach
+from mohawk_shard.model.fixed_chunk_attention import CHUNK, allowed_keys, key_reach, pool_rows
 from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.kv_quant import TierPlan
 from mohawk_shard.model.rope import RotaryTable
@@ -99,9 +99,7 @@ class AttentionPart:
         if rows is None:
             if self.context_slots is None:
                 raise RuntimeError("attention metadata without context slots for a non-fresh batch")
-            kv_heads, num_slots, _ = pool.shape
-            heads = torch.arange(kv_heads, device=pool.device)[:, None] * num_slots
-            rows = self.scratch["rows"] = (heads + self.context_slots.view(1, -1)).view(-1)
+            rows = self.scratch["rows"] = pool_rows(pool, self.context_slots)
         return rows
 
     def gather_buffer(self, name: str, pool: torch.Tensor, size: int) -> torch.Tensor:

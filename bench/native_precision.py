@@ -1,37 +1,41 @@
-"""How close native 4-bit weights come to the fp32-dequantized path, on the bundled model.
+"""How close native 4-bit weights come to the fp32-dequantized path on the bundled model, beside llama.cpp.
 
-Prints, for six varied chat prompts and 48 greedy tokens each:
+The native path multiplies the file's 4-bit codes by activations quantized to int8 a group of 32
+(`kernels/int4_rows.cpp`), as llama.cpp's CPU dot products do. This prints, for six varied chat
+prompts and 48 greedy tokens each:
   * how many whole answers are identical between `--weights native` and `--weights fp32`;
-  * teacher-forced along the fp32 answers: at how many positions native picks the same next token,
-    and the fp32 path's gap between its two best logits where it does not;
-  * the largest logit difference on the fp32 path's top-5 tokens and over the whole vocabulary
-    (where the 4-bit head's unrescored tail shows);
-  * where the difference comes from: the prompt's logits with the tinygemm kernel run with fp32
-    activations, scales and outputs (the same codes, no bf16 anywhere), with bf16 scales only, and
-    with bf16 outputs only.
-`python bench/native_precision.py` (about two minutes on 2 cores).
+  * teacher-forced along the fp32 answers, for Mohawk native and for llama.cpp (llama-cpp-python
+    on the same GGUF, same token ids; skipped when it is not installed): at how many positions each
+    picks the fp32 path's next token, the fp32 path's gap between its two best logits where it does
+    not, and the mean and largest logit difference on the fp32 path's top-8 tokens at every position.
+Both sides are measured against the same fp32 logits, so their rows compare directly.
+`python bench/native_precision.py [--threads 2] [--json F]` (about three minutes on 2 cores).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+import numpy as np
 import torch
+from results_file import write_results
+from runners import LLAMA_CPP_MISSING, llama_cpp_version
 
 from mohawk_common.chat import encode_chat
 from mohawk_common.logging import configure_logging
-from mohawk_common.model_store import ModelSource, open_model
+from mohawk_common.model_store import open_model
+from mohawk_common.model_store.store import bundled_model_path
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.config import EngineSettings
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.local import build_local_engine
 from mohawk_shard.model.forward_batch import ForwardBatch
-from mohawk_shard.model.quantized_layers import Int4Linear
 
 PROMPTS = [
     "What is the capital of France? Tell me about it.",
@@ -42,7 +46,39 @@ PROMPTS = [
     "Give me a short story opening about a robot who learns to paint.",
 ]
 NUM_TOKENS = 48
-Int4Forward = Callable[[Int4Linear, torch.Tensor], torch.Tensor]
+TOP = 8  # the fp32 path's best tokens at a position: the ones sampling and greedy choose among
+
+
+@dataclass
+class Agreement:
+    """One side's logits against the fp32 path's, teacher-forced along the fp32 answers."""
+
+    name: str
+    same: int = 0
+    positions: int = 0
+    gaps: list[float] = field(default_factory=list)  # the fp32 top-2 gap where the side differs
+    top_sum: float = 0.0  # of |difference| over the fp32 top-TOP logits
+    top_count: int = 0
+    top_max: float = 0.0
+
+    def add(self, ref: torch.Tensor, got: torch.Tensor) -> None:
+        same = ref.argmax(-1) == got.argmax(-1)
+        self.same += int(same.sum())
+        self.positions += len(same)
+        best = ref.topk(2, dim=-1).values
+        self.gaps += [round(float(best[i, 0] - best[i, 1]), 3) for i in (~same).nonzero().flatten().tolist()]
+        top = ref.topk(TOP, dim=-1).indices
+        diff = (ref.gather(-1, top) - got.gather(-1, top)).abs()
+        self.top_sum += float(diff.sum())
+        self.top_count += diff.numel()
+        self.top_max = max(self.top_max, float(diff.max()))
+
+    def row(self) -> str:
+        mean = self.top_sum / max(self.top_count, 1)
+        gaps = ", ".join(f"{g:.3f}" for g in sorted(self.gaps, reverse=True))
+        agree = f"{self.same} of {self.positions}"
+        cells = (self.name, agree, gaps or "-", f"{mean:.3f}", f"{self.top_max:.3f}")
+        return "| " + " | ".join(cells) + " |"
 
 
 def all_logits(backend: TorchBackend, tokens: list[int]) -> torch.Tensor:
@@ -52,50 +88,29 @@ def all_logits(backend: TorchBackend, tokens: list[int]) -> torch.Tensor:
     return backend.forward(batch, None).float()
 
 
-@contextmanager
-def int4_forward(forward: Int4Forward) -> Iterator[None]:
-    original = Int4Linear.forward
-    Int4Linear.forward = forward  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Int4Linear.forward = original  # type: ignore[method-assign]
+class LlamaCppLogits:
+    """llama.cpp's logits at every position of a token sequence, same file."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(
+            model_path=str(path), logits_all=True, n_threads=threads, n_ctx=1024, verbose=False
+        )
+
+    def __call__(self, tokens: list[int]) -> torch.Tensor:
+        self.llm.reset()
+        self.llm.eval(tokens)
+        return torch.from_numpy(np.array(self.llm.scores[: len(tokens)], dtype=np.float32))
 
 
-def fp32_kernel(
-    round_scales: bool, round_outputs: bool
-) -> Callable[[Int4Linear, torch.Tensor], torch.Tensor]:
-    """The same codes through the kernel's fp32 path, with the chosen parts rounded to bf16."""
-
-    def forward(self: Int4Linear, x: torch.Tensor) -> torch.Tensor:
-        exact = getattr(self, "exact_pairs", None)  # the head's 4-bit pass has none: it is rescored
-        pairs = exact if exact is not None and not round_scales else self.scales_and_zeros.float()
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.float(), self.packed, self.group_size, pairs)
-        return y.bfloat16().float() if round_outputs else y
-
-    return forward
-
-
-def attach_exact_pairs(backend: TorchBackend, source: ModelSource) -> None:
-    """Give every 4-bit layer its scales and zeros in fp32, rebuilt from the file's blocks."""
-    from mohawk_common.model_store.quantized import concat_rows
-    from mohawk_shard.model.weight_formats import LAYER_MATMULS
-
-    for offset, layer in enumerate(backend.model.layers):
-        for path, parts in LAYER_MATMULS.items():
-            module = layer.get_submodule(path)
-            if not isinstance(module, Int4Linear):
-                continue
-            names = [f"layers.{backend.start + offset}.{p}.weight" for p in parts]
-            group = concat_rows([t for n in names if (t := source.read_quantized(n)) is not None])
-            scales = torch.from_numpy(group.scales)
-            mins = torch.from_numpy(group.mins) if group.mins is not None else torch.zeros_like(scales)
-            exact = torch.stack((scales, mins + 8 * scales), dim=-1).transpose(0, 1).contiguous()
-            object.__setattr__(module, "exact_pairs", exact)
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the figures here, stamped")
+    args = parser.parse_args(argv)
     configure_logging("warning")
+    torch.set_num_threads(args.threads)
     source = open_model(None)
     tokenizer = source.load_tokenizer()
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
@@ -104,41 +119,42 @@ def main() -> None:
         w: build_local_engine(EngineSettings(weights=w)).generate(prompts, greedy) for w in ("fp32", "native")
     }
     same_text = sum(a.text == b.text for a, b in zip(answers["fp32"], answers["native"], strict=True))
-    print(f"identical {NUM_TOKENS}-token greedy answers: {same_text} of {len(PROMPTS)}")
+    print(f"identical {NUM_TOKENS}-token greedy answers, native against fp32: {same_text} of {len(PROMPTS)}")
 
-    dense = make_backend("torch", source, 0, source.config.num_layers, device="cpu", weights="fp32")
-    native = make_backend("torch", source, 0, source.config.num_layers, device="cpu", weights="native")
-    agree = total = 0
-    gaps: list[float] = []
-    top_diff = all_diff = 0.0
-    for prompt, answer in zip(prompts, answers["fp32"], strict=True):
-        tokens = prompt + answer.token_ids
-        ref = all_logits(dense, tokens)[len(prompt) - 1 :]
-        got = all_logits(native, tokens)[len(prompt) - 1 :]
-        same = ref.argmax(-1) == got.argmax(-1)
-        agree, total = agree + int(same.sum()), total + len(same)
-        best = ref.topk(2, dim=-1).values
-        gaps += [float(best[i, 0] - best[i, 1]) for i in (~same).nonzero().flatten().tolist()]
-        top5 = ref.topk(5, dim=-1).indices
-        top_diff = max(top_diff, float((ref.gather(-1, top5) - got.gather(-1, top5)).abs().max()))
-        all_diff = max(all_diff, float((ref - got).abs().max()))
-    print(f"teacher-forced: same next token at {agree} of {total} positions; fp32 top-2 gaps where not:")
-    print(f"  {[round(g, 3) for g in gaps]}")
-    print(f"largest logit difference: {top_diff:.3f} on the fp32 top-5, {all_diff:.3f} over the vocabulary")
-
+    layers = source.config.num_layers
+    dense = make_backend("torch", source, 0, layers, device="cpu", weights="fp32")
+    native = make_backend("torch", source, 0, layers, device="cpu", weights="native")
     assert isinstance(native, TorchBackend) and isinstance(dense, TorchBackend)
-    attach_exact_pairs(native, source)
-    ref = all_logits(dense, prompts[2])
-    top5 = ref.topk(5, dim=-1).indices
-    for label, scales, outputs in (
-        ("fp32 activations, scales, outputs", False, False),
-        ("bf16 scales only", True, False),
-        ("bf16 outputs only", False, True),
-    ):
-        with int4_forward(fp32_kernel(scales, outputs)):
-            got = all_logits(native, prompts[2])
-        diff = float((got.gather(-1, top5) - ref.gather(-1, top5)).abs().max())
-        print(f"prompt logits (top-5), kernel with {label}: max |difference| {diff:.2e}")
+    llama = LlamaCppLogits(bundled_model_path(), args.threads) if llama_cpp_version() else None
+    sides = [Agreement("Mohawk native")] + ([Agreement(f"llama.cpp {llama_cpp_version()}")] if llama else [])
+    with torch.inference_mode():
+        for prompt, answer in zip(prompts, answers["fp32"], strict=True):
+            tokens = prompt + answer.token_ids
+            ref = all_logits(dense, tokens)[len(prompt) - 1 :]
+            sides[0].add(ref, all_logits(native, tokens)[len(prompt) - 1 :])
+            if llama is not None:
+                sides[1].add(ref, llama(tokens)[len(prompt) - 1 :])
+    lines = [
+        f"Teacher-forced along the fp32 path's greedy answers ({len(PROMPTS)} prompts, {NUM_TOKENS} tokens):",
+        "",
+        "| side | fp32's next token | fp32 top-2 gaps where not "
+        f"| mean \\|diff\\| top-{TOP} | max \\|diff\\| top-{TOP} |",
+        "|---|---|---|---|---|",
+        *(side.row() for side in sides),
+    ]
+    if llama is None:
+        lines.append(f"\nllama.cpp: {LLAMA_CPP_MISSING}")
+    table = "\n".join(lines)
+    print(table)
+    if args.json:
+        figures = {
+            "threads": args.threads,
+            "identical_answers": same_text,
+            "prompts": len(PROMPTS),
+            "tokens": NUM_TOKENS,
+            "sides": [asdict(side) for side in sides],
+        }
+        write_results(args.json, figures, table, argv)
 
 
 if __name__ == "__main__":

@@ -155,14 +155,19 @@ def test_fp32_logits_whole_and_split(kind: str, native: bool, tmp_path: Path) ->
 
 
 def test_native_logits(kind: str, tmp_path: Path) -> None:
-    """The file's own codes: 4-bit ones through tinygemm (bf16 activations, scales and zeros), 5-,
-    6- and 8-bit ones exact in fp32: within 2% of the largest logit of transformers' (measured:
-    0.108 of 30.0 Gemma 2, 0.052 of 28.4 Gemma 3, 0.22 of 23.9 Mixtral with its experts native)."""
+    """The file's own codes: 4-bit ones through the row kernel (int8 activations a group of 32, as
+    llama.cpp's), 5-, 6- and 8-bit ones exact in fp32. Against transformers' fp32 logits, measured:
+    typical differences (the median) 0.010 of 30.0 Gemma 2, 0.004 of 28.4 Gemma 3 and 0.012 of 23.9
+    Mixtral; the largest 0.57, 0.034 and 1.00 (Mixtral's at the one position where a near tie
+    between experts routed differently). The same greedy token at every position."""
     source, model = write_tiny_gguf(kind, tmp_path, native=True)
     theirs = reference_logits(model, PROMPT)
     ours = full_logits(source, PROMPT, (1,), block_size=4, weights="native")
-    diff = _assert_close(ours, theirs, 0.02)
-    print(f"{kind}: max |native - transformers| {diff:.4f} of {theirs.abs().max().item():.2f}")
+    scale = theirs.abs().max().item()
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    assert (ours - theirs).abs().median().item() < 2e-3 * scale
+    diff = _assert_close(ours, theirs, 0.08)
+    print(f"{kind}: max |native - transformers| {diff:.4f} of {scale:.2f}")
 
 
 def test_a_mixtral_file_with_a_tensor_per_expert(tmp_path: Path) -> None:
@@ -179,7 +184,7 @@ def test_a_mixtral_file_with_a_tensor_per_expert(tmp_path: Path) -> None:
     assert source.stored_format("layers.1.mlp.experts.3.down_proj.weight") == "Q6_K"
     theirs = reference_logits(model, PROMPT)
     _assert_close(full_logits(source, PROMPT, (1,), block_size=4), theirs, 1e-4)
-    _assert_close(full_logits(source, PROMPT, (1,), block_size=4, weights="native"), theirs, 0.02)
+    _assert_close(full_logits(source, PROMPT, (1,), block_size=4, weights="native"), theirs, 0.08)
 
     broken = tmp_path / "tiny-mixtral-missing-expert.gguf"
     content = path.read_bytes()

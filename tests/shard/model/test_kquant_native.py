@@ -125,15 +125,15 @@ def test_each_part_is_held_in_its_own_format(kquant: ModelSource) -> None:
 
 
 def test_native_logits_match_the_fp32_path(kquant: ModelSource) -> None:
-    """Q4_K runs through tinygemm with bf16 scales and activations, the rest exact in fp32: the
-    logits agree with the dequantized fp32 path within 1% of their largest magnitude (measured:
-    0.09 of 21.8, 0.4%)."""
+    """Q4_K runs through the row kernel (int8 activations a group of 32), the rest exact in fp32: the
+    logits agree with the dequantized fp32 path within 2% of their largest magnitude (measured:
+    0.235 of 21.8, 1.1%; this tiny model's rows are 2 groups wide, a real model's 18 or more)."""
     native = _stage(kquant, 0, NUM_LAYERS)
     dense = _stage(kquant, 0, NUM_LAYERS, "fp32")
     tokens = [3, 17, 99, 5, 64, 2, 110, 7]
     a, b = _logits(native, tokens), _logits(dense, tokens)
     print(f"max |native - fp32| {(a - b).abs().max():.4f} of max |fp32| {b.abs().max():.4f}")
-    assert (a - b).abs().max() < 0.01 * b.abs().max()
+    assert (a - b).abs().max() < 0.02 * b.abs().max()
 
 
 def test_held_bytes_are_close_to_the_file_and_reported(kquant: ModelSource) -> None:

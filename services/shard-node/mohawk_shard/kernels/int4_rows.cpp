@@ -1,9 +1,13 @@
-// A CPU 4-bit groupwise matmul over blocks of rows: fp32 activations in, fp32 out, AVX2 + FMA.
-// Built and loaded by int4_rows.py (plain C ABI: no torch headers, a few seconds to compile).
+// A CPU 4-bit groupwise matmul over blocks of rows: fp32 activations in, quantized per row and per
+// group of 32 to int8 (as llama.cpp's q8 activations), integer dot products against the 4-bit
+// codes (AVX-512 VNNI's vpdpbusd: 64 multiply-adds an instruction; vpmaddubsw + vpmaddwd where
+// VNNI is missing), and an fp32 epilogue a group; fp32 out. Built and loaded by int4_rows.py.
 //
-// Batch invariant by construction: every output (m, n) is the same sequence of fp32 operations
-// whatever the number of rows M, wherever row m sits in the call and however many threads run,
-// so a row's bits never depend on the other rows of its step (see tile()).
+// Batch invariant by construction: a row's int8 codes, its group scales and sums depend on that
+// row alone; a group's integer dot product is exact whatever order or instructions sum it (at most
+// 32 * 15 * 127 in magnitude); and the epilogue gives every output (m, n) the same sequence of fp32
+// operations whatever the number of rows M, wherever row m sits in the call, however many threads
+// run and whichever instruction set (AVX2, AVX-512, VNNI) the library was built for.
 //
 // Weight layout (int4_rows.py `pack`, once at load):
 //   N a multiple of 16 (a column block); threads take superblocks of up to SB = 4 blocks
@@ -11,7 +15,12 @@
 //                                 nibble j = code[b*16 + c][kb*8 + j]
 //   scales fp16   [NB, G, 16]     G = K/32 (GGUF's own scales are fp16: exact)
 //   mins   fp16   [NB, G, 16]
-// y[m, n] = sum_g scale[g,n] * (sum_{k in g} x[m,k] * code[n,k]) + min[g,n] * (sum_{k in g} x[m,k])
+// Activations (quantize_rows, per call): per row m and group g, d = max|x| / 127 and
+//   q[k] = round(x[k] / d) in [-127, 127], s = d * (sum of q[k]). A word's byte i holds
+//   the codes of k = 2i (low nibble) and 2i + 1 (high nibble), so a block of 8 activations is
+//   stored as q0 q2 q4 q6 q1 q3 q5 q7: the low nibbles meet the first four, the high the last.
+// y[m, n] = sum over g in order of: t = fma(float(dot_g) * d[m,g], scale[g,n], t);
+//                                   t = fma(s[m,g], min[g,n], t)           (t starts at 0)
 #include <immintrin.h>
 #include <omp.h>
 
@@ -24,170 +33,188 @@ namespace {
 constexpr int GS = 32;  // group size: GGUF Q4_0, Q4_1 and the K-quants' sub-blocks
 constexpr int SB = 4;   // column blocks (of 16) per superblock: a thread's unit of work
 
-// R rows x CB column blocks of 16. Per (row, column), for each group g in order:
-//   acc = 0; for k in the group in order: acc = fma(xs[k], w[k], acc);
-//   t = (g == 0 ? 0 : t); t = fma(acc, scale, t); t = fma(xsum_g, min, t).
-// Nothing depends on R, CB or the row's position, so the result is the same bits for any M.
-// xs[k] = x[k] * 2^-(4*(k%8)) (exact) and w[k] = code * 2^(4*(k%8)) (exact: the nibble masked in
-// place), so xs[k] * w[k] == x[k] * code exactly (barring a subnormal xs, below 2^-102 or so).
+// One group of 32 activations -> its int8 codes (permuted as above), d and s = d * (sum of the
+// codes). AVX2 code in every build: the codes round to nearest even and are whole numbers, so
+// their sum is exact in any order, and the maximum is exact in any order too. s is the sum of the
+// quantized activations, not of the activations (llama.cpp's q8_1 does the same): the min term
+// then meets the same rounded activations as the codes' term, and a group's error is the rounding
+// times the weight itself (scale * code + min), not times scale * code (up to 15 scales, where
+// the weights of a real model sit near 8 scales from their min).
+inline void quantize_group(const float* x, int8_t* q, float* d, float* s) {
+  const __m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8), c = _mm256_loadu_ps(x + 16),
+               e = _mm256_loadu_ps(x + 24);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)),
+                                  _mm256_max_ps(_mm256_andnot_ps(sign, c), _mm256_andnot_ps(sign, e)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  const float scale = amax / 127.f;
+  const __m256 inverse = _mm256_set1_ps(scale > 0.f ? 1.f / scale : 0.f);
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m256 ra = _mm256_round_ps(_mm256_mul_ps(a, inverse), kNearest),
+               rb = _mm256_round_ps(_mm256_mul_ps(b, inverse), kNearest),
+               rc = _mm256_round_ps(_mm256_mul_ps(c, inverse), kNearest),
+               re = _mm256_round_ps(_mm256_mul_ps(e, inverse), kNearest);
+  const __m256 total = _mm256_add_ps(_mm256_add_ps(ra, rb), _mm256_add_ps(rc, re));
+  __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
+  t4 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  *d = scale;
+  *s = scale * _mm_cvtss_f32(_mm_add_ss(t4, _mm_movehdup_ps(t4)));
+  const __m256i ab = _mm256_packs_epi32(_mm256_cvtps_epi32(ra), _mm256_cvtps_epi32(rb));
+  const __m256i ce = _mm256_packs_epi32(_mm256_cvtps_epi32(rc), _mm256_cvtps_epi32(re));
+  // bytes: a0-3 b0-3 c0-3 e0-3 | a4-7 b4-7 c4-7 e4-7 -> k order, then each 8 as 0 2 4 6 1 3 5 7
+  __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, ce), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  bytes = _mm256_shuffle_epi8(bytes, _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15, 0, 2, 4, 6,
+                                                      1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
+}
+
+// Row m's int8 codes, group scales d and group sums s; each row alone.
+void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s, int num_threads) {
+  const int64_t G = K / GS;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (M * K >= 65536)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) quantize_group(x + m * K + g * GS, q + m * K + g * GS, d + m * G + g, s + m * G + g);
+}
+
+#ifdef __AVX512F__
+using Int = __m512i;
+using Float = __m512;
+constexpr int kLanes = 16;
+inline Int low_nibbles(Int w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0F)); }
+inline Int high_nibbles(Int w) { return _mm512_and_si512(_mm512_srli_epi32(w, 4), _mm512_set1_epi8(0x0F)); }
+inline Int load_codes(const uint32_t* p) { return _mm512_load_si512(p); }
+inline Int broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+inline Int zero_int() { return _mm512_setzero_si512(); }
+// acc + per 32-bit lane, the sum of its four u8 codes times the four s8 activations (exact)
+inline Int dot2(Int acc, Int lo, Int qlo, Int hi, Int qhi) {
+#ifdef __AVX512VNNI__
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, lo, qlo), hi, qhi);
+#else
+  // |pair sums| <= 4 * 15 * 127 fit int16: no saturation, the same integers as vpdpbusd
+  const Int pairs = _mm512_add_epi16(_mm512_maddubs_epi16(lo, qlo), _mm512_maddubs_epi16(hi, qhi));
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+#endif
+}
+inline Float to_float(Int v) { return _mm512_cvtepi32_ps(v); }
+inline Float zero_float() { return _mm512_setzero_ps(); }
+inline Float broadcast(float v) { return _mm512_set1_ps(v); }
+inline Float half_to_float(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline Float mul(Float a, Float b) { return _mm512_mul_ps(a, b); }
+inline Float fma(Float a, Float b, Float c) { return _mm512_fmadd_ps(a, b, c); }
+inline void store(float* p, Float v) { _mm512_storeu_ps(p, v); }
+#else
+using Int = __m256i;
+using Float = __m256;
+constexpr int kLanes = 8;
+inline Int low_nibbles(Int w) { return _mm256_and_si256(w, _mm256_set1_epi8(0x0F)); }
+inline Int high_nibbles(Int w) { return _mm256_and_si256(_mm256_srli_epi32(w, 4), _mm256_set1_epi8(0x0F)); }
+inline Int load_codes(const uint32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+inline Int broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+inline Int zero_int() { return _mm256_setzero_si256(); }
+inline Int dot2(Int acc, Int lo, Int qlo, Int hi, Int qhi) {
+  const Int pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qlo), _mm256_maddubs_epi16(hi, qhi));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+inline Float to_float(Int v) { return _mm256_cvtepi32_ps(v); }
+inline Float zero_float() { return _mm256_setzero_ps(); }
+inline Float broadcast(float v) { return _mm256_set1_ps(v); }
+inline Float half_to_float(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline Float mul(Float a, Float b) { return _mm256_mul_ps(a, b); }
+inline Float fma(Float a, Float b, Float c) { return _mm256_fmadd_ps(a, b, c); }
+inline void store(float* p, Float v) { _mm256_storeu_ps(p, v); }
+#endif
+
+constexpr int kPerBlock = 16 / kLanes;  // registers a column block of 16 takes
+
+// R rows x CB column blocks of 16: V = CB * kPerBlock registers a row, each holding its integer
+// dot products (a group) and its fp32 outputs (all groups) in registers. Per (row, column) the
+// epilogue is the file header's, group by group in order: nothing depends on R, CB or the row's
+// place in the call.
 template <int R, int CB>
-inline void tile(const float* __restrict xs, const float* __restrict xsum, int64_t K, int64_t G,
-                 const uint32_t* __restrict codes, const uint16_t* __restrict sc,
+inline void tile(const int8_t* __restrict q, const float* __restrict d, const float* __restrict s, int64_t K,
+                 int64_t G, const uint32_t* __restrict codes, const uint16_t* __restrict sc,
                  const uint16_t* __restrict mn, float* y, int64_t ldy) {
-  constexpr bool kFloatTrick = R == 1;  // one row: the convert unit is the bottleneck
-  constexpr int V = 2 * CB;
+  constexpr int V = CB * kPerBlock;
   const int64_t cstride = (K / 8) * 16, sstride = G * 16;
+  Float out[R][V];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) out[r][v] = zero_float();
   for (int64_t g = 0; g < G; ++g) {
-    __m256 acc[R][V];
+    Int acc[R][V];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+      for (int v = 0; v < V; ++v) acc[r][v] = zero_int();
 #pragma GCC unroll 4
     for (int kb = 0; kb < 4; ++kb) {
-      __m256i cv[V];
+      const int64_t word = (g * 4 + kb) * 16;
 #pragma GCC unroll 16
-      for (int v = 0; v < V; ++v)
-        cv[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(
-            codes + (v / 2) * cstride + (g * 4 + kb) * 16 + (v % 2) * 8));
-      const float* xk = xs + g * GS + kb * 8;
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        __m256 w[V];
-#pragma GCC unroll 16
-        for (int v = 0; v < V; ++v) {
-          if (kFloatTrick && j < 5) {
-            // 2^23 + code*16^j as float bits (the nibble lies inside the mantissa), minus 2^23:
-            // the same exact value code*16^j as the conversion below, without the convert unit
-            __m256i q = _mm256_or_si256(_mm256_and_si256(cv[v], _mm256_set1_epi32(0xF << (4 * j))),
-                                        _mm256_set1_epi32(0x4B000000));
-            w[v] = _mm256_sub_ps(_mm256_castsi256_ps(q), _mm256_set1_ps(8388608.f));
-          } else {
-            __m256i q = j < 7 ? _mm256_and_si256(cv[v], _mm256_set1_epi32(0xF << (4 * j)))
-                              : _mm256_srli_epi32(cv[v], 28);
-            w[v] = _mm256_cvtepi32_ps(q);
-          }
-        }
+      for (int v = 0; v < V; ++v) {
+        const Int w = load_codes(codes + (v / kPerBlock) * cstride + word + (v % kPerBlock) * kLanes);
+        const Int lo = low_nibbles(w), hi = high_nibbles(w);
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
-          __m256 xb = _mm256_broadcast_ss(xk + r * K + j);
-#pragma GCC unroll 16
-          for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(xb, w[v], acc[r][v]);
+          const int8_t* qk = q + r * K + g * GS + kb * 8;
+          acc[r][v] = dot2(acc[r][v], lo, broadcast4(qk), hi, broadcast4(qk + 4));
         }
       }
     }
 #pragma GCC unroll 16
     for (int v = 0; v < V; ++v) {
-      const int64_t at = (v / 2) * sstride + g * 16 + (v % 2) * 8;
-      const __m256 s = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(sc + at)));
-      const __m256 m = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(mn + at)));
+      const int64_t at = (v / kPerBlock) * sstride + g * 16 + (v % kPerBlock) * kLanes;
+      const Float scale = half_to_float(sc + at), minimum = half_to_float(mn + at);
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        float* yp = y + r * ldy + v * 8;
-        __m256 t = g == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(yp);
-        t = _mm256_fmadd_ps(acc[r][v], s, t);
-        t = _mm256_fmadd_ps(_mm256_broadcast_ss(xsum + r * G + g), m, t);
-        _mm256_storeu_ps(yp, t);
+        out[r][v] = fma(mul(to_float(acc[r][v]), broadcast(d[r * G + g])), scale, out[r][v]);
+        out[r][v] = fma(broadcast(s[r * G + g]), minimum, out[r][v]);
       }
     }
   }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) store(y + r * ldy + v * kLanes, out[r][v]);
 }
 
+// rows a tall tile takes, and column blocks a tile of R rows takes at once (index R): integer and
+// fp32 accumulators, 2 * R * CB * kPerBlock registers, within the register file (32 on AVX-512,
+// 16 on AVX2) with room for the codes and scales
 #ifdef __AVX512F__
-// The same arithmetic as tile() with 16 columns a register: per (row, column) the same fp32
-// operations in the same order, so the AVX-512 build gives the AVX2 build's bits.
-template <int R, int CB>
-inline void tile512(const float* __restrict xs, const float* __restrict xsum, int64_t K, int64_t G,
-                    const uint32_t* __restrict codes, const uint16_t* __restrict sc,
-                    const uint16_t* __restrict mn, float* y, int64_t ldy) {
-  // few rows: the unpacking is the bottleneck, so each nibble becomes its weight by one lookup
-  // (vpermps reads an index's low 4 bits) in a table of code * 16^j, the exact value below
-  constexpr bool kLookup = R <= 2;
-  __m512 table[8];
-  for (int j = 0; j < 8; ++j) {
-    const float step = j < 7 ? static_cast<float>(1 << (4 * j)) : 1.0f;
-    table[j] = _mm512_mul_ps(_mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                             _mm512_set1_ps(step));
-  }
-  const int64_t cstride = (K / 8) * 16, sstride = G * 16;
-  for (int64_t g = 0; g < G; ++g) {
-    __m512 acc[R][CB];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-      for (int v = 0; v < CB; ++v) acc[r][v] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int kb = 0; kb < 4; ++kb) {
-      __m512i cv[CB];
-#pragma GCC unroll 16
-      for (int v = 0; v < CB; ++v) cv[v] = _mm512_load_si512(codes + v * cstride + (g * 4 + kb) * 16);
-      const float* xk = xs + g * GS + kb * 8;
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        __m512 w[CB];
-#pragma GCC unroll 16
-        for (int v = 0; v < CB; ++v) {
-          if (kLookup) {
-            w[v] = _mm512_permutexvar_ps(j == 0 ? cv[v] : _mm512_srli_epi32(cv[v], 4 * j), table[j]);
-          } else {
-            __m512i q = j < 7 ? _mm512_and_si512(cv[v], _mm512_set1_epi32(0xF << (4 * j)))
-                              : _mm512_srli_epi32(cv[v], 28);
-            w[v] = _mm512_cvtepi32_ps(q);
-          }
-        }
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-          __m512 xb = _mm512_set1_ps(xk[r * K + j]);
-#pragma GCC unroll 16
-          for (int v = 0; v < CB; ++v) acc[r][v] = _mm512_fmadd_ps(xb, w[v], acc[r][v]);
-        }
-      }
-    }
-#pragma GCC unroll 16
-    for (int v = 0; v < CB; ++v) {
-      const int64_t at = v * sstride + g * 16;
-      const __m512 s = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc + at)));
-      const __m512 m = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mn + at)));
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        float* yp = y + r * ldy + v * 16;
-        __m512 t = g == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(yp);
-        t = _mm512_fmadd_ps(acc[r][v], s, t);
-        t = _mm512_fmadd_ps(_mm512_set1_ps(xsum[r * G + g]), m, t);
-        _mm512_storeu_ps(yp, t);
-      }
-    }
-  }
-}
-#endif
-
-#ifdef __AVX512F__
-#define MOHAWK_TILE tile512
-// rows a tall tile takes, and column blocks a tile of R rows takes at once (index R): as many
-// accumulators as the registers hold (32 of 16 floats; AVX2 has 16 of 8)
-constexpr int kTallRows = 8, kTallBlocks = 2;
-constexpr int kBlocksOf[5] = {0, 4, 4, 4, 4};
+constexpr int kTallRows = 4, kTallBlocks = 2;
+constexpr int kBlocksOf[4] = {0, 4, 4, 2};
 #else
-#define MOHAWK_TILE tile
-constexpr int kTallRows = 5, kTallBlocks = 1;
-constexpr int kBlocksOf[5] = {0, 4, 2, 1, 1};
+constexpr int kTallRows = 3, kTallBlocks = 1;
+constexpr int kBlocksOf[4] = {0, 2, 1, 1};
 #endif
 
 // One superblock (`blocks` column blocks of 16, SB of them but at the end of N) for R rows, CB
 // blocks at a time where it is whole, one at a time where it is not.
 template <int R, int CB>
-inline void superblock(const float* xs, const float* xsum, int64_t K, int64_t G,
-                       const uint32_t* codes, const uint16_t* sc, const uint16_t* mn, float* y,
-                       int64_t ldy, int64_t blocks) {
+inline void superblock(const int8_t* q, const float* d, const float* s, int64_t K, int64_t G, const uint32_t* codes,
+                       const uint16_t* sc, const uint16_t* mn, float* y, int64_t ldy, int64_t blocks) {
   const int64_t cstride = (K / 8) * 16, sstride = G * 16;
   if (blocks == SB) {
     for (int b = 0; b < SB; b += CB)
-      MOHAWK_TILE<R, CB>(xs, xsum, K, G, codes + b * cstride, sc + b * sstride, mn + b * sstride,
-                         y + b * 16, ldy);
+      tile<R, CB>(q, d, s, K, G, codes + b * cstride, sc + b * sstride, mn + b * sstride, y + b * 16, ldy);
   } else {
     for (int64_t b = 0; b < blocks; ++b)
-      MOHAWK_TILE<R, 1>(xs, xsum, K, G, codes + b * cstride, sc + b * sstride, mn + b * sstride,
-                        y + b * 16, ldy);
+      tile<R, 1>(q, d, s, K, G, codes + b * cstride, sc + b * sstride, mn + b * sstride, y + b * 16, ldy);
   }
 }
 
@@ -199,51 +226,40 @@ extern "C" {
 int mohawk_int4_rows_version() { return 2; }
 
 // y [M, N] = x [M, K] times the packed weight; K a multiple of 32, N of 16.
-void mohawk_int4_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* codes,
-                         const uint16_t* scales, const uint16_t* mins, int64_t N, float* y,
-                         int num_threads) {
+void mohawk_int4_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* codes, const uint16_t* scales,
+                         const uint16_t* mins, int64_t N, float* y, int num_threads) {
   const int64_t G = K / GS, NB = N / 16, NS = (NB + SB - 1) / SB;
-  // per row alone, in a fixed order: pre-scaled activations and each group's sum
-  float* xs = static_cast<float*>(std::aligned_alloc(64, ((M * K + M * G) * 4 + 63) / 64 * 64));
-  float* xsum = xs + M * K;
-  static const float kPow[8] = {1.f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.f};
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) {
-      float s = 0.f;
-      for (int k = 0; k < GS; ++k) {
-        const float v = x[m * K + g * GS + k];
-        s += v;
-        xs[m * K + g * GS + k] = v * kPow[k % 8];
-      }
-      xsum[m * G + g] = s;
-    }
+  const size_t bytes = (static_cast<size_t>(M * K) + static_cast<size_t>(M * G) * 8 + 63) / 64 * 64;
+  float* d = static_cast<float*>(std::aligned_alloc(64, bytes));
+  float* s = d + M * G;
+  int8_t* q = reinterpret_cast<int8_t*>(s + M * G);
+  quantize_rows(x, M, K, q, d, s, num_threads);
   const int64_t cstride = (K / 8) * 16, sstride = G * 16;
   // threads split the columns, never a reduction: the same bits on any number of threads
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-  for (int64_t s = 0; s < NS; ++s) {
-    const uint32_t* c = codes + s * SB * cstride;
-    const uint16_t* sc = scales + s * SB * sstride;
-    const uint16_t* mn = mins + s * SB * sstride;
-    float* ys = y + s * SB * 16;
-    const int64_t blocks = NB - s * SB < SB ? NB - s * SB : SB;
+  for (int64_t b = 0; b < NS; ++b) {
+    const uint32_t* c = codes + b * SB * cstride;
+    const uint16_t* sc = scales + b * SB * sstride;
+    const uint16_t* mn = mins + b * SB * sstride;
+    float* ys = y + b * SB * 16;
+    const int64_t blocks = NB - b * SB < SB ? NB - b * SB : SB;
     int64_t m = 0;
     // tiles of the most rows that fit the registers, then the rest in one smaller tile: the
     // per-row arithmetic of every tile shape is the same (tile())
     for (; m + kTallRows <= M; m += kTallRows)
-      superblock<kTallRows, kTallBlocks>(xs + m * K, xsum + m * G, K, G, c, sc, mn, ys + m * N, N, blocks);
-    for (; m + 4 <= M; m += 4)
-      superblock<4, kBlocksOf[4]>(xs + m * K, xsum + m * G, K, G, c, sc, mn, ys + m * N, N, blocks);
-    const float* xr = xs + m * K;
-    const float* xsr = xsum + m * G;
+      superblock<kTallRows, kTallBlocks>(q + m * K, d + m * G, s + m * G, K, G, c, sc, mn, ys + m * N, N, blocks);
+    const int8_t* qr = q + m * K;
+    const float* dr = d + m * G;
+    const float* sr = s + m * G;
     float* yr = ys + m * N;
     switch (M - m) {
-      case 1: superblock<1, kBlocksOf[1]>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
-      case 2: superblock<2, kBlocksOf[2]>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
-      case 3: superblock<3, kBlocksOf[3]>(xr, xsr, K, G, c, sc, mn, yr, N, blocks); break;
+      case 1: superblock<1, kBlocksOf[1]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks); break;
+      case 2: superblock<2, kBlocksOf[2]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks); break;
+      case 3: superblock<3, kBlocksOf[3]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks); break;
       default: break;
     }
   }
-  std::free(xs);
+  std::free(d);
 }
 
 }  // extern "C"

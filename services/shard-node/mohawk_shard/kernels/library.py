@@ -7,12 +7,14 @@ the machine's g++ (or `CXX`) into `MOHAWK_KERNEL_DIR` (default `~/.cache/mohawk/
 name that digests the sources, the flags and torch's version: an edit, another flag or another
 torch builds a new file, and processes starting together each compile to a temporary file and
 rename it into place. It is built for the widest instruction set torch itself uses on this CPU
-(`torch.backends.cpu.get_cpu_capability()`: AVX2 or AVX512); each kernel computes the same bits in
-either build. It links OpenMP, which resolves to the libgomp torch already loaded: one thread pool,
-sized by `torch.get_num_threads()` at each call. Where the CPU is not x86 with AVX2, no compiler is
-found, the build fails or `MOHAWK_CPU_KERNELS=off` is set, `kernel()` is None and the layers keep
-torch's own kernels (tinygemm for 4-bit matmuls, fixed-chunk attention as torch ops); the log says
-why, once. An image without a compiler ships the builds `prebuild` made (the Dockerfile does).
+(`torch.backends.cpu.get_cpu_capability()`: AVX2 or AVX512), and for AVX512_VNNI where an AVX512
+CPU also lists `avx512_vnni` (the 4-bit kernel's integer dot products); each kernel computes the
+same bits in every build. It links OpenMP, which resolves to the libgomp torch already loaded: one
+thread pool, sized by `torch.get_num_threads()` at each call. Where the CPU is not x86 with AVX2,
+no compiler is found, the build fails or `MOHAWK_CPU_KERNELS=off` is set, `kernel()` is None and
+the layers keep torch's own kernels (tinygemm for 4-bit matmuls, fixed-chunk attention as torch
+ops); the log says why, once. An image without a compiler ships the builds `prebuild` made (the
+Dockerfile does).
 
 The process's build registers `torch.ops.mohawk.*` (`mohawk_register_ops`, once): eager code and
 traced decode steps call the kernels through the dispatcher, with no Python between (a ctypes call
@@ -43,7 +45,10 @@ FLAGS = ("-O3", "-std=c++20", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off
 ISA_FLAGS = {  # torch's CPU capability -> the instruction set the library is built for
     "AVX2": ("-mavx2", "-mfma", "-mf16c"),
     "AVX512": ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"),
-}
+    "AVX512_VNNI": (
+        "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512vnni",
+    ),
+}  # fmt: skip
 INT4_LAYOUT_VERSION = 2  # what int4_rows.pack lays out; the library must answer the same
 BUILD_TIMEOUT_S = 300.0
 CHOICE_ENV = "MOHAWK_CPU_KERNELS"  # auto (default): these kernels where they build; off: never
@@ -72,8 +77,7 @@ def kernel() -> ctypes.CDLL | None:
     reason = _unavailable(choice)
     if reason is None:
         try:
-            isa = torch.backends.cpu.get_cpu_capability()
-            library = load_library(build_library(isa, library_dir()))
+            library = load_library(build_library(runnable_isas()[-1], library_dir()))
             if library.mohawk_register_ops() != 0:
                 raise RuntimeError("registering the kernels as torch ops failed")
             return library
@@ -96,12 +100,34 @@ def _unavailable(choice: str) -> str | None:
         return f"{CHOICE_ENV}=off"
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the kernels are x86 code; this is {platform.machine()}"
-    capability = torch.backends.cpu.get_cpu_capability()
-    if capability not in ISA_FLAGS:
-        return f"the kernels need AVX2 and FMA; torch reports {capability}"
-    if _compiler() is None and not library_path(capability, library_dir()).is_file():
+    isas = runnable_isas()
+    if not isas:
+        return f"the kernels need AVX2 and FMA; torch reports {torch.backends.cpu.get_cpu_capability()}"
+    if _compiler() is None and not library_path(isas[-1], library_dir()).is_file():
         return "no C++ compiler (g++, or CXX) to build the kernels"
     return None
+
+
+def runnable_isas() -> list[str]:
+    """The builds (keys of ISA_FLAGS) this CPU runs, widest last; empty where it runs none."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ISA_FLAGS:
+        return []
+    if capability == "AVX2":
+        return ["AVX2"]
+    return ["AVX2", "AVX512", *(["AVX512_VNNI"] if "avx512_vnni" in _cpu_flags() else [])]
+
+
+def _cpu_flags() -> set[str]:
+    """The flags Linux lists for this CPU (none where /proc/cpuinfo cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
 
 
 def _compiler() -> str | None:

@@ -75,7 +75,7 @@ bench: setup
 	$(PY) bench/engine.py --full --weights native,fp32 --no-prefix-cache --json bench/results/engine-cpu-native-fp32.json
 	$(PY) bench/engine.py --full --weights fp32 --dtype float32 --json bench/results/engine-cpu-float32.json
 	$(PY) bench/engine.py --full --weights bf16 --dtype bfloat16 --json bench/results/engine-cpu-bfloat16.json
-	$(PY) bench/native_precision.py
+	$(PY) bench/native_precision.py --json bench/results/native-precision-cpu.json
 	$(PY) bench/distributed.py --full --json bench/results/distributed-cpu.json
 	$(PY) bench/scaleout.py --full --json bench/results/scaleout-cpu.json
 	$(PY) bench/telemetry.py --full --traces --json bench/results/telemetry-cpu.json

@@ -7,9 +7,9 @@ with `batch_invariant` on (the default: attention in fixed chunks) and off (fuse
 With the setting on, the same step replayed from its TorchScript trace (`model/traced_decode.py`,
 what the engine runs once a context bucket has served 32 decodes). Then the floor: one step's
 4-bit matmuls alone (every layer's q/k/v, o, gate/up and down and the LM head's, fp32 rows in and
-out, nothing else), on the row-block kernel the engine uses where it builds (`kernels/int4_rows.py`)
-and on torch's tinygemm with the same weights, at 1 row and at 8, 32 and 128 (a batched decode,
-a prefill chunk), against llama.cpp's whole decode step on the
+out, nothing else), on the row-block kernel the engine uses where it builds (`kernels/int4_rows.py`:
+int8 rows inside, as llama.cpp's) and on torch's tinygemm with the same weights, at 1 row and at
+8, 32 and 128 (a batched decode, a prefill chunk), against llama.cpp's whole decode step on the
 same GGUF with the same threads, in the same run (when llama-cpp-python, the bench extra, is
 installed). Last, the post-attention half of every layer (o_proj, norm, gate/up, SiLU, down) as
 plain tensor calls: eager, compiled one layer a call, and all 30 layers compiled as one graph with
@@ -163,7 +163,7 @@ def kernel_floor(backend: TorchBackend, threads: int) -> None:
     """One step's 4-bit kernel calls alone, against llama.cpp's whole step in the same run."""
     linears = [m for m in backend.model.modules() if isinstance(m, Int4Linear)]
     kernels = {
-        "the row kernel (fp32 rows)": linears,
+        "the row kernel (int8 rows)": linears,
         "tinygemm (bf16 rows)": [tinygemm_copy(m) for m in linears],
     }
     if not any(m.row_kernel for m in linears):

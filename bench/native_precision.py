@@ -3,7 +3,8 @@
 The native path multiplies the file's 4-bit codes by activations quantized to int8 a group of 32
 (`kernels/int4_rows.cpp`), as llama.cpp's CPU dot products do. This prints, for six varied chat
 prompts and 48 greedy tokens each:
-  * how many whole answers are identical between `--weights native` and `--weights fp32`;
+  * how many whole answers are identical between `--weights native` and `--weights fp32`, and
+    between llama.cpp's greedy answers and the fp32 path's;
   * teacher-forced along the fp32 answers, for Mohawk native and for llama.cpp (llama-cpp-python
     on the same GGUF, same token ids; skipped when it is not installed): at how many positions each
     picks the fp32 path's next token, the fp32 path's gap between its two best logits where it does
@@ -98,6 +99,18 @@ class LlamaCppLogits:
             model_path=str(path), logits_all=True, n_threads=threads, n_ctx=1024, verbose=False
         )
 
+    def greedy(self, prompt: list[int], num_tokens: int, eos: set[int]) -> list[int]:
+        """Up to `num_tokens` argmax tokens after `prompt`, the EOS that ends them included."""
+        self.llm.reset()
+        self.llm.eval(prompt)
+        out: list[int] = []
+        while len(out) < num_tokens:
+            out.append(int(np.asarray(self.llm.scores[self.llm.n_tokens - 1]).argmax()))
+            if out[-1] in eos:
+                break
+            self.llm.eval(out[-1:])
+        return out
+
     def __call__(self, tokens: list[int]) -> torch.Tensor:
         self.llm.reset()
         self.llm.eval(tokens)
@@ -121,11 +134,20 @@ def main(argv: list[str] | None = None) -> None:
     same_text = sum(a.text == b.text for a, b in zip(answers["fp32"], answers["native"], strict=True))
     print(f"identical {NUM_TOKENS}-token greedy answers, native against fp32: {same_text} of {len(PROMPTS)}")
 
+    llama = LlamaCppLogits(bundled_model_path(), args.threads) if llama_cpp_version() else None
+    llama_same = None
+    if llama is not None:
+        eos = set(source.config.eos_token_ids)
+        llama_answers = [llama.greedy(p, NUM_TOKENS, eos) for p in prompts]
+        fp32_ids = [[t for t in a.token_ids if t not in eos] for a in answers["fp32"]]
+        ends = [[t for t in answer if t not in eos] for answer in llama_answers]
+        llama_same = sum(ours == theirs for ours, theirs in zip(fp32_ids, ends, strict=True))
+        print(f"identical greedy answers, llama.cpp against fp32: {llama_same} of {len(PROMPTS)}")
+
     layers = source.config.num_layers
     dense = make_backend("torch", source, 0, layers, device="cpu", weights="fp32")
     native = make_backend("torch", source, 0, layers, device="cpu", weights="native")
     assert isinstance(native, TorchBackend) and isinstance(dense, TorchBackend)
-    llama = LlamaCppLogits(bundled_model_path(), args.threads) if llama_cpp_version() else None
     sides = [Agreement("Mohawk native")] + ([Agreement(f"llama.cpp {llama_cpp_version()}")] if llama else [])
     with torch.inference_mode():
         for prompt, answer in zip(prompts, answers["fp32"], strict=True):
@@ -144,12 +166,18 @@ def main(argv: list[str] | None = None) -> None:
     ]
     if llama is None:
         lines.append(f"\nllama.cpp: {LLAMA_CPP_MISSING}")
+    lines[:0] = [
+        f"Identical {NUM_TOKENS}-token greedy answers against the fp32 path: Mohawk native {same_text} of "
+        f"{len(PROMPTS)}, llama.cpp {'-' if llama_same is None else llama_same} of {len(PROMPTS)}.",
+        "",
+    ]
     table = "\n".join(lines)
     print(table)
     if args.json:
         figures = {
             "threads": args.threads,
             "identical_answers": same_text,
+            "llama_cpp_identical_answers": llama_same,
             "prompts": len(PROMPTS),
             "tokens": NUM_TOKENS,
             "sides": [asdict(side) for side in sides],

@@ -1,9 +1,10 @@
 """Layers that run 4- and 8-bit groupwise weights as stored: `Int4Linear` and `GroupwiseEmbedding`.
 
-Design. On CPU, where the compiled kernels build (`kernels/library.py`), `Int4Linear` runs the row-block
-kernel of `kernels/int4_rows.py`: fp32 rows, fp16 scales and minimums, a row's bits independent of
-the call by construction. Elsewhere, and what the rest of this paragraph describes, it hands the
-codes to torch's tinygemm kernels, which compute
+Design. On CPU, where the compiled kernels build (`kernels/library.py`), `Int4Linear` runs the
+row-block kernel of `kernels/int4_rows.py`: fp32 rows in and out (int8 a group of 32 inside, as
+llama.cpp's), fp16 scales and minimums, a row's bits independent of the call by construction.
+Elsewhere, and what the rest of this paragraph describes, it hands the codes to torch's tinygemm
+kernels, which compute
 `y = x · ((q − 8) · scale + zero)ᵀ` with one bf16 scale and zero per group of input columns: on
 CPU `_weight_int4pack_mm_for_cpu`, on CUDA `_weight_int4pack_mm`, each with its own packing of the
 codes. A group `w = scale · code + minimum` is the same weights with `zero = minimum + 8 · scale`.

@@ -10,7 +10,10 @@ import pytest
 
 from tests.cli.helpers import mohawk, mohawk_in_process
 
-PROMPT = "What is the capital of France?"
+# "What is the capital of France?" alone is a near tie at its first token for this 135M model: int8
+# activations (Mohawk's native default, and llama.cpp on the same file) answer "L'Étoile, la ..."
+# where fp32 answers "The capital of France is Paris."; with this prompt all three say Paris
+PROMPT = "What is the capital of France? Tell me about it."
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ctypes import CDLL
-from pathlib import Path
 
 import pytest
 
@@ -11,9 +10,11 @@ from mohawk_shard.kernels import library
 
 
 @pytest.fixture(scope="session")
-def isa_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CDLL]:
+def isa_builds() -> dict[str, CDLL]:
     isas = library.runnable_isas()
     if len(isas) < 2 or library.kernel() is None:
         pytest.skip("needs a CPU that runs the AVX2 and the AVX-512 builds, and a compiler")
-    folder = Path(tmp_path_factory.mktemp("kernels"))
+    # the process's own kernel folder: its widest build is there already (each build takes about
+    # ten seconds on CI's two cores); the others are named by their own digests beside it
+    folder = library.library_dir()
     return {isa: library.load_library(library.build_library(isa, folder)) for isa in isas}

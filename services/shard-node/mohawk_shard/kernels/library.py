@@ -42,13 +42,13 @@ log = structlog.get_logger("mohawk.shard.kernels")
 
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
 FLAGS = ("-O3", "-std=c++20", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off", "-Wl,-Bsymbolic")
-ISA_FLAGS = {  # torch's CPU capability -> the instruction set the library is built for
-    "AVX2": ("-mavx2", "-mfma", "-mf16c"),
-    "AVX512": ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"),
-    "AVX512_VNNI": (
-        "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512vnni",
-    ),
-}  # fmt: skip
+_AVX2 = ("-mavx2", "-mfma", "-mf16c")
+_AVX512 = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl")
+ISA_FLAGS = {  # a build (torch's CPU capability, or AVX512 with VNNI) -> its instruction set flags
+    "AVX2": _AVX2,
+    "AVX512": _AVX512,
+    "AVX512_VNNI": (*_AVX512, "-mavx512vnni"),
+}
 INT4_LAYOUT_VERSION = 2  # what int4_rows.pack lays out; the library must answer the same
 BUILD_TIMEOUT_S = 300.0
 CHOICE_ENV = "MOHAWK_CPU_KERNELS"  # auto (default): these kernels where they build; off: never
@@ -118,16 +118,17 @@ def runnable_isas() -> list[str]:
     return ["AVX2", "AVX512", *(["AVX512_VNNI"] if "avx512_vnni" in _cpu_flags() else [])]
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     """The flags Linux lists for this CPU (none where /proc/cpuinfo cannot be read)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
             for line in info:
                 if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
+                    return frozenset(line.partition(":")[2].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def _compiler() -> str | None:

@@ -19,8 +19,10 @@ _FP16_FIELDS = {
     "Q5_K": (0, 2),
     "Q6_K": (208,),
     "Q2_K": (80, 82),
+    "Q8_0": (0,),
 }
 UNDECODED_LAYOUTS = {"Q2_K": (256, 84)}  # a format with no groupwise decoding, for fallback tests
+OTHER_LAYOUTS = {"Q8_0": (32, 34)}  # decoded by gguf_blocks itself
 
 
 def random_blocks(
@@ -30,7 +32,7 @@ def random_blocks(
     finite fp16 scales of 2^`exponents[0]` up to 2^`exponents[1]`; uint8 [rows, bytes a row], as
     a GGUF file stores them."""
     rng = np.random.default_rng(seed)
-    block_weights, block_bytes = (BLOCK_LAYOUTS | UNDECODED_LAYOUTS)[type_name]
+    block_weights, block_bytes = (BLOCK_LAYOUTS | UNDECODED_LAYOUTS | OTHER_LAYOUTS)[type_name]
     num_blocks = rows * cols // block_weights
     blocks = rng.integers(0, 256, (num_blocks, block_bytes), dtype=np.uint8)
     for offset in _FP16_FIELDS[type_name]:

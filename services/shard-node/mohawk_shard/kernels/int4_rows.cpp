@@ -28,69 +28,19 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "int8_activations.h"
+#include "simd_lanes.h"
+
 namespace {
 
 constexpr int GS = 32;  // group size: GGUF Q4_0, Q4_1 and the K-quants' sub-blocks
 constexpr int SB = 4;   // column blocks (of 16) per superblock: a thread's unit of work
 
-// One group of 32 activations -> its int8 codes (permuted as above), d and s = d * (sum of the
-// codes). AVX2 code in every build: the codes round to nearest even and are whole numbers, so
-// their sum is exact in any order, and the maximum is exact in any order too. s is the sum of the
-// quantized activations, not of the activations (llama.cpp's q8_1 does the same): the min term
-// then meets the same rounded activations as the codes' term, and a group's error is the rounding
-// times the weight itself (scale * code + min), not times scale * code (up to 15 scales, where
-// the weights of a real model sit near 8 scales from their min).
-inline void quantize_group(const float* x, int8_t* q, float* d, float* s) {
-  const __m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8), c = _mm256_loadu_ps(x + 16),
-               e = _mm256_loadu_ps(x + 24);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)),
-                                  _mm256_max_ps(_mm256_andnot_ps(sign, c), _mm256_andnot_ps(sign, e)));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-  const float scale = amax / 127.f;
-  const __m256 inverse = _mm256_set1_ps(scale > 0.f ? 1.f / scale : 0.f);
-  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  const __m256 ra = _mm256_round_ps(_mm256_mul_ps(a, inverse), kNearest),
-               rb = _mm256_round_ps(_mm256_mul_ps(b, inverse), kNearest),
-               rc = _mm256_round_ps(_mm256_mul_ps(c, inverse), kNearest),
-               re = _mm256_round_ps(_mm256_mul_ps(e, inverse), kNearest);
-  const __m256 total = _mm256_add_ps(_mm256_add_ps(ra, rb), _mm256_add_ps(rc, re));
-  __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
-  t4 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-  *d = scale;
-  *s = scale * _mm_cvtss_f32(_mm_add_ss(t4, _mm_movehdup_ps(t4)));
-  const __m256i ab = _mm256_packs_epi32(_mm256_cvtps_epi32(ra), _mm256_cvtps_epi32(rb));
-  const __m256i ce = _mm256_packs_epi32(_mm256_cvtps_epi32(rc), _mm256_cvtps_epi32(re));
-  // bytes: a0-3 b0-3 c0-3 e0-3 | a4-7 b4-7 c4-7 e4-7 -> k order, then each 8 as 0 2 4 6 1 3 5 7
-  __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, ce), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  bytes = _mm256_shuffle_epi8(bytes, _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15, 0, 2, 4, 6,
-                                                      1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
-}
-
-// Row m's int8 codes, group scales d and group sums s; each row alone.
-void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s, int num_threads) {
-  const int64_t G = K / GS;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (M * K >= 65536)
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) quantize_group(x + m * K + g * GS, q + m * K + g * GS, d + m * G + g, s + m * G + g);
-}
+using namespace mohawk::lanes;
 
 #ifdef __AVX512F__
-using Int = __m512i;
-using Float = __m512;
-constexpr int kLanes = 16;
 inline Int low_nibbles(Int w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0F)); }
 inline Int high_nibbles(Int w) { return _mm512_and_si512(_mm512_srli_epi32(w, 4), _mm512_set1_epi8(0x0F)); }
-inline Int load_codes(const uint32_t* p) { return _mm512_load_si512(p); }
-inline Int broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
-inline Int zero_int() { return _mm512_setzero_si512(); }
 // acc + per 32-bit lane, the sum of its four u8 codes times the four s8 activations (exact)
 inline Int dot2(Int acc, Int lo, Int qlo, Int hi, Int qhi) {
 #ifdef __AVX512VNNI__
@@ -101,44 +51,14 @@ inline Int dot2(Int acc, Int lo, Int qlo, Int hi, Int qhi) {
   return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #endif
 }
-inline Float to_float(Int v) { return _mm512_cvtepi32_ps(v); }
-inline Float zero_float() { return _mm512_setzero_ps(); }
-inline Float broadcast(float v) { return _mm512_set1_ps(v); }
-inline Float half_to_float(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline Float mul(Float a, Float b) { return _mm512_mul_ps(a, b); }
-inline Float fma(Float a, Float b, Float c) { return _mm512_fmadd_ps(a, b, c); }
-inline void store(float* p, Float v) { _mm512_storeu_ps(p, v); }
 #else
-using Int = __m256i;
-using Float = __m256;
-constexpr int kLanes = 8;
 inline Int low_nibbles(Int w) { return _mm256_and_si256(w, _mm256_set1_epi8(0x0F)); }
 inline Int high_nibbles(Int w) { return _mm256_and_si256(_mm256_srli_epi32(w, 4), _mm256_set1_epi8(0x0F)); }
-inline Int load_codes(const uint32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
-inline Int broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-inline Int zero_int() { return _mm256_setzero_si256(); }
 inline Int dot2(Int acc, Int lo, Int qlo, Int hi, Int qhi) {
   const Int pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qlo), _mm256_maddubs_epi16(hi, qhi));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
-inline Float to_float(Int v) { return _mm256_cvtepi32_ps(v); }
-inline Float zero_float() { return _mm256_setzero_ps(); }
-inline Float broadcast(float v) { return _mm256_set1_ps(v); }
-inline Float half_to_float(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline Float mul(Float a, Float b) { return _mm256_mul_ps(a, b); }
-inline Float fma(Float a, Float b, Float c) { return _mm256_fmadd_ps(a, b, c); }
-inline void store(float* p, Float v) { _mm256_storeu_ps(p, v); }
 #endif
-
-constexpr int kPerBlock = 16 / kLanes;  // registers a column block of 16 takes
 
 // R rows x CB column blocks of 16: V = CB * kPerBlock registers a row, each holding its integer
 // dot products (a group) and its fp32 outputs (all groups) in registers. Per (row, column) the
@@ -233,7 +153,7 @@ void mohawk_int4_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* c
   float* d = static_cast<float*>(std::aligned_alloc(64, bytes));
   float* s = d + M * G;
   int8_t* q = reinterpret_cast<int8_t*>(s + M * G);
-  quantize_rows(x, M, K, q, d, s, num_threads);
+  mohawk::quantize_rows<true>(x, M, K, q, d, s, nullptr, num_threads);
   const int64_t cstride = (K / 8) * 16, sstride = G * 16;
   // threads split the columns, never a reduction: the same bits on any number of threads
 #pragma omp parallel for num_threads(num_threads) schedule(static)

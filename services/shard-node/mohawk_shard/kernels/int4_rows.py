@@ -74,17 +74,17 @@ def pack(codes: np.ndarray, scales: np.ndarray, mins: np.ndarray, device: torch.
 
     def per_block(values: np.ndarray) -> torch.Tensor:
         table = values.astype(np.float16).reshape(blocks, COLUMN_BLOCK, -1).transpose(0, 2, 1)
-        return _aligned(table).to(device)  # [NB, G, 16]
+        return aligned(table).to(device)  # [NB, G, 16]
 
     return PackedInt4(
-        codes=_aligned(words.view(np.int32)).to(device),
+        codes=aligned(words.view(np.int32)).to(device),
         scales=per_block(scales),
         mins=per_block(mins),
         out_features=out_features,
     )
 
 
-def _aligned(array: np.ndarray) -> torch.Tensor:
+def aligned(array: np.ndarray) -> torch.Tensor:
     """A copy in torch's memory, 64-byte aligned (numpy's is not: the kernel's aligned loads need 32)."""
     source = torch.from_numpy(np.ascontiguousarray(array))
     return torch.empty_like(source).copy_(source)

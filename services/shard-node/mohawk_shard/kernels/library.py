@@ -41,6 +41,7 @@ import torch
 log = structlog.get_logger("mohawk.shard.kernels")
 
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
+HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))  # included by the sources: in the digest
 FLAGS = ("-O3", "-std=c++20", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off", "-Wl,-Bsymbolic")
 _AVX2 = ("-mavx2", "-mfma", "-mf16c")
 _AVX512 = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl")
@@ -58,6 +59,10 @@ _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
     "mohawk_int4_rows_mm": [
         _POINTER, _SIZE, _SIZE, _POINTER, _POINTER, _POINTER, _SIZE, _POINTER, ctypes.c_int,
+    ],
+    "mohawk_int8_rows_mm": [
+        _POINTER, _SIZE, _SIZE, _POINTER, _POINTER, _POINTER, _POINTER, ctypes.c_int32, _SIZE, _POINTER,
+        ctypes.c_int,
     ],
     "mohawk_top_rows": [_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, ctypes.c_int],
     "mohawk_rms_norm_rows": [_POINTER, _SIZE, _SIZE, _POINTER, ctypes.c_float, _POINTER, ctypes.c_int],
@@ -157,7 +162,7 @@ def torch_flags() -> tuple[str, ...]:
 def library_path(isa: str, directory: Path) -> Path:
     """Where the build for `isa` (a key of ISA_FLAGS) of these sources, flags and torch lives."""
     flags = (*FLAGS, *ISA_FLAGS[isa], *torch_flags(), torch.__version__)
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(flags).encode())
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS)) + " ".join(flags).encode())
     return directory / f"mohawk_kernels-{isa.lower()}-{digest.hexdigest()[:16]}.so"
 
 
@@ -203,5 +208,6 @@ def load_library(path: Path) -> ctypes.CDLL:
     for name, arguments in _SIGNATURES.items():
         function = getattr(library, name)
         function.restype, function.argtypes = None, arguments
+    library.mohawk_int8_rows_mm.restype = ctypes.c_int  # 0, or -1 for tables no format has
     library.mohawk_register_ops.restype, library.mohawk_register_ops.argtypes = ctypes.c_int, []
     return library

@@ -19,6 +19,9 @@
 extern "C" {
 void mohawk_int4_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* codes, const uint16_t* scales,
                          const uint16_t* mins, int64_t N, float* y, int num_threads);
+int mohawk_int8_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* codes, const uint16_t* scales,
+                        const uint16_t* mins, const int8_t* subs, int32_t offset, int64_t N, float* y,
+                        int num_threads);
 void mohawk_rms_norm_rows(const float* x, int64_t M, int64_t N, const float* w, float eps, float* y,
                           int num_threads);
 void mohawk_attend_rows(const float* q, int64_t B, int64_t Q, int64_t H, int64_t D, const float* k,
@@ -49,6 +52,31 @@ at::Tensor int4_rows_mm(const at::Tensor& rows, const at::Tensor& codes, const a
   if (x.size(0) > 0)
     mohawk_int4_rows_mm(as<float>(x), x.size(0), in_features, as<uint32_t>(codes), as<uint16_t>(scales),
                         as<uint16_t>(mins), n, y.mutable_data_ptr<float>(), at::get_num_threads());
+  return y;
+}
+
+// float32 rows x [M, K] times a packed 5-to-8-bit weight (int8_rows.py `pack`: codes [N/16, K/4, 16]
+// int32, scales float16 [N/16, K/32 or K/256, 16], mins float16 [N/16, K/32, 16] or none, subs int8
+// [N/16, K/16, 16] or none, codes shifted up by `offset`) -> float32 [M, n].
+at::Tensor int8_rows_mm(const at::Tensor& rows, const at::Tensor& codes, const at::Tensor& scales,
+                        const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& subs, int64_t n,
+                        int64_t offset) {
+  const int64_t in_features = codes.size(1) * 4;
+  TORCH_CHECK_VALUE(rows.scalar_type() == at::kFloat && rows.dim() == 2 && rows.size(1) == in_features,
+                    "int8_rows: float32 rows of ", in_features, ", got ", rows.scalar_type(), " ", rows.sizes());
+  const bool layout = codes.is_contiguous() && scales.is_contiguous() && codes.size(0) * 16 == n &&
+                      scales.scalar_type() == at::kHalf && (!mins || (mins->is_contiguous() && mins->scalar_type() == at::kHalf)) &&
+                      (!subs || (subs->is_contiguous() && subs->scalar_type() == at::kChar));
+  TORCH_CHECK_VALUE(layout, "int8_rows: a weight not in the packed layout for ", n, " outputs");
+  const at::Tensor x = rows.contiguous();
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  if (x.size(0) > 0) {
+    const int status = mohawk_int8_rows_mm(
+        as<float>(x), x.size(0), in_features, as<uint32_t>(codes), as<uint16_t>(scales),
+        mins ? as<uint16_t>(*mins) : nullptr, subs ? as<int8_t>(*subs) : nullptr, static_cast<int32_t>(offset), n,
+        y.mutable_data_ptr<float>(), at::get_num_threads());
+    TORCH_CHECK_VALUE(status == 0, "int8_rows: no format has these tables with offset ", offset);
+  }
   return y;
 }
 
@@ -125,7 +153,7 @@ at::Tensor top_rows(const at::Tensor& rows, int64_t k) {
 
 extern "C" {
 
-// Registers torch.ops.mohawk.{int4_rows_mm, rms_norm_rows, attend_rows, top_rows} with this build's kernels;
+// Registers torch.ops.mohawk.{int4_rows_mm, int8_rows_mm, rms_norm_rows, attend_rows, top_rows} with this build's kernels;
 // once a process (later calls do nothing). Returns 0, or -1 where registration threw.
 int mohawk_register_ops() {
   static bool done = false;
@@ -133,11 +161,14 @@ int mohawk_register_ops() {
   try {
     auto* ops = new torch::Library(torch::Library::FRAGMENT, "mohawk", std::nullopt, __FILE__, __LINE__);
     ops->def("int4_rows_mm(Tensor x, Tensor codes, Tensor scales, Tensor mins, int n) -> Tensor");
+    ops->def(
+        "int8_rows_mm(Tensor x, Tensor codes, Tensor scales, Tensor? mins, Tensor? subs, int n, int offset) -> Tensor");
     ops->def("rms_norm_rows(Tensor x, Tensor weight, float eps) -> Tensor");
     ops->def("attend_rows(Tensor query, Tensor keys, Tensor values, Tensor slots, Tensor mask, float scale) -> Tensor");
     ops->def("top_rows(Tensor x, int k) -> Tensor");
     auto* cpu = new torch::Library(torch::Library::IMPL, "mohawk", c10::DispatchKey::CPU, __FILE__, __LINE__);
     cpu->impl("int4_rows_mm", TORCH_FN(int4_rows_mm));
+    cpu->impl("int8_rows_mm", TORCH_FN(int8_rows_mm));
     cpu->impl("rms_norm_rows", TORCH_FN(rms_norm_rows));
     cpu->impl("attend_rows", TORCH_FN(attend_rows));
     cpu->impl("top_rows", TORCH_FN(top_rows));

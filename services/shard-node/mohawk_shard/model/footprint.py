@@ -6,7 +6,7 @@ built there, so they are computed here from the model's shape and from the forma
 holds them in, as `weight_formats.py` decides them for the loader: a groupwise token table is
 `GroupwiseEmbedding`'s codes and fp32 scales (and minimums), a 4-bit head `Int4Linear`'s packed
 codes and bf16 (scale, zero) pairs, a 5-, 6- or 8-bit head (Q4_K_M's Q6_K output) `GroupwiseLinear`'s
-int8 codes and fp32 scales (and minimums), a rescored head adds its Q8_0 table, and a split head (CPU) is
+int8 codes and fp16 scales (and minimums), a rescored head adds its Q8_0 table, and a split head (CPU) is
 the packed high nibbles, the low nibbles and fp16 scales, which a tied first stage shares. Pure
 functions: no array library.
 """
@@ -36,6 +36,7 @@ from mohawk_shard.model.weight_formats import (
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _SCALE_BYTES = 4  # GroupwiseEmbedding's scales and minimums are float32
+_TABLE_BYTES = 2  # GroupwiseLinear's scales and minimums are float16 (where they fit)
 _PAIR_BYTES = 4  # Int4Linear's (scale, zero) per group and output: two bf16
 _Q8_0_TABLE = TableFormat(bits=8, has_mins=False, from_file=True)
 FACTORED_SCALES = {"Q6_K": 256}  # formats `GroupwiseLinear` keeps the stored scale factors of -> super-block
@@ -137,9 +138,9 @@ def factored_matmul_bytes(rows: int, columns: int, group_size: int, super_block:
 
 
 def groupwise_matmul_bytes(rows: int, columns: int, group_size: int, *, has_mins: bool) -> int:
-    """`GroupwiseLinear`: a byte a code, fp32 scales (and minimums) per group."""
+    """`GroupwiseLinear`: a byte a code, fp16 scales (and minimums) per group."""
     groups = rows * (columns // group_size)
-    return rows * columns + groups * _SCALE_BYTES * (2 if has_mins else 1)
+    return rows * columns + groups * _TABLE_BYTES * (2 if has_mins else 1)
 
 
 def split_head_bytes(rows: int, columns: int) -> int:

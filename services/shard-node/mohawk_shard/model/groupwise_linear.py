@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from mohawk_common.model_store.quantized import GroupQuantized
+from mohawk_shard.kernels import int8_rows
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding
 
 UNPACK_ELEMENTS = 1 << 18  # weights unpacked at a time on CPU: 1 MiB of fp32, which stays in L2
@@ -43,7 +44,11 @@ UNPACK_ELEMENTS_GPU = 1 << 24
 
 
 class GroupwiseLinear(nn.Module):
-    """y = x·Wᵀ (+ b), W = scales · codes + mins per group, codes held as int8."""
+    """y = x·Wᵀ (+ b), W = scales · codes + mins per group: on CPU, where the compiled kernels run,
+    the file's codes in `int8_rows`' layout through integer dot products (`kernel_weight`); elsewhere (and
+    with `kernel="torch"`) int8 codes unpacked a slice at a time. Scales and minimums are fp16
+    where they fit (the file's own are: Q5_K's `d·sc` is rounded), so both paths hold the same
+    weights."""
 
     codes: torch.Tensor
     scales: torch.Tensor | None
@@ -51,7 +56,13 @@ class GroupwiseLinear(nn.Module):
     super_scales: torch.Tensor | None
     mins: torch.Tensor | None
 
-    def __init__(self, weight: GroupQuantized, device: torch.device, bias: torch.Tensor | None = None):
+    def __init__(
+        self,
+        weight: GroupQuantized,
+        device: torch.device,
+        bias: torch.Tensor | None = None,
+        kernel: str = "auto",
+    ):
         super().__init__()
         signed = weight.codes.dtype == np.int8
         if weight.bits > (8 if signed else 7):
@@ -59,12 +70,22 @@ class GroupwiseLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.group_size = weight.group_size
         self.source_format = weight.source_format
+        self.groups_per_super = weight.super_block // weight.group_size
+        self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
+        self.kernel_weight: int8_rows.PackedInt8 | None = None
+        if kernel != "torch" and int8_rows.supports(weight, device):
+            self.kernel_weight = int8_rows.pack(weight, device)
+            for name in ("codes", "scales", "mins", "subs"):  # buffers, so the module's bytes count them
+                self.register_buffer(f"row_{name}", getattr(self.kernel_weight, name))
+            return
         codes = np.ascontiguousarray(weight.codes).view(np.int8)  # unsigned codes below 128 keep their value
         self.register_buffer("codes", torch.from_numpy(codes).to(device))
         # Q6_K's scales as stored (int8 a group, fp16 a super-block: 1.07 bytes a weight with the
-        # codes, against 1.25 with fp32 scales), multiplied out a slice at a time; else fp32
+        # codes), multiplied out a slice at a time; else the tables in fp16 where they fit
         factors = weight.scale_factors
-        scales = None if factors is not None else torch.from_numpy(weight.scales).to(device, torch.float32)
+        tables = [weight.scales] if weight.mins is None else [weight.scales, weight.mins]
+        table_dtype = torch.float16 if int8_rows.fits_fp16(*tables) else torch.float32
+        scales = None if factors is not None else torch.from_numpy(weight.scales).to(device, table_dtype)
         self.register_buffer("scales", scales)
         self.register_buffer(
             "sub_scales", None if factors is None else torch.from_numpy(factors[0]).to(device)
@@ -72,39 +93,55 @@ class GroupwiseLinear(nn.Module):
         self.register_buffer(
             "super_scales", None if factors is None else torch.from_numpy(factors[1]).to(device)
         )
-        self.groups_per_super = weight.super_block // weight.group_size
-        mins = None if weight.mins is None else torch.from_numpy(weight.mins).to(device, torch.float32)
+        mins = None if weight.mins is None else torch.from_numpy(weight.mins).to(device, table_dtype)
         self.register_buffer("mins", mins)
         elements = UNPACK_ELEMENTS if device.type == "cpu" else UNPACK_ELEMENTS_GPU
         self.chunk_rows = max(1, elements // self.in_features)
-        self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
+        if self.kernel_weight is not None:
+            y = int8_rows.matmul(flat.float(), self.kernel_weight).to(x.dtype)
+        else:
+            y = self._unpacked_matmul(flat)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def _unpacked_matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        """flat [M, in] through the codes unpacked `chunk_rows` output rows at a time -> [M, out]."""
         groups = self.in_features // self.group_size
         chunk = min(self.chunk_rows, self.out_features)
-        buffer = torch.empty(chunk, groups, self.group_size, dtype=x.dtype, device=x.device)
-        out_t = torch.empty(self.out_features, flat.shape[0], dtype=x.dtype, device=x.device)
+        buffer = torch.empty(chunk, groups, self.group_size, dtype=flat.dtype, device=flat.device)
+        out_t = torch.empty(self.out_features, flat.shape[0], dtype=flat.dtype, device=flat.device)
         codes = self.codes.view(self.out_features, groups, self.group_size)
         scales = self.group_scales(slice(None)).unsqueeze(-1)  # Q6_K's multiplied out once a call
+        mins = None if self.mins is None else self.mins.float()
         for first in range(0, self.out_features, chunk):
             last = min(first + chunk, self.out_features)
             weight = buffer[: last - first]
             # a copy then an in-place product: 2.6x faster than one mixed-dtype `torch.mul(out=)`
             weight.copy_(codes[first:last]).mul_(scales[first:last])
-            if self.mins is not None:
-                weight.add_(self.mins[first:last, :, None])
+            if mins is not None:
+                weight.add_(mins[first:last, :, None])
             torch.mm(weight.view(last - first, self.in_features), flat.t(), out=out_t[first:last])
-        y = out_t.t().contiguous().reshape(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+        return out_t.t().contiguous()
 
     def dense_weight(self) -> torch.Tensor:
         """The fp32 weight [out, in] this layer multiplies by (for tests and checks)."""
-        scales = self.group_scales(slice(None))
-        groups = self.codes.view(self.out_features, -1, self.group_size).float() * scales[..., None]
+        return self.row_weights(torch.arange(self.out_features, device=self._device()))
+
+    def row_weights(self, rows: torch.Tensor) -> torch.Tensor:
+        """fp32 weights [n, in] of output `rows` (int64 [n]): a tied table's embedding lookup."""
+        if self.kernel_weight is not None:
+            return int8_rows.row_weights(self.kernel_weight, rows)
+        groups = self.codes.index_select(0, rows).float().view(rows.shape[0], -1, self.group_size)
+        out = groups * group_scales(self, rows).unsqueeze(-1)
         if self.mins is not None:
-            groups = groups + self.mins[..., None]
-        return groups.view(self.out_features, self.in_features)
+            out = out + self.mins.index_select(0, rows).float().unsqueeze(-1)
+        return out.view(rows.shape[0], self.in_features)
+
+    def _device(self) -> torch.device:
+        return (self.kernel_weight.codes if self.kernel_weight is not None else self.codes).device
 
     def group_scales(self, rows: slice | torch.Tensor) -> torch.Tensor:
         """fp32 scales [rows, groups] of output `rows` (a slice or indices)."""
@@ -112,13 +149,14 @@ class GroupwiseLinear(nn.Module):
 
     def extra_repr(self) -> str:
         shape = f"in={self.in_features}, out={self.out_features}, group={self.group_size}"
-        return f"{shape} ({self.source_format}, int8 codes)"
+        held = "int8_rows kernel" if self.kernel_weight is not None else "int8 codes"
+        return f"{shape} ({self.source_format}, {held})"
 
 
-def group_scales(layer: GroupwiseLinear | SharedTableEmbedding, rows: slice | torch.Tensor) -> torch.Tensor:
+def group_scales(layer: GroupwiseLinear, rows: slice | torch.Tensor) -> torch.Tensor:
     """fp32 scales [rows, groups] of a layer holding either fp32 `scales` or Q6_K's factors."""
     if layer.scales is not None:
-        return layer.scales[rows]
+        return layer.scales[rows].float()
     if layer.sub_scales is None or layer.super_scales is None:
         raise RuntimeError("a groupwise layer holds neither scales nor scale factors")
     sub_scales, super_scales = layer.sub_scales[rows], layer.super_scales[rows]
@@ -141,29 +179,15 @@ class ConcatLinear(nn.Module):
 
 
 class SharedTableEmbedding(GroupwiseEmbedding):
-    """A tied token table looked up in its LM head's own codes, scales and minimums."""
-
-    scales: torch.Tensor | None  # type: ignore[assignment]  # None where the head holds Q6_K's factors
-    sub_scales: torch.Tensor | None
-    super_scales: torch.Tensor | None
+    """A tied token table looked up in its LM head's own codes, scales and minimums: one copy."""
 
     def __init__(self, head: GroupwiseLinear, dtype: torch.dtype) -> None:
         nn.Module.__init__(self)  # the buffers are the head's, not built from a table
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
         self.group_size, self.dtype, self.packed = head.group_size, dtype, False
-        self.groups_per_super = head.groups_per_super
         self.source_format = f"{head.source_format}, the head's codes"
-        for name in ("codes", "scales", "sub_scales", "super_scales", "mins"):
-            self.register_buffer(name, getattr(head, name))
+        self.head = [head]  # a list: not a submodule, so its buffers are counted once, in the head
 
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        flat = token_ids.reshape(-1)
-        groups = (
-            self.codes.index_select(0, flat)
-            .float()
-            .view(-1, self.embedding_dim // self.group_size, self.group_size)
-        )
-        out = groups * group_scales(self, flat).unsqueeze(-1)
-        if self.mins is not None:
-            out = out + self.mins.index_select(0, flat).unsqueeze(-1)
-        return out.view(*token_ids.shape, self.embedding_dim)
+        weights = self.head[0].row_weights(token_ids.reshape(-1))
+        return weights.view(*token_ids.shape, self.embedding_dim)

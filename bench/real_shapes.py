@@ -1,0 +1,164 @@
+"""Random-weight GGUFs of real models' shapes, quantized by llama.cpp's own quantizer, for speed runs
+at the sizes users bring (nothing is downloaded: the weights are random, the tokenizer and chat
+template the bundled SmolLM2's).
+
+Speed does not depend on weight values when generation runs a fixed number of tokens, so figures
+taken on these files compare with the real ones'; their text is noise. Each file is written once
+as F16 (random normal weights, std 0.02; norms 1) and quantized with `llama_cpp.llama_model_quantize`
+(the `bench` extra) to the types asked for, the F16 deleted after; all cached under
+`~/.cache/mohawk/bench-models` (`MOHAWK_BENCH_MODELS` to move it), never in the repository. A
+shape whose vocabulary is wider than SmolLM2's 49,152 pads the token list with reserved tokens.
+
+usage: python bench/real_shapes.py [--shape smollm2-1.7b] [--types Q4_K_M,Q6_K]   (prints the paths)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mohawk_common.model_store.store import bundled_model_path
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool
+    rope_theta: float
+
+
+SHAPES = {
+    "smollm2-1.7b": Shape(24, 2048, 8192, 32, 32, 49152, True, 130000.0),
+    "llama-3.2-3b": Shape(28, 3072, 8192, 24, 8, 128256, True, 500000.0),
+    "llama-3.1-8b": Shape(32, 4096, 14336, 32, 8, 128256, False, 500000.0),
+}
+# llama.cpp's file types (llama.h's LLAMA_FTYPE_MOSTLY_*)
+FILE_TYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7}
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("MOHAWK_BENCH_MODELS")
+    return Path(configured) if configured else Path.home() / ".cache" / "mohawk" / "bench-models"
+
+
+def model_file(shape_name: str, type_name: str) -> Path:
+    """The quantized file of `shape_name` in `type_name`, written now where it is not cached."""
+    path = cache_dir() / f"{shape_name}-random-{type_name}.gguf"
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f16 = cache_dir() / f"{shape_name}-random-F16.gguf"
+    if not f16.is_file():
+        write_f16(f16, SHAPES[shape_name])
+    quantize(f16, path, FILE_TYPES[type_name])
+    return path
+
+
+def write_f16(path: Path, shape: Shape) -> None:
+    import gguf
+
+    started = time.perf_counter()
+    source = gguf.GGUFReader(bundled_model_path())
+    temporary = path.with_suffix(".partial")
+    writer = gguf.GGUFWriter(str(temporary), "llama")
+    writer.add_name(f"random-{path.stem}")
+    writer.add_block_count(shape.layers)
+    writer.add_context_length(8192)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_feed_forward_length(shape.intermediate)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(shape.vocab)
+    writer.add_rope_dimension_count(shape.hidden // shape.heads)
+    writer.add_file_type(1)  # F16
+    _copy_tokenizer(writer, source, shape.vocab)
+    rng = np.random.default_rng(0)
+
+    def matrix(rows: int, columns: int) -> np.ndarray:
+        return (rng.standard_normal((rows, columns), dtype=np.float32) * 0.02).astype(np.float16)
+
+    ones = np.ones(shape.hidden, dtype=np.float32)
+    head_dim = shape.hidden // shape.heads
+    writer.add_tensor("token_embd.weight", matrix(shape.vocab, shape.hidden))
+    writer.add_tensor("output_norm.weight", ones)
+    if not shape.tied:
+        writer.add_tensor("output.weight", matrix(shape.vocab, shape.hidden))
+    for layer in range(shape.layers):
+        prefix = f"blk.{layer}."
+        writer.add_tensor(prefix + "attn_norm.weight", ones)
+        writer.add_tensor(prefix + "attn_q.weight", matrix(shape.heads * head_dim, shape.hidden))
+        writer.add_tensor(prefix + "attn_k.weight", matrix(shape.kv_heads * head_dim, shape.hidden))
+        writer.add_tensor(prefix + "attn_v.weight", matrix(shape.kv_heads * head_dim, shape.hidden))
+        writer.add_tensor(prefix + "attn_output.weight", matrix(shape.hidden, shape.heads * head_dim))
+        writer.add_tensor(prefix + "ffn_norm.weight", ones)
+        writer.add_tensor(prefix + "ffn_gate.weight", matrix(shape.intermediate, shape.hidden))
+        writer.add_tensor(prefix + "ffn_up.weight", matrix(shape.intermediate, shape.hidden))
+        writer.add_tensor(prefix + "ffn_down.weight", matrix(shape.hidden, shape.intermediate))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    temporary.rename(path)
+    print(f"wrote {path} in {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def _copy_tokenizer(writer: object, source: object, vocab: int) -> None:
+    """The bundled file's tokenizer and chat template, its token list padded to `vocab`."""
+    import gguf
+
+    fields = source.fields  # type: ignore[attr-defined]
+    for key, field in fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        main_type = field.types[0]
+        sub_type = field.types[1] if len(field.types) > 1 else None
+        if key == "tokenizer.ggml.tokens":
+            value = [*value, *(f"<|reserved_{i}|>" for i in range(vocab - len(value)))]
+        elif key == "tokenizer.ggml.token_type":
+            value = [*value, *([gguf.TokenType.USER_DEFINED] * (vocab - len(value)))]
+        writer.add_key_value(key, value, main_type, sub_type)  # type: ignore[attr-defined]
+
+
+def quantize(source: Path, target: Path, file_type: int) -> None:
+    import llama_cpp
+
+    started = time.perf_counter()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = file_type
+    params.nthread = os.cpu_count() or 1
+    temporary = target.with_suffix(".partial")
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(temporary).encode(), params)
+    if status != 0:
+        raise RuntimeError(f"llama_model_quantize({source} -> {target}) returned {status}")
+    temporary.rename(target)
+    print(f"quantized {target} in {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-1.7b")
+    parser.add_argument("--types", default="Q4_K_M", help=f"comma-separated, of {', '.join(FILE_TYPES)}")
+    parser.add_argument("--keep-f16", action="store_true", help="keep the F16 file for more types later")
+    args = parser.parse_args()
+    for type_name in args.types.split(","):
+        print(model_file(args.shape, type_name))
+    f16 = cache_dir() / f"{args.shape}-random-F16.gguf"
+    if not args.keep_f16 and f16.exists():
+        f16.unlink()
+
+
+if __name__ == "__main__":
+    main()

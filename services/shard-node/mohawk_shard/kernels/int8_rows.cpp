@@ -1,0 +1,253 @@
+// A CPU groupwise matmul over GGUF's 5-, 6- and 8-bit codes (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0), the
+// 4-bit kernel's sibling: fp32 activations in, quantized per row and group of 32 to int8
+// (int8_activations.h), integer dot products against the file's codes held a byte each (AVX-512
+// VNNI's vpdpbusd; vpmaddubsw + vpmaddwd without VNNI), an fp32 epilogue a group; fp32 out.
+// Built and loaded by library.py, packed and called by int8_rows.py.
+//
+// The codes are held unsigned, as stored or shifted up by `offset` (Q8_0's signed codes + 128,
+// Q5_0's q as stored with offset 16, Q6_K's q with offset 32), so that an unsigned-by-signed
+// instruction multiplies them; the offset is taken back in integers, from the activations'
+// integer sums: sum((c - offset) * a) = sum(c * a) - offset * sum(a), exact. Q6_K's sub-block
+// scales (int8 a 16 inputs) multiply their half group's integer dot product in integers too, as
+// llama.cpp's vec_dot_q6_K does, and its fp16 super-block scale is the group's float scale: every
+// weight is the file's, nothing is unpacked to floats.
+//
+// Batch invariant by construction, as int4_rows.cpp: a row's int8 codes and sums depend on that
+// row alone; the integer dot products are exact whatever sums them (at most 2 * 128 * 16 * 32 *
+// 127 < 2^24 in magnitude, so exact as floats too); and each output (m, n) gets the same sequence
+// of fp32 operations whatever the number of rows, their place, the threads or the instruction set.
+//
+// Weight layout (int8_rows.py `pack`, once at load), N a multiple of 16, K of 32 (256 for Q6_K):
+//   codes  uint32 [NB, K/4, 16]  NB = N/16; byte j of word [b][w][c] is the code of output
+//                                b*16 + c and input w*4 + j
+//   scales fp16   [NB, G, 16]    G = K/32; Q6_K: [NB, K/256, 16], its super-block scales
+//   mins   fp16   [NB, G, 16]    Q5_1, Q5_K only
+//   subs   int8   [NB, K/16, 16] Q6_K only: the sub-block scales
+// y[m, n] = sum over g in order of: t = fma(float(i_g) * d[m,g], scale[g,n], t);
+//                                   t = fma(s[m,g], min[g,n], t)        (with mins; t starts at 0)
+// i_g = dot_g - offset * sum_g                      (without sub-block scales), or
+// i_g = sub[2g] * (dot_g' - offset * sum_g') + sub[2g+1] * (dot_g'' - offset * sum_g'')  (halves)
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "int8_activations.h"
+#include "simd_lanes.h"
+
+namespace {
+
+using namespace mohawk::lanes;
+
+constexpr int GS = mohawk::kActivationGroup;
+constexpr int SB = 4;  // column blocks (of 16) per superblock: a thread's unit of work
+constexpr int kWordsPerGroup = GS / 4;
+constexpr int kGroupsPerSuper = 8;  // Q6_K: 256 inputs a super-block scale
+
+// acc + per 32-bit lane, the sum of its four u8 codes times the four s8 activations, exact.
+// kWide: codes up to 255 (Q8_0's), whose pairs would saturate vpmaddubsw's int16: split in nibbles.
+template <bool kWide>
+inline Int dot4(Int acc, Int codes, Int q) {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, codes, q);
+#elif defined(__AVX512F__)
+  const Int ones = _mm512_set1_epi16(1);
+  if constexpr (kWide) {
+    const Int mask = _mm512_set1_epi8(0x0F);
+    const Int lo = _mm512_and_si512(codes, mask), hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), mask);
+    const Int sums = _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(lo, q), ones),
+                                      _mm512_madd_epi16(_mm512_maddubs_epi16(hi, q), _mm512_set1_epi16(16)));
+    return _mm512_add_epi32(acc, sums);
+  } else {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(codes, q), ones));
+  }
+#else
+  const Int ones = _mm256_set1_epi16(1);
+  if constexpr (kWide) {
+    const Int mask = _mm256_set1_epi8(0x0F);
+    const Int lo = _mm256_and_si256(codes, mask), hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), mask);
+    const Int sums = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, q), ones),
+                                      _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q), _mm256_set1_epi16(16)));
+    return _mm256_add_epi32(acc, sums);
+  } else {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, q), ones));
+  }
+#endif
+}
+
+// What a format asks of the tile: Q6_K's sub-block scales, Q5_1/Q5_K's minimums, Q8_0's 8 bits.
+template <bool kSub, bool kMin, bool kWide>
+struct Format {
+  static constexpr bool sub = kSub, min = kMin, wide = kWide;
+};
+
+struct Weight {  // one column block's tables; strides between column blocks
+  const uint32_t* codes;
+  const uint16_t* scales;
+  const uint16_t* mins;
+  const int8_t* subs;
+  int64_t code_stride, scale_stride, table_stride, sub_stride;
+  int32_t offset;
+
+  Weight at(int64_t block) const {
+    Weight w = *this;
+    w.codes += block * code_stride;
+    w.scales += block * scale_stride;
+    if (mins != nullptr) w.mins += block * table_stride;
+    if (subs != nullptr) w.subs += block * sub_stride;
+    return w;
+  }
+};
+
+struct Rows {  // quantized activations of the tile's first row
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  const int32_t* halves;
+  int64_t K, G;
+
+  Rows at(int64_t m) const { return {q + m * K, d + m * G, s + m * G, halves + m * G * 2, K, G}; }
+};
+
+// R rows x CB column blocks of 16: V = CB * kPerBlock registers a row, each holding its integer
+// dot products (a group, or a half group each with sub-block scales) and its fp32 outputs.
+template <class F, int R, int CB>
+inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy) {
+  constexpr int V = CB * kPerBlock;
+  Float out[R][V];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) out[r][v] = zero_float();
+  for (int64_t g = 0; g < rows.G; ++g) {
+    Int acc[R][V], second[R][V];  // second: the half group's, with sub-block scales
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int v = 0; v < V; ++v) acc[r][v] = second[r][v] = zero_int();
+#pragma GCC unroll 8
+    for (int kw = 0; kw < kWordsPerGroup; ++kw) {
+      const int64_t word = (g * kWordsPerGroup + kw) * 16;
+#pragma GCC unroll 16
+      for (int v = 0; v < V; ++v) {
+        const Int codes = load_codes(w.codes + (v / kPerBlock) * w.code_stride + word + (v % kPerBlock) * kLanes);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          const Int q = broadcast4(rows.q + r * rows.K + g * GS + kw * 4);
+          if (F::sub && kw >= kWordsPerGroup / 2)
+            second[r][v] = dot4<F::wide>(second[r][v], codes, q);
+          else
+            acc[r][v] = dot4<F::wide>(acc[r][v], codes, q);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) {
+      const int64_t lane = (v % kPerBlock) * kLanes, block = v / kPerBlock;
+      const int64_t at = block * w.table_stride + g * 16 + lane;
+      const Float scale = F::sub ? half_to_float(w.scales + block * w.scale_stride + (g / kGroupsPerSuper) * 16 + lane)
+                                 : half_to_float(w.scales + at);
+      Int sub_first = zero_int(), sub_second = zero_int();
+      if constexpr (F::sub) {
+        sub_first = widen_int8(w.subs + block * w.sub_stride + (2 * g) * 16 + lane);
+        sub_second = widen_int8(w.subs + block * w.sub_stride + (2 * g + 1) * 16 + lane);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const int32_t* halves = rows.halves + (r * rows.G + g) * 2;
+        Int exact;
+        if constexpr (F::sub) {
+          exact = add_int(mul_int(sub_first, sub_int(acc[r][v], set_int(w.offset * halves[0]))),
+                          mul_int(sub_second, sub_int(second[r][v], set_int(w.offset * halves[1]))));
+        } else {
+          exact = sub_int(acc[r][v], set_int(w.offset * (halves[0] + halves[1])));
+        }
+        out[r][v] = fma(mul(to_float(exact), broadcast(rows.d[r * rows.G + g])), scale, out[r][v]);
+        if constexpr (F::min) out[r][v] = fma(broadcast(rows.s[r * rows.G + g]), half_to_float(w.mins + at), out[r][v]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) store(y + r * ldy + v * kLanes, out[r][v]);
+}
+
+// rows a tall tile takes, and column blocks a tile of R rows takes at once (index R): integer
+// accumulators (two sets with sub-block scales) and fp32 outputs within the register file
+#ifdef __AVX512F__
+constexpr int kTallRows = 4, kTallBlocks = 2;
+constexpr int kBlocksOf[4] = {0, 4, 2, 2};
+#else
+constexpr int kTallRows = 2, kTallBlocks = 1;
+constexpr int kBlocksOf[2] = {0, 2};
+#endif
+
+// One superblock (`blocks` column blocks of 16: SB, or fewer at the end of N) for R rows.
+template <class F, int R, int CB>
+inline void superblock(const Rows& rows, const Weight& w, float* y, int64_t ldy, int64_t blocks) {
+  if (blocks == SB) {
+    for (int b = 0; b < SB; b += CB) tile<F, R, CB>(rows, w.at(b), y + b * 16, ldy);
+  } else {
+    for (int64_t b = 0; b < blocks; ++b) tile<F, R, 1>(rows, w.at(b), y + b * 16, ldy);
+  }
+}
+
+template <class F>
+void matmul(const Rows& all, const Weight& weight, int64_t M, int64_t N, float* y, int num_threads) {
+  const int64_t NB = N / 16, NS = (NB + SB - 1) / SB;
+  // threads split the columns, never a reduction: the same bits on any number of threads
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+  for (int64_t b = 0; b < NS; ++b) {
+    const Weight w = weight.at(b * SB);
+    float* ys = y + b * SB * 16;
+    const int64_t blocks = NB - b * SB < SB ? NB - b * SB : SB;
+    int64_t m = 0;
+    for (; m + kTallRows <= M; m += kTallRows)
+      superblock<F, kTallRows, kTallBlocks>(all.at(m), w, ys + m * N, N, blocks);
+    switch (M - m) {
+      case 1: superblock<F, 1, kBlocksOf[1]>(all.at(m), w, ys + m * N, N, blocks); break;
+#ifdef __AVX512F__
+      case 2: superblock<F, 2, kBlocksOf[2]>(all.at(m), w, ys + m * N, N, blocks); break;
+      case 3: superblock<F, 3, kBlocksOf[3]>(all.at(m), w, ys + m * N, N, blocks); break;
+#endif
+      default: break;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// y [M, N] = x [M, K] times the packed weight (header). `mins` and `subs` may be null; with
+// `subs`, K is a multiple of 256 and `mins` null; an offset of 128 or more means codes up to 255,
+// without minimums or sub-block scales. Returns 0, or -1 for a combination no format has.
+int mohawk_int8_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* codes, const uint16_t* scales,
+                        const uint16_t* mins, const int8_t* subs, int32_t offset, int64_t N, float* y,
+                        int num_threads) {
+  const bool sub = subs != nullptr, with_mins = mins != nullptr, wide = offset >= 128;
+  if ((sub && (with_mins || wide || K % 256 != 0)) || (wide && with_mins) || K % GS != 0 || N % 16 != 0) return -1;
+  const int64_t G = K / GS;
+  const size_t bytes = (static_cast<size_t>(M * K) + static_cast<size_t>(M * G) * 16 + 63) / 64 * 64;
+  float* d = static_cast<float*>(std::aligned_alloc(64, bytes));
+  float* s = d + M * G;
+  int32_t* halves = reinterpret_cast<int32_t*>(s + M * G);
+  int8_t* q = reinterpret_cast<int8_t*>(halves + M * G * 2);
+  mohawk::quantize_rows<false>(x, M, K, q, d, s, halves, num_threads);
+  const Rows rows{q, d, s, halves, K, G};
+  const Weight weight{codes, scales, mins, subs, (K / 4) * 16, (sub ? K / 256 : G) * 16, G * 16, (K / 16) * 16, offset};
+  if (sub)
+    matmul<Format<true, false, false>>(rows, weight, M, N, y, num_threads);
+  else if (with_mins)
+    matmul<Format<false, true, false>>(rows, weight, M, N, y, num_threads);
+  else if (wide)
+    matmul<Format<false, false, true>>(rows, weight, M, N, y, num_threads);
+  else
+    matmul<Format<false, false, false>>(rows, weight, M, N, y, num_threads);
+  std::free(d);
+  return 0;
+}
+
+}  // extern "C"

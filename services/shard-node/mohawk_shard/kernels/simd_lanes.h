@@ -1,0 +1,70 @@
+// The vector types and operations the matmul kernels (int4_rows.cpp, int8_rows.cpp) write their
+// tiles in: 16 lanes of 32 bits on AVX-512, 8 on AVX2, chosen by the build's flags. Loads of code
+// words and fp16 tables are aligned (the Python side packs into torch's 64-byte aligned memory).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace mohawk::lanes {
+
+#ifdef __AVX512F__
+using Int = __m512i;
+using Float = __m512;
+constexpr int kLanes = 16;
+inline Int load_codes(const uint32_t* p) { return _mm512_load_si512(p); }
+inline Int broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+inline Int zero_int() { return _mm512_setzero_si512(); }
+inline Int set_int(int32_t v) { return _mm512_set1_epi32(v); }
+inline Int add_int(Int a, Int b) { return _mm512_add_epi32(a, b); }
+inline Int sub_int(Int a, Int b) { return _mm512_sub_epi32(a, b); }
+inline Int mul_int(Int a, Int b) { return _mm512_mullo_epi32(a, b); }
+// kLanes int8 values, sign-extended to a lane each
+inline Int widen_int8(const int8_t* p) { return _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))); }
+inline Float to_float(Int v) { return _mm512_cvtepi32_ps(v); }
+inline Float zero_float() { return _mm512_setzero_ps(); }
+inline Float broadcast(float v) { return _mm512_set1_ps(v); }
+inline Float half_to_float(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline Float mul(Float a, Float b) { return _mm512_mul_ps(a, b); }
+inline Float fma(Float a, Float b, Float c) { return _mm512_fmadd_ps(a, b, c); }
+inline void store(float* p, Float v) { _mm512_storeu_ps(p, v); }
+#else
+using Int = __m256i;
+using Float = __m256;
+constexpr int kLanes = 8;
+inline Int load_codes(const uint32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+inline Int broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+inline Int zero_int() { return _mm256_setzero_si256(); }
+inline Int set_int(int32_t v) { return _mm256_set1_epi32(v); }
+inline Int add_int(Int a, Int b) { return _mm256_add_epi32(a, b); }
+inline Int sub_int(Int a, Int b) { return _mm256_sub_epi32(a, b); }
+inline Int mul_int(Int a, Int b) { return _mm256_mullo_epi32(a, b); }
+inline Int widen_int8(const int8_t* p) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+inline Float to_float(Int v) { return _mm256_cvtepi32_ps(v); }
+inline Float zero_float() { return _mm256_setzero_ps(); }
+inline Float broadcast(float v) { return _mm256_set1_ps(v); }
+inline Float half_to_float(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline Float mul(Float a, Float b) { return _mm256_mul_ps(a, b); }
+inline Float fma(Float a, Float b, Float c) { return _mm256_fmadd_ps(a, b, c); }
+inline void store(float* p, Float v) { _mm256_storeu_ps(p, v); }
+#endif
+
+constexpr int kPerBlock = 16 / kLanes;  // registers a column block of 16 takes
+
+}  // namespace mohawk::lanes

@@ -101,8 +101,11 @@ def matmul(x: torch.Tensor, packed: PackedInt8) -> torch.Tensor:
 def row_codes(packed: PackedInt8, rows: torch.Tensor) -> torch.Tensor:
     """int16 codes [n, K] of output `rows` (int64 [n]), the offset taken back: the file's codes."""
     words = packed.codes[rows // COLUMN_BLOCK, :, rows % COLUMN_BLOCK]  # [n, K/4] int32
-    unsigned = words.contiguous().view(torch.uint8).reshape(rows.shape[0], -1)
-    return unsigned.to(torch.int16) - packed.offset
+    # shifts, not a dtype view: a traced decode step records these (TorchScript cannot alias a
+    # dtype view); the mask drops the arithmetic shift's sign
+    shifts = 8 * torch.arange(CODES_PER_WORD, dtype=torch.int32, device=words.device)
+    unsigned = (words.unsqueeze(-1) >> shifts) & 0xFF
+    return unsigned.reshape(rows.shape[0], -1).to(torch.int16) - packed.offset
 
 
 def row_weights(packed: PackedInt8, rows: torch.Tensor) -> torch.Tensor:

@@ -120,7 +120,7 @@ def build_local_engine(
     return LLMEngine(
         [Stage(b, settings.block_size, len(groups)) for b in stages],
         scheduler,
-        source.load_tokenizer(),
+        source.load_decoder(),
         eos_token_ids=config.eos_token_ids,
         vocab_size=config.vocab_size,
     )

@@ -20,9 +20,11 @@ _FP16_FIELDS = {
     "Q6_K": (208,),
     "Q2_K": (80, 82),
     "Q8_0": (0,),
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
 }
 UNDECODED_LAYOUTS = {"Q2_K": (256, 84)}  # a format with no groupwise decoding, for fallback tests
-OTHER_LAYOUTS = {"Q8_0": (32, 34)}  # decoded by gguf_blocks itself
+OTHER_LAYOUTS = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20)}  # decoded by gguf_blocks itself
 
 
 def random_blocks(

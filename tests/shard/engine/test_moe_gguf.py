@@ -118,5 +118,7 @@ def test_gguf_quantized_experts_read_per_expert(tiny: tuple[ModelSource, Any], t
         ("float32", None): num_layers,  # the routers, stored F32
     }
     prompt = [5, 900, 17, 4000, 33]  # native: the experts' Q8_0 codes, the same weights
-    native = full_logits(source, prompt, weights="native")
-    assert (native - full_logits(source, prompt, weights="fp32")).abs().max().item() < 1e-5
+    native, dense = full_logits(source, prompt, weights="native"), full_logits(source, prompt, weights="fp32")
+    # through the int8_rows kernel (int8 activations a group of 32, as llama.cpp's): measured 0.0100
+    # of logits up to 1.2 in magnitude
+    assert (native - dense).abs().max().item() < 0.02 * dense.abs().max().item()

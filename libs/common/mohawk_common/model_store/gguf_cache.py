@@ -17,21 +17,27 @@ output, never a second interpretation of the metadata.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
+
+if TYPE_CHECKING:
+    from mohawk_common.model_store.config import ModelConfig
 
 log = structlog.get_logger("mohawk.model_store.gguf_cache")
 
 _FORMAT = 1  # bump when what an entry holds changes
 _MODEL_ID = "mohawk-model-id.json"
+_MODEL_CONFIG = "model-config"
 
 
 def cache_root() -> Path:
@@ -44,11 +50,11 @@ def cache_root() -> Path:
 
 
 def entry_dir(path: Path, what: str) -> Path:
-    """The entry of `what` ("config" or "tokenizer") for the GGUF file at `path` as it is now."""
-    import transformers
-
+    """The entry of `what` ("config", "tokenizer" or "model-config") for the GGUF file at `path`
+    as it is now (transformers' version read from its metadata: no import)."""
     stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}|{_FORMAT}"
+    version = importlib.metadata.version("transformers")
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{version}|{_FORMAT}|{_derivation_digest()}"
     return cache_root() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}-{what}"
 
 
@@ -75,6 +81,41 @@ def cached_config(path: Path, read: Callable[[], Any]) -> tuple[Any, str | None]
 
     _keep(entry, write)
     return config, model_id
+
+
+@functools.cache
+def _derivation_digest() -> str:
+    """A digest of the modules that derive a `ModelConfig` from a GGUF: an edit to them is a new
+    entry, so a cached config never outlives the code that made it."""
+    here = Path(__file__).parent
+    sources = ("config.py", "gguf_config.py", "gguf_source.py")
+    return hashlib.sha256(b"".join((here / name).read_bytes() for name in sources)).hexdigest()[:16]
+
+
+def cached_model_config(path: Path) -> ModelConfig | None:
+    """Mohawk's own config of the GGUF at `path`, where a process that opened it before kept it
+    (`keep_model_config`): what a stage, the gateway and the coordinator need, with no
+    transformers import. None where there is no readable entry."""
+    from mohawk_common.model_store.config import ModelConfig
+
+    entry = entry_dir(path, _MODEL_CONFIG)
+    try:
+        return ModelConfig.model_validate_json((entry / "model-config.json").read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("cached model config unreadable: reading the file", entry=str(entry), error=repr(exc))
+        return None
+
+
+def keep_model_config(path: Path, config: ModelConfig) -> None:
+    """Keep `config` for the next process that opens the GGUF at `path`."""
+    text = config.model_dump_json()
+
+    def write(folder: Path) -> None:
+        (folder / "model-config.json").write_text(text)
+
+    _keep(entry_dir(path, _MODEL_CONFIG), write)
 
 
 def cached_tokenizer(path: Path, read: Callable[[], Any]) -> Any:

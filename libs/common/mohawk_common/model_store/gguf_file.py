@@ -66,6 +66,12 @@ class GGUFFile:
         except (OSError, ValueError, KeyError, struct.error, UnicodeDecodeError) as exc:
             raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
 
+    def release(self, info: GGUFTensorInfo) -> None:
+        """Drop a tensor's pages from this process's memory (a loader that has repacked it is done
+        with them): they stay in the page cache, and a later `raw` faults them back in."""
+        start = info.offset - info.offset % mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
+
     def raw(self, info: GGUFTensorInfo) -> np.ndarray:
         """A tensor's bytes as a read-only uint8 array of shape [rows, bytes per row] (no copy)."""
         data = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.offset)

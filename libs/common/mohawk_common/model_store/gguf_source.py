@@ -12,13 +12,20 @@ import numpy as np
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import check_architecture, config_from_hf
 from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks
-from mohawk_common.model_store.gguf_cache import cached_config, cached_tokenizer
+from mohawk_common.model_store.gguf_cache import (
+    cached_config,
+    cached_model_config,
+    cached_tokenizer,
+    entry_dir,
+    keep_model_config,
+)
 from mohawk_common.model_store.gguf_config import GEMMA_ARCHITECTURES, complete_config
-from mohawk_common.model_store.quantized import DECODABLE_FORMATS, GroupQuantized
+from mohawk_common.model_store.quantized import DECODABLE_FORMATS, GroupQuantized, StoredBlocks
 from mohawk_common.model_store.source import ModelSource, expected_shape, one_line
+from mohawk_common.model_store.token_decoder import LazyTokenizer
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
     from mohawk_common.model_store.gguf_file import GGUFFile, GGUFTensorInfo
 
@@ -67,32 +74,32 @@ class GGUFSource(ModelSource):
 
     @classmethod
     def open(cls, path: Path) -> GGUFSource:
-        """Read the config of a GGUF file; its tensors are only mapped when weights are loaded."""
-        from transformers import AutoConfig
-
+        """Read the config of a GGUF file; its tensors are only mapped when weights are loaded.
+        A file opened before gives its config from the cache, without transformers."""
         from mohawk_common.model_store.gguf_file import GGUFFile
 
         # our own index first: its errors name the file and tensor where transformers' do not
         index = GGUFFile(path)
         arch = str(index.metadata.get("general.architecture"))
         check_architecture(_GGUF_ARCHITECTURES.get(arch, arch), path)
-        try:
-            hf_config, named = cached_config(
-                path,
-                lambda: AutoConfig.from_pretrained(
-                    str(path.parent), gguf_file=path.name, local_files_only=True
-                ),
-            )
-        except Exception as exc:
-            unsupported = re.search(r"architecture (\S+) is not supported", str(exc))
-            if unsupported:
-                check_architecture(unsupported.group(1), path)
-            raise ModelLoadError(f"cannot read GGUF file {path}: {one_line(exc)}") from exc
-        model_id = named or path.stem
-        hf_config = complete_config(hf_config, arch, index.metadata, index.arrays)
-        source = cls(path, config_from_hf(hf_config, str(model_id)), hf_config)
+        config = cached_model_config(path)
+        hf_config = None
+        if config is None:
+            hf_config, model_id = _read_hf_config(path, index)
+            config = config_from_hf(hf_config, model_id)
+            keep_model_config(path, config)
+        source = cls(path, config, hf_config)
         source.check_variant()
         return source
+
+    def load_decoder(self) -> Any:
+        folder = _kept_tokenizer_folder(self.path)
+        if folder is None:  # nothing kept yet: transformers reads the file, and keeps it for next time
+            return self.load_tokenizer()
+        return LazyTokenizer(folder, self.load_tokenizer)
+
+    def _load_hf_config(self) -> PretrainedConfig:
+        return _read_hf_config(self.path, self._file)[0]
 
     def check_variant(self) -> None:
         """Refuse a file whose settings the config cannot carry (Phi-3's LongRoPE factor tensors
@@ -144,26 +151,37 @@ class GGUFSource(ModelSource):
         return shape[1:] if _EXPERT_NAME.fullmatch(name) and len(shape) == 3 else shape
 
     def read_quantized(self, name: str) -> GroupQuantized | None:
+        blocks = self.read_blocks(name)
+        if blocks is None:
+            return None
+        raw, shape = self._raw(self.stored_name(name), self._info(self.stored_name(name)))
+        tensor = decode_gguf_blocks(raw, blocks.type_name, shape)
+        return tensor if blocks.rows is None else tensor.take_rows(blocks.rows)
+
+    def read_blocks(self, name: str) -> StoredBlocks | None:
         name = self.stored_name(name)
         info = self._info(name)
         raw, shape = self._raw(name, info)
         if info.tensor_type.name not in DECODABLE_FORMATS or len(shape) != 2:
             return None
-        tensor = decode_gguf_blocks(raw, info.tensor_type.name, shape)
         part = self.file_tensor(name)[1]
-        if part is not None:  # rows of a fused tensor (Phi-3's attn_qkv, ffn_up)
-            tensor = tensor.take_rows(np.arange(part.start, part.stop))
+        rows = None if part is None else np.arange(part.start, part.stop)  # a fused tensor's rows
+        num_rows = shape[0] if rows is None else len(rows)
         expected = expected_shape(self.config, name)
-        if tensor.shape != expected:
+        if (num_rows, shape[1]) != expected:
             raise ModelLoadError(
-                f"tensor {name} of {self.path} has shape {list(tensor.shape)}, "
+                f"tensor {name} of {self.path} has shape {[num_rows, shape[1]]}, "
                 f"the config implies {list(expected)}"
             )
         heads = self._permuted_heads(name)
         if heads is not None:
-            rows = np.arange(tensor.shape[0])[:, None]
-            tensor = tensor.take_rows(unpermute_rotary_rows(rows, heads)[:, 0])
-        return tensor
+            order = np.arange(num_rows)[:, None]
+            unpermuted = unpermute_rotary_rows(order, heads)[:, 0]
+            rows = unpermuted if rows is None else rows[unpermuted]
+        return StoredBlocks(raw, info.tensor_type.name, (num_rows, shape[1]), rows)
+
+    def release_blocks(self, name: str) -> None:
+        self._file.release(self._info(self.stored_name(name)))
 
     def _permuted_heads(self, name: str) -> int | None:
         """Heads whose q/k rows llama.cpp permuted in this file, or None for any other tensor."""
@@ -211,6 +229,30 @@ class GGUFSource(ModelSource):
             ),
         )
         return tokenizer
+
+
+def _kept_tokenizer_folder(path: Path) -> Path | None:
+    folder = entry_dir(path, "tokenizer")
+    return folder if (folder / "tokenizer.json").is_file() else None
+
+
+def _read_hf_config(path: Path, index: GGUFFile) -> tuple[PretrainedConfig, str]:
+    """transformers' config of the GGUF at `path` (through its own cache, `gguf_cache.py`),
+    completed from the file's metadata, and the model id it names."""
+    from transformers import AutoConfig
+
+    arch = str(index.metadata.get("general.architecture"))
+    try:
+        hf_config, named = cached_config(
+            path,
+            lambda: AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True),
+        )
+    except Exception as exc:
+        unsupported = re.search(r"architecture (\S+) is not supported", str(exc))
+        if unsupported:
+            check_architecture(unsupported.group(1), path)
+        raise ModelLoadError(f"cannot read GGUF file {path}: {one_line(exc)}") from exc
+    return complete_config(hf_config, arch, index.metadata, index.arrays), str(named or path.stem)
 
 
 def gguf_tensor_name(name: str, architecture: str | None = None) -> str:

@@ -80,6 +80,19 @@ class GroupQuantized:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class StoredBlocks:
+    """A quantized tensor's blocks as the file stores them, for a loader that repacks them itself
+    (the compiled kernels' `repack_blocks`): `raw` is a view of the mapped file, uint8 [file rows,
+    bytes a row], never a copy; output row n of the [N, K] `shape` is file row `rows[n]` (a fused
+    tensor's part, llama.cpp's rotary permutation undone), or row n where `rows` is None."""
+
+    raw: np.ndarray
+    type_name: str
+    shape: tuple[int, int]
+    rows: np.ndarray | None = None
+
+
 def concat_rows(parts: list[GroupQuantized]) -> GroupQuantized:
     """Stack tensors along output rows (fused q/k/v or gate/up); all must share bits and groups."""
     first = parts[0]

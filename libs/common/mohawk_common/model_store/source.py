@@ -18,7 +18,7 @@ import numpy as np
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import ModelConfig
-from mohawk_common.model_store.quantized import GroupQuantized
+from mohawk_common.model_store.quantized import GroupQuantized, StoredBlocks
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -33,20 +33,36 @@ class ModelSource(ABC):
 
     path: Path
     config: ModelConfig
-    hf_config: PretrainedConfig
     # whether the files hold the checkpoint's own fused tensors (`fused_part`); a slice package
     # holds the canonical ones
     stores_fused = True
 
-    def __init__(self, path: Path, config: ModelConfig, hf_config: PretrainedConfig) -> None:
+    def __init__(self, path: Path, config: ModelConfig, hf_config: PretrainedConfig | None) -> None:
         self.path = path
         self.config = config
-        self.hf_config = hf_config
+        self._hf_config = hf_config
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._tokenizer_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r}, model_id={self.config.model_id!r})"
+
+    def load_decoder(self) -> Any:
+        """The tokenizer for a stage that turns ids into text: `decode` without transformers where
+        the source can (a GGUF opened before), the whole tokenizer behind it (`token_decoder.py`)."""
+        return self.load_tokenizer()
+
+    @property
+    def hf_config(self) -> PretrainedConfig:
+        """transformers' config of the model, read on first use: a stage needs it only for rope
+        scaling (`config.rope_scaling`), so a process serving a cached GGUF never imports transformers
+        to start."""
+        if self._hf_config is None:
+            self._hf_config = self._load_hf_config()
+        return self._hf_config
+
+    def _load_hf_config(self) -> PretrainedConfig:
+        raise ModelLoadError(f"{self.path}: this source has no transformers config")
 
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
         """The model's tokenizer, with its chat template; loaded once, then cached on the source."""
@@ -120,6 +136,17 @@ class ModelSource(ABC):
     def read_quantized(self, name: str) -> GroupQuantized | None:
         """A tensor's own groupwise codes when the file stores it in a format `quantized.py` decodes
         (Q4_0, Q4_1, Q8_0), else None. Rows are in HF orientation, as `read_tensor` gives them."""
+        return None
+
+    def read_blocks(self, name: str) -> StoredBlocks | None:
+        """A quantized tensor's blocks as stored (a view of the file, no copy), for the compiled
+        kernels' repacking; None where the source has no such view (then `read_quantized`)."""
+        return None
+
+    def release_blocks(self, name: str) -> None:
+        """A loader is done with `name`'s stored blocks (`read_blocks`): a mapped source drops their
+        pages from the process's memory, so a load never holds the file and its repacked copy at
+        once. Nothing to drop by default."""
         return None
 
     def _checked(self, name: str) -> np.ndarray:

@@ -134,7 +134,7 @@ class MlxBackend:
         self.page_layers = page_layers(owner, start, end)
         self._tensor_slots = tensor_slots(owner, start, end)
         args, module = mlx_models.model_args(config)
-        hf_config = getattr(source, "hf_config", None)
+        hf_config = source.hf_config if config.rope_scaling is not None else None  # scaled rope only
         stage = _Stage([mlx_models.make_layer(config, hf_config, args, module, i) for i in range(start, end)])
         # parameters are lazy: only what is loaded below is ever made
         if self.has_embedding or self._tied_head:

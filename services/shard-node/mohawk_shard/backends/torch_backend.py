@@ -77,7 +77,8 @@ class TorchBackend:
         self.model, self.formats = build_stage(
             source, start, end, device=self.torch_device, dtype=self.dtype, weights=weights
         )
-        self.rotary = RotaryTable(config, source.hf_config, self.torch_device, self.dtype)
+        hf_config = source.hf_config if config.rope_scaling is not None else None  # scaled rope only
+        self.rotary = RotaryTable(config, hf_config, self.torch_device, self.dtype)
         self.kv_caches: list[KVCache] = []
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")

@@ -58,12 +58,27 @@ class GroupwiseLinear(nn.Module):
 
     def __init__(
         self,
-        weight: GroupQuantized,
+        weight: GroupQuantized | int8_rows.PackedInt8,
         device: torch.device,
         bias: torch.Tensor | None = None,
         kernel: str = "auto",
+        source_format: str = "",
     ):
+        """`weight`: the codes, or a weight already in the kernel's layout (the loader's repack from
+        the file's blocks, `kernels/repack.py`), whose GGUF type is `source_format`."""
         super().__init__()
+        self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
+        self.kernel_weight: int8_rows.PackedInt8 | None = None
+        if isinstance(weight, int8_rows.PackedInt8):
+            self.out_features, self.in_features = weight.out_features, weight.codes.shape[1] * 4
+            factored = weight.subs is not None
+            self.group_size = int8_rows.SUB_GROUP if factored else int8_rows.GROUP_SIZE
+            self.source_format, self.groups_per_super = (
+                source_format,
+                int8_rows.SUPER_BLOCK // self.group_size,
+            )
+            self._hold_kernel_weight(weight)
+            return
         signed = weight.codes.dtype == np.int8
         if weight.bits > (8 if signed else 7):
             raise ValueError(f"{weight.bits}-bit unsigned codes do not fit int8")
@@ -71,12 +86,8 @@ class GroupwiseLinear(nn.Module):
         self.group_size = weight.group_size
         self.source_format = weight.source_format
         self.groups_per_super = weight.super_block // weight.group_size
-        self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
-        self.kernel_weight: int8_rows.PackedInt8 | None = None
         if kernel != "torch" and int8_rows.supports(weight, device):
-            self.kernel_weight = int8_rows.pack(weight, device)
-            for name in ("codes", "scales", "mins", "subs"):  # buffers, so the module's bytes count them
-                self.register_buffer(f"row_{name}", getattr(self.kernel_weight, name))
+            self._hold_kernel_weight(int8_rows.pack(weight, device))
             return
         codes = np.ascontiguousarray(weight.codes).view(np.int8)  # unsigned codes below 128 keep their value
         self.register_buffer("codes", torch.from_numpy(codes).to(device))
@@ -97,6 +108,11 @@ class GroupwiseLinear(nn.Module):
         self.register_buffer("mins", mins)
         elements = UNPACK_ELEMENTS if device.type == "cpu" else UNPACK_ELEMENTS_GPU
         self.chunk_rows = max(1, elements // self.in_features)
+
+    def _hold_kernel_weight(self, packed: int8_rows.PackedInt8) -> None:
+        self.kernel_weight = packed
+        for name in ("codes", "scales", "mins", "subs"):  # buffers, so the module's bytes count them
+            self.register_buffer(f"row_{name}", getattr(packed, name))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)

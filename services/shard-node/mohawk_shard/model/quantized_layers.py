@@ -80,26 +80,44 @@ class Int4Linear(nn.Module):
 
     def __init__(
         self,
-        weight: GroupQuantized,
+        weight: GroupQuantized | int4_rows.PackedInt4,
         device: torch.device,
         bias: torch.Tensor | None = None,
         kernel: str = "auto",
+        source_format: str = "int4",
     ) -> None:
+        """`weight`: the codes to pack, or a weight already in the row kernel's layout (the loader's
+        repack from the file's blocks, `kernels/repack.py`), whose format is `source_format`."""
         super().__init__()
+        on_cpu = device.type == "cpu"
+        if isinstance(weight, int4_rows.PackedInt4):
+            self.out_features, self.in_features = weight.out_features, weight.codes.shape[1] * 8
+            self.group_size, self.source_format, self.row_kernel = int4_rows.GROUP_SIZE, source_format, True
+            self._hold_rows(weight)
+        else:
+            self._hold_codes(weight, device, kernel)
+        self._matmul = (
+            torch.ops.aten._weight_int4pack_mm_for_cpu if on_cpu else torch.ops.aten._weight_int4pack_mm
+        )
+        self._cpu_block = (
+            None if self.row_kernel or not on_cpu else cpu_pack_block(self.out_features, self.in_features)
+        )
+        self._dense_rows_pay = (
+            on_cpu and native_bf16_matmul() and (self.row_kernel or self._cpu_block is not None)
+        )
+        self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
+
+    def _hold_codes(self, weight: GroupQuantized, device: torch.device, kernel: str) -> None:
         if weight.bits != 4:
             raise ValueError(f"Int4Linear takes 4-bit codes, got {weight.bits}-bit")
         self.out_features, self.in_features = weight.shape
         self.group_size = weight.group_size
         self.source_format = weight.source_format
-        on_cpu = device.type == "cpu"
         mins = weight.mins if weight.mins is not None else np.zeros_like(weight.scales)
         fits = int4_rows.supports(weight.shape, self.group_size, device)
         self.row_kernel = kernel != "tinygemm" and fits and int4_rows.fits_fp16(weight.scales, mins)
         if self.row_kernel:
-            rows = int4_rows.pack(weight.codes, weight.scales, mins, device)
-            self.register_buffer("packed", rows.codes)
-            self.register_buffer("row_scales", rows.scales)
-            self.register_buffer("row_mins", rows.mins)
+            self._hold_rows(int4_rows.pack(weight.codes, weight.scales, mins, device))
         else:
             codes = torch.from_numpy(np.ascontiguousarray(weight.codes))
             scales = torch.from_numpy(weight.scales)
@@ -108,14 +126,11 @@ class Int4Linear(nn.Module):
             pairs = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
             self.register_buffer("scales_and_zeros", pairs.to(device=device, dtype=KERNEL_DTYPE))
             self.register_buffer("packed", pack_int4(codes, device))
-        self._matmul = (
-            torch.ops.aten._weight_int4pack_mm_for_cpu if on_cpu else torch.ops.aten._weight_int4pack_mm
-        )
-        self._cpu_block = None if self.row_kernel or not on_cpu else cpu_pack_block(*weight.shape)
-        self._dense_rows_pay = (
-            on_cpu and native_bf16_matmul() and (self.row_kernel or self._cpu_block is not None)
-        )
-        self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
+
+    def _hold_rows(self, rows: int4_rows.PackedInt4) -> None:
+        self.register_buffer("packed", rows.codes)
+        self.register_buffer("row_scales", rows.scales)
+        self.register_buffer("row_mins", rows.mins)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)

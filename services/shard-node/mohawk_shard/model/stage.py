@@ -39,8 +39,11 @@ class DecoderStage(nn.Module):
         super().__init__()
         self.config = config
         self.start, self.end = start, end
+        # given its weight, nn.Embedding skips its random init (on the meta device, normal_ imports
+        # torch._dynamo: 1.7 s of a process's start)
+        table = torch.empty(config.vocab_size, config.hidden_size) if embedding else None
         self.embed_tokens: nn.Module | None = (
-            nn.Embedding(config.vocab_size, config.hidden_size) if embedding else None
+            nn.Embedding(config.vocab_size, config.hidden_size, _weight=table) if embedding else None
         )
         self.layers = nn.ModuleList(cast(nn.Module, self.make_layer(config, i)) for i in range(start, end))
         self.norm = self.norm_class(config.hidden_size, config.rms_norm_eps) if head else None

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import structlog
@@ -39,10 +40,12 @@ from mohawk_common.model_store import ModelSource
 from mohawk_common.model_store.quantized import (
     FOUR_BIT_FORMATS,
     GroupQuantized,
+    StoredBlocks,
     concat_rows,
     quantize_groupwise,
 )
 from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, weight_names
+from mohawk_shard.kernels.repack import int4_from_blocks, int8_from_blocks
 from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear, SharedTableEmbedding
 from mohawk_shard.model.linear import Linear, prefers_transposed
 from mohawk_shard.model.models import DecoderStage, stage_class
@@ -59,6 +62,7 @@ from mohawk_shard.model.weight_formats import (
 )
 
 log = structlog.get_logger("mohawk.shard.weights")
+_Module = TypeVar("_Module", bound=nn.Module)
 
 
 @dataclass(slots=True)
@@ -162,18 +166,55 @@ def _held_matmul(
     """The module running the fused matmul of `names` as `held` says: one `Int4Linear` or
     `GroupwiseLinear`, or a `ConcatLinear` of one per run of parts held alike."""
     if held.is_int4:
-        return Int4Linear(_four_bit(source, names, held), device, bias)
-    runs = [(kind, concat_rows([_stored(source, names[i]) for i in indices])) for kind, indices in held.runs]
+        return _int4_module(source, names, held, device, bias)
+    runs = [(kind, [names[i] for i in indices]) for kind, indices in held.runs]
     if len(runs) == 1:
-        return _run_module(*runs[0], device, bias)
-    parts = [_run_module(kind, tensor, device, None) for kind, tensor in runs]
+        return _run_module(source, *runs[0], device, bias)
+    parts = [_run_module(source, kind, run_names, device, None) for kind, run_names in runs]
     return ConcatLinear(parts, None if bias is None else bias.to(device))
 
 
+def _int4_module(
+    source: ModelSource, names: list[str], held: MatmulFormat, device: torch.device, bias: torch.Tensor | None
+) -> Int4Linear:
+    """The file's own 4-bit codes repacked straight from its blocks where the kernels take them,
+    else decoded (or re-grouped) and packed."""
+    blocks = _blocks(source, names) if held.held == INT4 else None
+    packed = None if blocks is None else int4_from_blocks(blocks, device)
+    if packed is not None:
+        module = Int4Linear(packed, device, bias, source_format="+".join(sorted(set(held.stored))))
+        return _released(source, names, module)
+    return Int4Linear(_four_bit(source, names, held), device, bias)
+
+
 def _run_module(
-    kind: str, tensor: GroupQuantized, device: torch.device, bias: torch.Tensor | None
+    source: ModelSource, kind: str, names: list[str], device: torch.device, bias: torch.Tensor | None
 ) -> nn.Module:
-    return Int4Linear(tensor, device, bias) if kind == INT4 else GroupwiseLinear(tensor, device, bias)
+    """One run of parts held alike (`MatmulFormat.runs`): 4-bit, or 5-to-8-bit groupwise."""
+    blocks = _blocks(source, names)
+    formats = "+".join(sorted({source.stored_format(n) for n in names}))
+    if kind == INT4:
+        packed4 = None if blocks is None else int4_from_blocks(blocks, device)
+        if packed4 is not None:
+            return _released(source, names, Int4Linear(packed4, device, bias, source_format=formats))
+        return Int4Linear(concat_rows([_stored(source, n) for n in names]), device, bias)
+    packed8 = None if blocks is None else int8_from_blocks(blocks, device)
+    if packed8 is not None:
+        return _released(source, names, GroupwiseLinear(packed8, device, bias, source_format=formats))
+    return GroupwiseLinear(concat_rows([_stored(source, n) for n in names]), device, bias)
+
+
+def _blocks(source: ModelSource, names: list[str]) -> list[StoredBlocks] | None:
+    """Each part's blocks as the file stores them, or None where any has no such view."""
+    blocks = [source.read_blocks(n) for n in names]
+    return None if any(b is None for b in blocks) else [b for b in blocks if b is not None]
+
+
+def _released(source: ModelSource, names: list[str], module: _Module) -> _Module:
+    """`module`, built from `names`' blocks, which the source may now drop from memory."""
+    for name in names:
+        source.release_blocks(name)
+    return module
 
 
 def _four_bit(source: ModelSource, names: list[str], held: MatmulFormat) -> GroupQuantized:

@@ -84,7 +84,7 @@ class ShardNode:
         )
         self.js = self.nc.jetstream()
         self.source = await self._open_source()
-        self.tokenizer = await loop.run_in_executor(self.executor, self.source.load_tokenizer)
+        self.tokenizer = await loop.run_in_executor(self.executor, self.source.load_decoder)
         self.capacity: Capacity = await loop.run_in_executor(self.executor, self._measure)
         self._log.info(
             "node measured",

@@ -103,8 +103,9 @@ def cached_model_config(path: Path) -> ModelConfig | None:
         return ModelConfig.model_validate_json((entry / "model-config.json").read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # damaged: dropped, so that the next keep replaces it
         log.warning("cached model config unreadable: reading the file", entry=str(entry), error=repr(exc))
+        shutil.rmtree(entry, ignore_errors=True)
         return None
 
 

@@ -7,10 +7,12 @@
 // The codes are held unsigned, as stored or shifted up by `offset` (Q8_0's signed codes + 128,
 // Q5_0's q as stored with offset 16, Q6_K's q with offset 32), so that an unsigned-by-signed
 // instruction multiplies them; the offset is taken back in integers, from the activations'
-// integer sums: sum((c - offset) * a) = sum(c * a) - offset * sum(a), exact. Q6_K's sub-block
-// scales (int8 a 16 inputs) multiply their half group's integer dot product in integers too, as
-// llama.cpp's vec_dot_q6_K does, and its fp16 super-block scale is the group's float scale: every
-// weight is the file's, nothing is unpacked to floats.
+// integer sums: sum((c - offset) * a) = sum(c * a) - offset * sum(a), exact. Q6_K's two half
+// groups (its sub-blocks of 16) each keep their exact integer dot product, which meets its
+// sub-block scale times the super-block scale (int8 times fp16: exact in fp32) in the epilogue.
+// Every weight is the file's; nothing is unpacked to floats. (Multiplying the sub-block scales in
+// integers, as llama.cpp's vec_dot_q6_K does, took two vpmulld a column vector and row: at 32
+// rows the epilogue cost as much as the dot products, 151 GMAC/s against Q8_0's 211.)
 //
 // Batch invariant by construction, as int4_rows.cpp: a row's int8 codes and sums depend on that
 // row alone; the integer dot products are exact whatever sums them (at most 2 * 128 * 16 * 32 *
@@ -23,10 +25,11 @@
 //   scales fp16   [NB, G, 16]    G = K/32; Q6_K: [NB, K/256, 16], its super-block scales
 //   mins   fp16   [NB, G, 16]    Q5_1, Q5_K only
 //   subs   int8   [NB, K/16, 16] Q6_K only: the sub-block scales
-// y[m, n] = sum over g in order of: t = fma(float(i_g) * d[m,g], scale[g,n], t);
-//                                   t = fma(s[m,g], min[g,n], t)        (with mins; t starts at 0)
-// i_g = dot_g - offset * sum_g                      (without sub-block scales), or
-// i_g = sub[2g] * (dot_g' - offset * sum_g') + sub[2g+1] * (dot_g'' - offset * sum_g'')  (halves)
+// y[m, n] = sum over g in order of (t starts at 0):
+//   without sub-block scales: t = fma(float(dot_g - offset * sum_g) * d[m,g], scale[g,n], t)
+//                             t = fma(s[m,g], min[g,n], t)                          (with mins)
+//   Q6_K, halves ' and '':    t = fma(fma(float(dot' - offset * sum'), sub'·super,
+//                                         float(dot'' - offset * sum'') * sub''·super), d[m,g], t)
 #include <immintrin.h>
 #include <omp.h>
 
@@ -146,25 +149,29 @@ inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy) {
     for (int v = 0; v < V; ++v) {
       const int64_t lane = (v % kPerBlock) * kLanes, block = v / kPerBlock;
       const int64_t at = block * w.table_stride + g * 16 + lane;
-      const Float scale = F::sub ? half_to_float(w.scales + block * w.scale_stride + (g / kGroupsPerSuper) * 16 + lane)
-                                 : half_to_float(w.scales + at);
-      Int sub_first = zero_int(), sub_second = zero_int();
-      if constexpr (F::sub) {
-        sub_first = widen_int8(w.subs + block * w.sub_stride + (2 * g) * 16 + lane);
-        sub_second = widen_int8(w.subs + block * w.sub_stride + (2 * g + 1) * 16 + lane);
-      }
+      if constexpr (F::sub) {  // Q6_K: each half group's float scale sc·d, exact in fp32
+        const Float super = half_to_float(w.scales + block * w.scale_stride + (g / kGroupsPerSuper) * 16 + lane);
+        const int8_t* subs = w.subs + block * w.sub_stride + (2 * g) * 16 + lane;
+        const Float scale_first = mul(to_float(widen_int8(subs)), super),
+                    scale_second = mul(to_float(widen_int8(subs + 16)), super);
 #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const int32_t* halves = rows.halves + (r * rows.G + g) * 2;
-        Int exact;
-        if constexpr (F::sub) {
-          exact = add_int(mul_int(sub_first, sub_int(acc[r][v], set_int(w.offset * halves[0]))),
-                          mul_int(sub_second, sub_int(second[r][v], set_int(w.offset * halves[1]))));
-        } else {
-          exact = sub_int(acc[r][v], set_int(w.offset * (halves[0] + halves[1])));
+        for (int r = 0; r < R; ++r) {
+          const int32_t* halves = rows.halves + (r * rows.G + g) * 2;
+          const Float first = to_float(sub_int(acc[r][v], set_int(w.offset * halves[0]))),
+                      later = to_float(sub_int(second[r][v], set_int(w.offset * halves[1])));
+          out[r][v] = fma(fma(first, scale_first, mul(later, scale_second)), broadcast(rows.d[r * rows.G + g]),
+                          out[r][v]);
         }
-        out[r][v] = fma(mul(to_float(exact), broadcast(rows.d[r * rows.G + g])), scale, out[r][v]);
-        if constexpr (F::min) out[r][v] = fma(broadcast(rows.s[r * rows.G + g]), half_to_float(w.mins + at), out[r][v]);
+      } else {
+        const Float scale = half_to_float(w.scales + at);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          const int32_t* halves = rows.halves + (r * rows.G + g) * 2;
+          const Int exact = sub_int(acc[r][v], set_int(w.offset * (halves[0] + halves[1])));
+          out[r][v] = fma(mul(to_float(exact), broadcast(rows.d[r * rows.G + g])), scale, out[r][v]);
+          if constexpr (F::min)
+            out[r][v] = fma(broadcast(rows.s[r * rows.G + g]), half_to_float(w.mins + at), out[r][v]);
+        }
       }
     }
   }

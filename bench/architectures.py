@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from engine import Stat, machine
 from llama_cpp_batch import LlamaCppBatch
+from real_shapes import FILE_TYPES, quantize
 from results_file import write_results
 from runners import LLAMA_CPP_MISSING, LlamaCppRunner, MohawkRunner, llama_cpp_version
 
@@ -77,15 +78,7 @@ FIRST = 8  # the first position compared: the argmax after sequence[:8]
 
 def quantize_q4_k_m(source: Path, target: Path, num_threads: int) -> None:
     """llama.cpp's own quantizer: `source` (F16/F32 GGUF) to `target` as Q4_K_M."""
-    import ctypes
-
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, num_threads
-    status = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params))
-    if status != 0:
-        raise RuntimeError(f"llama_model_quantize failed ({status}) on {source}")
+    quantize(source, target, FILE_TYPES["Q4_K_M"], num_threads)
 
 
 def argmax_and_gap(logits: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:

@@ -132,17 +132,22 @@ def _copy_tokenizer(writer: object, source: object, vocab: int) -> None:
         writer.add_key_value(key, value, main_type, sub_type)  # type: ignore[attr-defined]
 
 
-def quantize(source: Path, target: Path, file_type: int) -> None:
+def quantize(source: Path, target: Path, file_type: int, num_threads: int | None = None) -> None:
+    """llama.cpp's own quantizer: `source` (an F16/F32 GGUF) to `target` as `file_type` (llama.h's
+    LLAMA_FTYPE_MOSTLY_*), written beside it and renamed into place."""
+    import ctypes
+
     import llama_cpp
 
     started = time.perf_counter()
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = file_type
-    params.nthread = os.cpu_count() or 1
+    params.ftype, params.nthread = file_type, num_threads or os.cpu_count() or 1
     temporary = target.with_suffix(".partial")
-    status = llama_cpp.llama_model_quantize(str(source).encode(), str(temporary).encode(), params)
+    status = llama_cpp.llama_model_quantize(
+        str(source).encode(), str(temporary).encode(), ctypes.byref(params)
+    )
     if status != 0:
-        raise RuntimeError(f"llama_model_quantize({source} -> {target}) returned {status}")
+        raise RuntimeError(f"llama_model_quantize failed ({status}) on {source}")
     temporary.rename(target)
     print(f"quantized {target} in {time.perf_counter() - started:.0f} s", flush=True)
 

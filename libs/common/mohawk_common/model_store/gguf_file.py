@@ -37,6 +37,7 @@ _SCALARS = {
     12: "<d",
 }
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 MAX_KEPT_ARRAY = 4096  # arrays of numbers up to this length are kept (a layer count); longer skipped
 MetadataValue = int | float | bool | str
 
@@ -108,6 +109,14 @@ class _Cursor:
         self.pos += size
         return self.buffer[self.pos - size : self.pos].decode("utf-8")
 
+    def skip_strings(self, count: int) -> None:
+        """Past `count` strings without decoding them (a vocabulary: 0.1 s for 200k, not 1 s)."""
+        length, buffer, pos = _U64.unpack_from, self.buffer, self.pos
+        for _ in range(count):
+            self._need(8)
+            pos = self.pos = pos + 8 + length(buffer, pos)[0]
+        self._need(0)
+
     def _need(self, size: int) -> None:
         if self.pos + size > len(self.buffer):
             raise ValueError(f"the file is truncated: it ends at byte {len(self.buffer)}, inside its header")
@@ -121,6 +130,8 @@ class _Cursor:
                 return tuple(self.unpack(_SCALARS[item_type]) for _ in range(count))
             if item_type in _SCALARS:
                 self.pos += count * struct.calcsize(_SCALARS[item_type])
+            elif item_type == _STRING:
+                self.skip_strings(count)
             else:
                 for _ in range(count):
                     self.value(item_type)

@@ -89,6 +89,7 @@ class GGUFSource(ModelSource):
             config = config_from_hf(hf_config, model_id)
             keep_model_config(path, config)
         source = cls(path, config, hf_config)
+        source.__dict__["_file"] = index  # the index just read (`_file` is a cached property)
         source.check_variant()
         return source
 

@@ -52,6 +52,7 @@ from mohawk_shard.model.models import DecoderStage, stage_class
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear, RescoredHead
 from mohawk_shard.model.split_head import SplitHeadEmbedding, SplitQ8Head, split_head_fits
 from mohawk_shard.model.weight_formats import (
+    GROUPWISE,
     INT4,
     MatmulFormat,
     embedding_format,
@@ -142,9 +143,8 @@ def _quantize_head(
         model.lm_head = RescoredHead(head, shared)
     else:
         model.lm_head = _held_matmul(source, [LM_HEAD], held, device, None)
-        tied = source.config.tie_word_embeddings and isinstance(model.embed_tokens, GroupwiseEmbedding)
-        if tied and isinstance(model.lm_head, GroupwiseLinear):  # one copy of the table
-            model.embed_tokens = SharedTableEmbedding(model.lm_head, dtype)
+        if _head_shares_table(model, source, weights) and isinstance(model.lm_head, GroupwiseLinear):
+            model.embed_tokens = SharedTableEmbedding(model.lm_head, dtype)  # one copy of the table
 
 
 def _decided(
@@ -253,14 +253,27 @@ def _quantize_embedding(
     if model.embed_tokens is None:
         return
     held = embedding_format(source, weights)
-    if held is None:
-        return
+    if held is None or _head_shares_table(model, source, weights):
+        return  # the head's step looks the table up in its own codes (`SharedTableEmbedding`)
     if held.from_file:
         table = _stored(source, EMBEDDING)
     else:
         table = quantize_groupwise(source.read_tensor(EMBEDDING), bits=held.bits)
     model.embed_tokens = GroupwiseEmbedding(table, device, dtype)
     report.counts[f"embedding {table.bits}-bit from {table.source_format}"] += 1
+
+
+def _head_shares_table(model: DecoderStage, source: ModelSource, weights: str) -> bool:
+    """A stage holding both ends of a tied model whose table stays groupwise and whose head is a
+    `GroupwiseLinear` (Q4_K_M's Q6_K table): the embedding is looked up in the head's codes."""
+    return (
+        source.config.tie_word_embeddings
+        and model.embed_tokens is not None
+        and model.lm_head is not None
+        and embedding_format(source, weights) is not None
+        and not head_is_rescored(source, weights)
+        and matmul_format(source, [LM_HEAD], weights, is_head=True).held == GROUPWISE
+    )
 
 
 def _materialize(model: nn.Module, device: torch.device) -> None:

@@ -15,13 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mohawk_common.chat import encode_chat
 from mohawk_common.model_store import open_model
 from mohawk_common.model_store.gguf_cache import cached_model_config, entry_dir
 from mohawk_common.model_store.store import bundled_model_path
 from mohawk_common.model_store.token_decoder import LazyTokenizer
 
+MESSAGES = [{"role": "user", "content": "Héllo wörld 日本語 😊"}]
 _CHILD = """
 import json, sys
+from mohawk_common.chat import encode_chat
 from mohawk_common.model_store import open_model
 source = open_model(sys.argv[1])
 decoder = source.load_decoder()
@@ -73,6 +76,8 @@ def test_the_lazy_tokenizer_loads_transformers_for_anything_else(gguf: Path) -> 
     assert lazy.decode([1, 2, 3]) == full.decode([1, 2, 3]) and not loads
     assert lazy.chat_template == full.chat_template and loads == [1]
     assert lazy.encode("Hello") == full.encode("Hello") and loads == [1]  # loaded once
+    assert encode_chat(lazy, MESSAGES) == encode_chat(full, MESSAGES)  # calling it, as encode_chat does
+    assert len(lazy) == len(full)
 
 
 def test_a_damaged_or_missing_entry_reads_the_file_again(gguf: Path) -> None:

@@ -49,6 +49,13 @@ class LazyTokenizer:
             raise AttributeError(name)
         return getattr(self.full, name)
 
+    # special methods are looked up on the type, not through __getattr__
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.full(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.full)
+
 
 def _decoder(folder: Path) -> Any:
     """The `tokenizers` tokenizer kept in `folder`, or None where its decoding needs transformers

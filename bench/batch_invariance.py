@@ -14,6 +14,7 @@ component, whether a row's result depends on how many rows share its call (`--op
     python bench/batch_invariance.py                 # the default settings (native weights)
     python bench/batch_invariance.py --weights fp32  # for comparison
     python bench/batch_invariance.py --throughput 3  # also the cost: 32 streams and batch-1, on vs off
+    python bench/batch_invariance.py --model FILE --kv-blocks 900   # a real_shapes.py 1.7B file
 """
 
 from __future__ import annotations
@@ -142,14 +143,18 @@ def throughput(settings: dict[str, Any], runs: int, tokens: int = 16) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--model", default=None, help="GGUF file (default: the bundled model)")
     parser.add_argument("--weights", default=None, help="weight format (default: the engine's default)")
+    parser.add_argument("--kv-blocks", type=int, default=2048, help="KV blocks of 16 tokens (a 1.7B: 900)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ops", action="store_true", help="also each matmul kernel's row dependence")
     parser.add_argument("--throughput", type=int, default=0, help="runs of the 32-stream cost check")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    settings: dict[str, Any] = {"num_threads": args.threads, "num_kv_blocks": 2048}
+    settings: dict[str, Any] = {"num_threads": args.threads, "num_kv_blocks": args.kv_blocks}
+    if args.model:
+        settings["model"] = args.model
     if args.weights:
         settings["weights"] = args.weights
     started = time.perf_counter()

@@ -1,0 +1,34 @@
+"""bench/real_shapes.py writes a random-weight GGUF of a given shape that Mohawk opens as that shape,
+with the bundled tokenizer (its vocabulary padded to the shape's); llama.cpp's quantizer, which
+turns it into the benchmark's files, is the bench extra's and is not run here."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from mohawk_common.model_store import open_model
+from tests.bench import ROOT
+
+
+def test_a_shape_is_written_as_a_gguf_mohawk_opens(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from real_shapes import Shape, write_f16
+
+    shape = Shape(
+        layers=2, hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=49280, tied=False, rope_theta=1e4
+    )
+    path = tmp_path / "tiny-random-F16.gguf"
+    write_f16(path, shape)
+    source = open_model(path)
+    config = source.config
+    assert (config.num_layers, config.hidden_size, config.intermediate_size) == (2, 128, 256)
+    assert (config.num_heads, config.num_kv_heads, config.vocab_size) == (4, 2, 49280)
+    assert not config.tie_word_embeddings
+    assert source.stored_format("layers.1.mlp.down_proj.weight") == "F16"
+    down = source.read_tensor("layers.1.mlp.down_proj.weight")
+    assert down.shape == (128, 256) and 0.015 < float(np.std(down)) < 0.025
+    tokenizer = source.load_tokenizer()
+    assert tokenizer.decode(tokenizer.encode("Hello there", add_special_tokens=False)) == "Hello there"

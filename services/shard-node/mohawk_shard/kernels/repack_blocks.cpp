@@ -109,12 +109,17 @@ void decode_row(const uint8_t* b, int type, int64_t K, Row& row) {
         const uint8_t* ql = b;
         const uint8_t* qh = b + 128;
         uint8_t* c = row.codes.data() + sb * 256;
-        for (int w = 0; w < 256; ++w) {
-          const int h = w / 128, r = w % 128;
-          const int low = (ql[h * 64 + r % 64] >> (4 * (r / 64))) & 0x0F;
-          const int high = (qh[h * 32 + r % 32] >> (2 * (r / 32))) & 3;
-          c[w] = static_cast<uint8_t>(low | (high << 4));  // q, held with offset 32
-        }
+        // weight h*128 + part*32 + i: its low nibble from ql[h*64 + (part % 2)*32 + i] (high
+        // nibble for parts 2 and 3), its top two bits from qh[h*32 + i] at bit 2*part
+        for (int h = 0; h < 2; ++h)
+          for (int part = 0; part < 4; ++part) {
+            const uint8_t* low = ql + h * 64 + (part % 2) * 32;
+            const uint8_t* high = qh + h * 32;
+            uint8_t* out = c + h * 128 + part * 32;
+            const int low_shift = 4 * (part / 2), high_shift = 2 * part;
+            for (int i = 0; i < 32; ++i)  // q, held with offset 32
+              out[i] = static_cast<uint8_t>(((low[i] >> low_shift) & 0x0F) | (((high[i] >> high_shift) & 3) << 4));
+          }
         std::memcpy(row.subs.data() + sb * 16, b + 192, 16);
         std::memcpy(row.supers.data() + sb, b + 208, 2);
         b += 210;

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mohawk_shard.kernels import attend_rows, int4_rows, library, rms_norm_rows
+from mohawk_shard.kernels import attend_rows, int4_rows, int8_rows, library, repack, rms_norm_rows
 
 KERNEL_PATHS = ["compiled", "torch"]
 
@@ -17,5 +17,5 @@ def choose(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
         if library.kernel() is None:
             pytest.skip("the compiled CPU kernels do not build here")
         return
-    for module in (attend_rows, int4_rows, rms_norm_rows):
+    for module in (attend_rows, int4_rows, int8_rows, repack, rms_norm_rows):
         monkeypatch.setattr(module, "kernel", lambda: None)

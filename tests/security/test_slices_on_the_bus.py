@@ -14,6 +14,7 @@ from tests.cli.helpers import mohawk
 from tests.integration.cluster_helpers import chat, current_plan
 
 MODEL = "smollm2-135m-instruct"
+PROMPT = "What is the capital of France? Tell me about it."  # not a near tie (tests/cli/test_generate_cli.py)
 
 
 def mohawk_ok(*args: str) -> None:
@@ -60,8 +61,12 @@ def test_nodes_serve_from_slice_packages_and_refuse_another_nodes_package(tmp_pa
         plan = current_plan(cluster.nats.url)
         assert plan is not None
         assert [(s.node_id, s.start, s.end) for s in plan.stages] == [("shard-1", 0, 14), ("shard-2", 14, 30)]
-        reply = chat(cluster.url, "What is the capital of France?", max_tokens=12)
-        assert "Paris" in reply["choices"][0]["message"]["content"]
+        reply = chat(cluster.url, PROMPT, max_tokens=12)
+        # the packages carry the file's Q4_1 blocks: the same kernels, the same text as the file
+        expected = mohawk("generate", "--prompt", PROMPT, "--max-tokens", "12", timeout=300)
+        assert expected.returncode == 0, expected.stderr[-2000:]
+        assert reply["choices"][0]["message"]["content"] == expected.stdout.rstrip("\n")
+        assert "Paris" in expected.stdout
         # shard-3 finds shard-1's package under its own name: it must refuse it and not start
         asyncio.run(_copy_object(cluster.nats.url, "shard-1", "shard-3"))
         name = cluster.add_node(["--weights-from", "bus"])

@@ -14,6 +14,9 @@ from mohawk_common.bus.names import SLICES_BUCKET, slice_object_name
 from mohawk_common.bus.server import NatsServer
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store import ModelSource
+from mohawk_common.model_store.gguf_file import GGUFFile
+from mohawk_common.model_store.gguf_source import gguf_tensor_name
+from mohawk_common.model_store.quantized import DECODABLE_FORMATS
 from mohawk_common.model_store.slice_fetch import fetch_slice, fetch_slice_source, push_slice
 from mohawk_common.model_store.slice_source import (
     SliceSource,
@@ -94,10 +97,45 @@ def test_manifest_describes_the_range(middle: SlicePackage, bundled: ModelSource
     assert manifest["embedding"] is False and manifest["head"] is False
     names = [t["name"] for t in manifest["tensors"]]
     assert names == list(bundled.load_weights(*MIDDLE, embedding=False, head=False))
-    assert all(t["dtype"] == "F32" for t in manifest["tensors"])
+    for entry in manifest["tensors"]:  # the file's blocks where a kernel reads them, else float32
+        assert entry["format"] == bundled.stored_format(entry["name"]), entry
+        assert entry["dtype"] == ("U8" if entry["format"] in DECODABLE_FORMATS else "F32"), entry
+    assert {t["format"] for t in manifest["tensors"]} == {"Q4_1", "F32"}
+    # and how the file stores every other tensor, for a node sizing the whole model as one with it
+    assert manifest["stored_formats"]["embed_tokens.weight"] == bundled.stored_format("embed_tokens.weight")
+    assert len(manifest["stored_formats"]) == 30 * 9 + 2
     assert manifest["model_id"] == bundled.config.model_id
     assert "_name_or_path" not in manifest["hf_config"]  # nothing of the packer's disk
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(manifest["tokenizer_files"])
+
+
+def test_a_package_is_its_layers_size_in_the_file(bundled: ModelSource) -> None:
+    """The weights a package seals are the file's own blocks: within 1.1x (safetensors' header and
+    the norms) of what those layers take in the GGUF, not the 4-5x of float32."""
+    index = GGUFFile(bundled.path)
+    for layers in (MIDDLE, TAIL, (0, 30)):
+        fields, weights = slice_weights(bundled, *layers)
+        in_file = sum(index.tensors[gguf_tensor_name(t["name"], "llama")].nbytes for t in fields["tensors"])
+        assert in_file < len(weights) <= 1.1 * in_file, (layers, len(weights), in_file)
+
+
+def test_slice_serves_the_source_blocks(middle_source: SliceSource, bundled: ModelSource) -> None:
+    for name in bundled.load_weights(*MIDDLE, embedding=False, head=False):
+        assert middle_source.stored_format(name) == bundled.stored_format(name)
+        assert middle_source.stored_shape(name) == bundled.stored_shape(name)
+        ours, theirs = middle_source.read_blocks(name), bundled.read_blocks(name)
+        if theirs is None:
+            assert ours is None and middle_source.read_quantized(name) is None
+            continue
+        assert ours is not None and ours.rows is None and ours.type_name == theirs.type_name
+        want = theirs.raw if theirs.rows is None else theirs.raw[theirs.rows]
+        np.testing.assert_array_equal(ours.raw, want, err_msg=name)
+        got, expected = middle_source.read_quantized(name), bundled.read_quantized(name)
+        assert got is not None and expected is not None
+        np.testing.assert_array_equal(got.codes, expected.codes, err_msg=name)
+        np.testing.assert_array_equal(got.scales, expected.scales, err_msg=name)
+    for name in ("embed_tokens.weight", "lm_head.weight", "layers.0.mlp.down_proj.weight"):
+        assert middle_source.stored_format(name) == bundled.stored_format(name)  # not held, still known
 
 
 def test_slice_serves_the_source_weights(middle_source: SliceSource, bundled: ModelSource) -> None:
@@ -200,6 +238,21 @@ def test_verified_but_inconsistent_slices_fail_to_load(middle: SlicePackage, ope
         SliceSource.from_slice(manifest, b"garbage")
     with pytest.raises(ModelLoadError, match="not a usable model slice"):
         SliceSource.from_slice({k: v for k, v in manifest.items() if k != "hf_config"}, weights)
+    blocks = next(i for i, t in enumerate(manifest["tensors"]) if t["dtype"] == "U8")
+    for bad, needle in (
+        ({"format": "Q2_K"}, "names no block format"),
+        ({"dtype": "I64"}, "has dtype 'I64'"),
+        ({"shape": [576, 100]}, "not whole blocks"),
+        ({"shape": "576x576"}, "has no shape"),
+    ):
+        tensors = list(manifest["tensors"])
+        tensors[blocks] = tensors[blocks] | bad
+        with pytest.raises(ModelLoadError, match=needle):
+            SliceSource.from_slice(manifest | {"tensors": tensors}, weights)
+    tensors = list(manifest["tensors"])
+    tensors[blocks] = tensors[blocks] | {"format": "Q8_0"}  # other block bytes than it carries
+    with pytest.raises(ModelLoadError, match="not hold the tensors"):
+        SliceSource.from_slice(manifest | {"tensors": tensors}, weights)
     with pytest.raises(ModelLoadError, match="does not fit"):
         SliceSource.from_slice(manifest | {"layer_end": 31}, weights)
 

@@ -1,11 +1,16 @@
 """A model source built from one opened slice package: a layer range, no model files on disk.
 
 `slice_weights` turns a layer range of any `ModelSource` into the manifest fields and the
-safetensors bytes of a slice package (float32 tensors under canonical names), with everything a
-stage needs besides weights: the `ModelConfig`, the transformers config as a dict, and the
-tokenizer's own files (as `save_pretrained` writes them, base64). `SliceSource` rebuilds those and
-serves `load_weights` for ranges inside the slice only. libs/pqc signs, seals and verifies the
-package; `open_slice_source` is the one call that does both halves.
+safetensors bytes of a slice package, with everything a stage needs besides weights: the
+`ModelConfig`, the transformers config as a dict, and the tokenizer's own files (as
+`save_pretrained` writes them, base64). A tensor the source stores in a GGUF block format the
+kernels read (`DECODABLE_FORMATS`) travels as those blocks, byte for byte (uint8 [rows, bytes a
+row], rows already in HF order, a fused tensor's part cut out), its manifest entry naming the
+format; F16 travels as F16 and anything else as float32. So a package is about its layers' size
+in the file, and `SliceSource` answers `stored_format`, `read_blocks` and `read_quantized` as the
+file would: a node serving from slices builds the same kernels and holds the same bytes as one
+serving the file. `SliceSource` serves ranges inside the slice only. libs/pqc signs, seals and
+verifies the package; `open_slice_source` is the one call that does both halves.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from pydantic import ValidationError
 
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import ModelConfig
-from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, ModelSource, one_line
+from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks
+from mohawk_common.model_store.quantized import DECODABLE_FORMATS, GroupQuantized, StoredBlocks
+from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, ModelSource, one_line, weight_names
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -36,6 +43,11 @@ if TYPE_CHECKING:
 MODEL_CONFIG_FIELD = "model_config"
 HF_CONFIG_FIELD = "hf_config"
 TOKENIZER_FIELD = "tokenizer_files"
+# every tensor of the whole model -> how the file stores it: a node sizes and reports its weights
+# (heartbeat, planner) as a node serving the file would, layers it does not hold included
+FORMATS_FIELD = "stored_formats"
+FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16}  # a manifest dtype of a float tensor
+BLOCKS_DTYPE = "U8"  # a tensor carried as its file's blocks; its entry's "format" names the type
 # Keys of a transformers config that name the packer's own disk, not the model.
 _LOCAL_CONFIG_KEYS = ("_name_or_path", "_commit_hash")
 
@@ -59,17 +71,30 @@ def slice_weights(
     config = source.config
     embedding = start == 0 if embedding is None else embedding
     head = end == config.num_layers if head is None else head
-    loaded = source.load_weights(start, end, embedding=embedding, head=head)
-    tensors = {_stored_name(config, name): array for name, array in loaded.items()}
+    source.check_range(start, end)
+    tensors: dict[str, np.ndarray] = {}
+    entries: list[dict[str, Any]] = []
+    for name in weight_names(config, start, end, embedding=embedding, head=head):
+        stored = _stored_name(config, name)
+        if stored in tensors:
+            continue
+        array, entry = _packed_tensor(source, stored)
+        tensors[stored] = array
+        entries.append({"name": stored} | entry)
     fields: dict[str, Any] = {
         "model_id": config.model_id,
         "layer_start": start,
         "layer_end": end,
         "embedding": embedding,
         "head": head,
-        "tensors": [
-            {"name": name, "shape": list(array.shape), "dtype": "F32"} for name, array in tensors.items()
-        ],
+        "tensors": entries,
+        FORMATS_FIELD: {
+            stored: source.stored_format(stored)
+            for stored in dict.fromkeys(
+                _stored_name(config, name)
+                for name in weight_names(config, 0, config.num_layers, embedding=True, head=True)
+            )
+        },
         MODEL_CONFIG_FIELD: config.model_dump(mode="json"),
         HF_CONFIG_FIELD: _hf_config_dict(source.hf_config),
         TOKENIZER_FIELD: _tokenizer_files(source.load_tokenizer()),
@@ -97,6 +122,7 @@ class SliceSource(ModelSource):
         self.has_embedding = bool(manifest["embedding"])
         self.has_head = bool(manifest["head"])
         self._tensors = tensors
+        self._entries = {entry["name"]: entry for entry in manifest.get("tensors", ())}
 
     @classmethod
     def from_slice(cls, manifest: Mapping[str, Any], weights: bytes) -> SliceSource:
@@ -108,7 +134,8 @@ class SliceSource(ModelSource):
             config = ModelConfig.model_validate(manifest[MODEL_CONFIG_FIELD])
             hf_config = _hf_config_from_dict(manifest[HF_CONFIG_FIELD])
             start, end = int(manifest["layer_start"]), int(manifest["layer_end"])
-            expected = {t["name"]: tuple(t["shape"]) for t in manifest["tensors"]}
+            entries = [_checked_entry(t) for t in manifest["tensors"]]
+            expected = {e["name"]: (_carried_shape(e), _carried_dtype(e)) for e in entries}
         except (KeyError, TypeError, ValueError, ValidationError) as exc:
             raise ModelLoadError(f"the slice package is not a usable model slice: {one_line(exc)}") from exc
         try:
@@ -117,7 +144,7 @@ class SliceSource(ModelSource):
             raise ModelLoadError(f"the slice weights are not a safetensors file: {one_line(exc)}") from exc
         if not 0 <= start < end <= config.num_layers:
             raise ModelLoadError(f"slice layer range [{start}, {end}) does not fit {config.model_id}")
-        actual = {name: array.shape for name, array in tensors.items()}
+        actual = {name: (array.shape, array.dtype) for name, array in tensors.items()}
         if actual != expected:
             raise ModelLoadError("the slice weights do not hold the tensors its manifest lists")
         return cls(manifest, config, hf_config, tensors)
@@ -164,11 +191,47 @@ class SliceSource(ModelSource):
             )
         return super().load_weights(start, end, embedding=embedding, head=head)
 
-    def _read_tensor(self, name: str) -> np.ndarray:
-        array = self._tensors.get(name)
-        if array is None:
+    def stored_format(self, name: str) -> str:
+        """As the file stores `name`, held here or not (a package from before the formats were
+        carried says F32, as it held float32)."""
+        name = self.stored_name(name)
+        entry = self._entries.get(name)
+        if entry is not None and "format" in entry:
+            return str(entry["format"])
+        formats = self.manifest.get(FORMATS_FIELD)
+        return str(formats.get(name, "F32")) if isinstance(formats, dict) else "F32"
+
+    def stored_shape(self, name: str) -> tuple[int, ...] | None:
+        entry = self._entries.get(self.stored_name(name))
+        return None if entry is None else tuple(entry["shape"])
+
+    def read_blocks(self, name: str) -> StoredBlocks | None:
+        name = self.stored_name(name)
+        entry = self._entry(name)
+        if entry["dtype"] != BLOCKS_DTYPE:
+            return None
+        rows, cols = entry["shape"]
+        return StoredBlocks(self._tensors[name], entry["format"], (rows, cols))
+
+    def read_quantized(self, name: str) -> GroupQuantized | None:
+        blocks = self.read_blocks(name)
+        return None if blocks is None else decode_gguf_blocks(blocks.raw, blocks.type_name, blocks.shape)
+
+    def _entry(self, name: str) -> dict[str, Any]:
+        entry = self._entries.get(name)
+        if entry is None:
             raise ModelLoadError(f"the slice of {self.config.model_id} has no tensor {name}")
-        return array
+        return entry
+
+    def _read_tensor(self, name: str) -> np.ndarray:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        entry, array = self._entry(name), self._tensors[name]
+        if entry["dtype"] != BLOCKS_DTYPE:
+            return array
+        weights = dequantize(array, GGMLQuantizationType[entry["format"]])
+        return weights.reshape(tuple(entry["shape"]))
 
     def _load_tokenizer(self) -> PreTrainedTokenizerBase:
         from transformers import AutoTokenizer
@@ -227,6 +290,55 @@ def model_fingerprint(source: ModelSource) -> str:
     for file in files:
         digest.update(f"\n{file.name}:{file.stat().st_size}".encode())
     return digest.hexdigest()[:16]
+
+
+def _packed_tensor(source: ModelSource, name: str) -> tuple[np.ndarray, dict[str, Any]]:
+    """One tensor as a package carries it, and its manifest entry less the name: the file's blocks
+    where the kernels read them, else F16 where the file stores F16, else float32."""
+    stored_format = source.stored_format(name)
+    blocks = source.read_blocks(name)
+    if blocks is not None:
+        raw = np.array(blocks.raw if blocks.rows is None else blocks.raw[blocks.rows], order="C")
+        source.release_blocks(name)
+        entry = {"shape": list(blocks.shape), "dtype": BLOCKS_DTYPE, "format": blocks.type_name}
+        return raw, entry
+    array = source.read_tensor(name)
+    dtype = "F16" if stored_format == "F16" else "F32"
+    array = array.astype(FLOAT_DTYPES[dtype], copy=False)
+    return array, {"shape": list(array.shape), "dtype": dtype, "format": stored_format}
+
+
+def _checked_entry(entry: Any) -> dict[str, Any]:
+    """A manifest's tensor entry, or ValueError naming what is wrong with it."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise ValueError(f"a tensor entry {entry!r} has no name")
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f"tensor {entry['name']} has no shape")
+    dtype = entry.get("dtype")
+    if dtype == BLOCKS_DTYPE:
+        if entry.get("format") not in DECODABLE_FORMATS or len(shape) != 2:
+            raise ValueError(f"tensor {entry['name']} names no block format the kernels read")
+    elif dtype not in FLOAT_DTYPES:
+        raise ValueError(f"tensor {entry['name']} has dtype {dtype!r}")
+    return entry
+
+
+def _carried_shape(entry: dict[str, Any]) -> tuple[int, ...]:
+    """The array shape a package's safetensors holds for a manifest entry."""
+    if entry["dtype"] != BLOCKS_DTYPE:
+        return tuple(entry["shape"])
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    rows, cols = entry["shape"]
+    block_weights, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[entry["format"]]]
+    if cols % block_weights:
+        raise ValueError(f"tensor {entry['name']}: {cols} weights a row are not whole blocks")
+    return (rows, cols // block_weights * block_bytes)
+
+
+def _carried_dtype(entry: dict[str, Any]) -> np.dtype[Any]:
+    return np.dtype(np.uint8 if entry["dtype"] == BLOCKS_DTYPE else FLOAT_DTYPES[entry["dtype"]])
 
 
 def _stored_name(config: ModelConfig, name: str) -> str:

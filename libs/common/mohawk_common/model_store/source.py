@@ -82,16 +82,20 @@ class ModelSource(ABC):
         Only the named tensors are read. For tied-embedding models `lm_head.weight` is the
         embedding matrix; when both are asked for, the two keys share one array.
         """
-        if not 0 <= start < end <= self.config.num_layers:
-            raise ModelLoadError(
-                f"invalid layer range [{start}, {end}) for {self.config.model_id} "
-                f"({self.config.num_layers} layers)"
-            )
+        self.check_range(start, end)
         weights: dict[str, np.ndarray] = {}
         for name in weight_names(self.config, start, end, embedding=embedding, head=head):
             stored = self.stored_name(name)
             weights[name] = weights[stored] if stored in weights else self._checked(stored)
         return weights
+
+    def check_range(self, start: int, end: int) -> None:
+        """ModelLoadError unless `[start, end)` is a non-empty range of the model's layers."""
+        if not 0 <= start < end <= self.config.num_layers:
+            raise ModelLoadError(
+                f"invalid layer range [{start}, {end}) for {self.config.model_id} "
+                f"({self.config.num_layers} layers)"
+            )
 
     def stored_name(self, name: str) -> str:
         """The canonical name a tensor is read from: a tied model's LM head is its embedding matrix."""

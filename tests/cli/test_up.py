@@ -97,6 +97,7 @@ def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(
     assert proc.returncode == 0, err.decode()
     assert f"http://127.0.0.1:{port}/v1" in out and "curl" in out
     assert "gateway restarted" in err.decode() and "shard-1 restarted" in err.decode()
+    assert "shard-1 loading layers [0, 30): 100%" in err.decode()  # what it said while it waited
     after_ctrl_c = err.decode().split("mohawk up: stopping...")[0].rsplit(" restarted", 1)[-1]
     assert "restarting" not in after_ctrl_c and "exited" not in after_ctrl_c, err.decode()
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]

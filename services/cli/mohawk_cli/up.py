@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from mohawk_cli.cluster import ClusterError, ClusterSpec, LocalCluster
+from mohawk_cli.load_watch import LoadWatch
 from mohawk_cli.redis_server import INSTALL_HINT, find_redis_server
 from mohawk_cli.supervisor import Supervisor
 from mohawk_common.errors import MohawkError
@@ -183,12 +184,16 @@ def _say(event: str) -> None:
 
 
 def _wait_ready(cluster: LocalCluster, interrupted: object) -> None:
+    """Until the gateway is ready, saying how far each node's weights have loaded."""
     deadline = time.monotonic() + 300
+    watch = LoadWatch(cluster.log_dir, _say)
     while time.monotonic() < deadline:
         if callable(interrupted) and interrupted():
             return
         try:
+            watch.poll()
             cluster.wait_ready(timeout=1.0)
+            watch.poll()  # the last of it, which a fast load logs just before it is ready
             return
         except ClusterError as exc:
             if "exited" in str(exc) and not (callable(interrupted) and interrupted()):

@@ -48,6 +48,7 @@ from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, weight_names
 from mohawk_shard.kernels.repack import int4_from_blocks, int8_from_blocks
 from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear, SharedTableEmbedding
 from mohawk_shard.model.linear import Linear, prefers_transposed
+from mohawk_shard.model.load_progress import LoadProgress
 from mohawk_shard.model.models import DecoderStage, stage_class
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding, Int4Linear, RescoredHead
 from mohawk_shard.model.split_head import SplitHeadEmbedding, SplitQ8Head, split_head_fits
@@ -104,6 +105,7 @@ def build_stage(
 def _quantize_matmuls(
     model: DecoderStage, source: ModelSource, weights: str, device: torch.device, report: FormatReport
 ) -> None:
+    progress = LoadProgress(model.start, model.start + len(model.layers))
     for offset, layer in enumerate(model.layers):
         for path, parts in layer_matmuls(source.config, model.start + offset).items():
             names = [f"layers.{model.start + offset}.{p}.weight" for p in parts]
@@ -111,6 +113,7 @@ def _quantize_matmuls(
             if held is not None:
                 bias = _fused_bias(source, model, names)
                 layer.set_submodule(path, _held_matmul(source, names, held, device, bias))
+        progress.layer_loaded()
 
 
 def _quantize_head(

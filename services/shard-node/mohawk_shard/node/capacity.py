@@ -28,6 +28,7 @@ from mohawk_shard.backends import make_backend
 from mohawk_shard.engine.backend import Backend
 from mohawk_shard.model.footprint import compute_dtype, stage_weight_bytes, weights_format
 from mohawk_shard.model.forward_batch import ForwardBatch
+from mohawk_shard.model.load_progress import quiet
 
 _MEMORY_SHARE = 0.8
 _RUNS = 12
@@ -98,16 +99,17 @@ def measure_capacity(
     if held is None and config.num_experts and not config.is_moe_layer(layer):
         # a MoE model's dense layers (Qwen3-MoE `mlp_only_layers`) are smaller: plan by a MoE one
         layer = next((i for i in range(config.num_layers) if config.is_moe_layer(i)), layer)
-    stage = make_backend(
-        backend,
-        source,
-        layer,
-        layer + 1,
-        device=device,
-        dtype=dtype,
-        weights=weights,
-        kv_cache_dtype=kv_cache_dtype,
-    )
+    with quiet():  # not a stage the node serves: nothing for `mohawk up` to show
+        stage = make_backend(
+            backend,
+            source,
+            layer,
+            layer + 1,
+            device=device,
+            dtype=dtype,
+            weights=weights,
+            kv_cache_dtype=kv_cache_dtype,
+        )
     resolved = stage.device
     if resolved.startswith("cuda"):
         _free, total = _cuda_memory(resolved)

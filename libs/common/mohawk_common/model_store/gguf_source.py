@@ -155,8 +155,8 @@ class GGUFSource(ModelSource):
         blocks = self.read_blocks(name)
         if blocks is None:
             return None
-        raw, shape = self._raw(self.stored_name(name), self._info(self.stored_name(name)))
-        tensor = decode_gguf_blocks(raw, blocks.type_name, shape)
+        file_shape = (blocks.raw.shape[0], blocks.shape[1])  # every row the file holds
+        tensor = decode_gguf_blocks(blocks.raw, blocks.type_name, file_shape)
         return tensor if blocks.rows is None else tensor.take_rows(blocks.rows)
 
     def read_blocks(self, name: str) -> StoredBlocks | None:

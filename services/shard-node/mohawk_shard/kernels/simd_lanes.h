@@ -24,7 +24,6 @@ inline Int zero_int() { return _mm512_setzero_si512(); }
 inline Int set_int(int32_t v) { return _mm512_set1_epi32(v); }
 inline Int add_int(Int a, Int b) { return _mm512_add_epi32(a, b); }
 inline Int sub_int(Int a, Int b) { return _mm512_sub_epi32(a, b); }
-inline Int mul_int(Int a, Int b) { return _mm512_mullo_epi32(a, b); }
 // kLanes int8 values, sign-extended to a lane each
 inline Int widen_int8(const int8_t* p) { return _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))); }
 inline Float to_float(Int v) { return _mm512_cvtepi32_ps(v); }
@@ -50,7 +49,6 @@ inline Int zero_int() { return _mm256_setzero_si256(); }
 inline Int set_int(int32_t v) { return _mm256_set1_epi32(v); }
 inline Int add_int(Int a, Int b) { return _mm256_add_epi32(a, b); }
 inline Int sub_int(Int a, Int b) { return _mm256_sub_epi32(a, b); }
-inline Int mul_int(Int a, Int b) { return _mm256_mullo_epi32(a, b); }
 inline Int widen_int8(const int8_t* p) {
   return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }

@@ -179,14 +179,10 @@ def _held_matmul(
 
 def _int4_module(
     source: ModelSource, names: list[str], held: MatmulFormat, device: torch.device, bias: torch.Tensor | None
-) -> Int4Linear:
-    """The file's own 4-bit codes repacked straight from its blocks where the kernels take them,
-    else decoded (or re-grouped) and packed."""
-    blocks = _blocks(source, names) if held.held == INT4 else None
-    packed = None if blocks is None else int4_from_blocks(blocks, device)
-    if packed is not None:
-        module = Int4Linear(packed, device, bias, source_format="+".join(sorted(set(held.stored))))
-        return _released(source, names, module)
+) -> nn.Module:
+    """The file's own 4-bit codes held as `_run_module` holds them, else re-grouped and packed."""
+    if held.held == INT4:
+        return _run_module(source, INT4, names, device, bias)
     return Int4Linear(_four_bit(source, names, held), device, bias)
 
 

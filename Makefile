@@ -75,6 +75,7 @@ bench: setup
 	$(PY) bench/real_files.py --full --json bench/results/real-files-cpu.json
 	$(PY) bench/load.py $$($(PY) bench/real_shapes.py --shape smollm2-1.7b --types Q4_K_M | tail -1) --json bench/results/load-cpu.json
 	$(PY) bench/hops.py --json bench/results/hops-cpu.json
+	$(PY) bench/activation_forms.py --json bench/results/activation-forms-cpu.json
 	$(PY) bench/engine.py --full --weights native,fp32 --no-prefix-cache --json bench/results/engine-cpu-native-fp32.json
 	$(PY) bench/engine.py --full --weights fp32 --dtype float32 --json bench/results/engine-cpu-float32.json
 	$(PY) bench/engine.py --full --weights bf16 --dtype bfloat16 --json bench/results/engine-cpu-bfloat16.json

@@ -8,10 +8,11 @@ For each file (random weights of a real model's shape, quantized by llama.cpp's 
     tokens/s, against llama.cpp's own 32-sequence batch (`llama_cpp_batch.py`);
   * loading: process start to the first token and peak RSS, fresh processes (`load.py`).
 Each figure is the median of the form's runs with its min-max; the ratio is Mohawk's median over
-llama.cpp's. The short form runs SmolLM2-1.7B's shape in Q4_K_M; `--full` (`make bench`) also its
-Q5_K_M, Q6_K and Q8_0, Llama-3.2-3B's shape in Q4_K_M and Llama-3.1-8B's in Q4_K_M.
+llama.cpp's. The short form runs SmolLM2-1.7B's and Gemma 3 270M's shapes in Q4_K_M; `--full`
+(`make bench`) also the 1.7B's Q5_K_M, Q6_K and Q8_0, Llama-3.2-3B's shape in Q4_K_M and
+Llama-3.1-8B's in Q4_K_M; `--files SHAPE:TYPE,...` any of them.
 
-usage: python bench/real_files.py [--full] [--json PATH]
+usage: python bench/real_files.py [--full | --files gemma-3-270m:Q4_K_M] [--json PATH]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from mohawk_common.logging import configure_logging
 from mohawk_common.model_store import open_model
 from mohawk_shard.config import EngineSettings
 
-SHORT_FILES = [("smollm2-1.7b", "Q4_K_M")]
+SHORT_FILES = [("smollm2-1.7b", "Q4_K_M"), ("gemma-3-270m", "Q4_K_M")]
 FULL_FILES = [
     *SHORT_FILES,
     ("smollm2-1.7b", "Q5_K_M"),
@@ -133,6 +134,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--full", action="store_true", help="every file (make bench)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--files", help="comma-separated SHAPE:TYPE (real_shapes.py's), instead of a form's")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     configure_logging("warning")
@@ -143,7 +145,12 @@ def main() -> None:
         f"real files ({'full' if args.full else 'short'} form, {args.threads} threads a side, {form})",
         "",
     ]
-    for shape, type_name in FULL_FILES if args.full else SHORT_FILES:
+    files = FULL_FILES if args.full else SHORT_FILES
+    if args.files:
+        files = [
+            (shape, type_name) for shape, _, type_name in (f.partition(":") for f in args.files.split(","))
+        ]
+    for shape, type_name in files:
         path = model_file(shape, type_name)
         results[path.name] = measure_file(path, form, args.threads)
         lines += table(path.name, results[path.name])

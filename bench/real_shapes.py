@@ -8,6 +8,9 @@ as F16 (random normal weights, std 0.02; norms 1) and quantized with `llama_cpp.
 (the `bench` extra) to the types asked for, the F16 deleted after; all cached under
 `~/.cache/mohawk/bench-models` (`MOHAWK_BENCH_MODELS` to move it), never in the repository. A
 shape whose vocabulary is wider than SmolLM2's 49,152 pads the token list with reserved tokens.
+Gemma 3 270M's shape is a `gemma3` file as llama.cpp's converter writes one (q/k norms, norms after
+attention and MLP, a 512-token sliding window on five layers of six, 256-wide heads, its 262,144
+tokens: the table is most of its weights).
 
 usage: python bench/real_shapes.py [--shape smollm2-1.7b] [--types Q4_K_M,Q6_K]   (prints the paths)
 """
@@ -35,9 +38,13 @@ class Shape:
     vocab: int
     tied: bool
     rope_theta: float
+    arch: str = "llama"
+    head_dim: int | None = None  # None: hidden / heads
+    sliding_window: int | None = None
 
 
 SHAPES = {
+    "gemma-3-270m": Shape(18, 640, 2048, 4, 1, 262144, True, 1000000.0, "gemma3", 256, 512),
     "smollm2-1.7b": Shape(24, 2048, 8192, 32, 32, 49152, True, 130000.0),
     "llama-3.2-3b": Shape(28, 3072, 8192, 24, 8, 128256, True, 500000.0),
     "llama-3.1-8b": Shape(32, 4096, 14336, 32, 8, 128256, False, 500000.0),
@@ -70,7 +77,7 @@ def write_f16(path: Path, shape: Shape) -> None:
     started = time.perf_counter()
     source = gguf.GGUFReader(bundled_model_path())
     temporary = path.with_suffix(".partial")
-    writer = gguf.GGUFWriter(str(temporary), "llama")
+    writer = gguf.GGUFWriter(str(temporary), shape.arch)
     writer.add_name(f"random-{path.stem}")
     writer.add_block_count(shape.layers)
     writer.add_context_length(8192)
@@ -81,7 +88,13 @@ def write_f16(path: Path, shape: Shape) -> None:
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(shape.vocab)
-    writer.add_rope_dimension_count(shape.hidden // shape.heads)
+    head_dim = shape.head_dim or shape.hidden // shape.heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    if shape.arch == "llama":
+        writer.add_rope_dimension_count(head_dim)
+    if shape.sliding_window is not None:
+        writer.add_sliding_window(shape.sliding_window)
     writer.add_file_type(1)  # F16
     _copy_tokenizer(writer, source, shape.vocab)
     rng = np.random.default_rng(0)
@@ -89,8 +102,7 @@ def write_f16(path: Path, shape: Shape) -> None:
     def matrix(rows: int, columns: int) -> np.ndarray:
         return (rng.standard_normal((rows, columns), dtype=np.float32) * 0.02).astype(np.float16)
 
-    ones = np.ones(shape.hidden, dtype=np.float32)
-    head_dim = shape.hidden // shape.heads
+    ones = np.ones(shape.hidden, dtype=np.float32)  # Gemma's files store 1 + w: w = 0 there
     writer.add_tensor("token_embd.weight", matrix(shape.vocab, shape.hidden))
     writer.add_tensor("output_norm.weight", ones)
     if not shape.tied:
@@ -106,6 +118,12 @@ def write_f16(path: Path, shape: Shape) -> None:
         writer.add_tensor(prefix + "ffn_gate.weight", matrix(shape.intermediate, shape.hidden))
         writer.add_tensor(prefix + "ffn_up.weight", matrix(shape.intermediate, shape.hidden))
         writer.add_tensor(prefix + "ffn_down.weight", matrix(shape.hidden, shape.intermediate))
+        if shape.arch == "gemma3":
+            head_ones = np.ones(head_dim, dtype=np.float32)
+            writer.add_tensor(prefix + "attn_q_norm.weight", head_ones)
+            writer.add_tensor(prefix + "attn_k_norm.weight", head_ones)
+            writer.add_tensor(prefix + "post_attention_norm.weight", ones)
+            writer.add_tensor(prefix + "post_ffw_norm.weight", ones)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

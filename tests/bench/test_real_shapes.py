@@ -32,3 +32,19 @@ def test_a_shape_is_written_as_a_gguf_mohawk_opens(tmp_path: Path) -> None:
     assert down.shape == (128, 256) and 0.015 < float(np.std(down)) < 0.025
     tokenizer = source.load_tokenizer()
     assert tokenizer.decode(tokenizer.encode("Hello there", add_special_tokens=False)) == "Hello there"
+
+
+def test_a_gemma_3_shape_is_written_as_llama_cpps_converter_writes_one(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from real_shapes import Shape, write_f16
+
+    shape = Shape(6, 128, 256, 2, 1, 49152, True, 1e6, arch="gemma3", head_dim=64, sliding_window=32)
+    path = tmp_path / "tiny-gemma-random-F16.gguf"
+    write_f16(path, shape)
+    source = open_model(path)
+    config = source.config
+    assert config.architecture == "gemma3_text" and config.tie_word_embeddings
+    assert (config.num_layers, config.hidden_size, config.head_dim, config.num_kv_heads) == (6, 128, 64, 1)
+    source.check_tensors()  # q/k norms and the post-attention and post-MLP norms are there
+    norm = source.read_tensor("layers.0.self_attn.q_norm.weight")
+    assert norm.shape == (64,) and not norm.any()  # stored as 1 + w, read back as w = 0

@@ -157,3 +157,17 @@ def test_no_rows_give_no_rows() -> None:
     packed = int4_rows.pack(codes, scales, mins, CPU)
     assert int4_rows.matmul(torch.zeros(0, 64), packed.codes, packed.scales, packed.mins, 64).shape == (0, 64)
     assert int4_rows.unpack_rows(packed.codes, torch.zeros(0, dtype=torch.int64)).shape == (0, 64)
+
+
+def test_a_table_taller_than_one_packing_slice_packs_as_one_piece() -> None:
+    """`pack` widens a bounded slice of rows at a time (a 262k-row table would take 8x its bytes):
+    the words are those of packing every row at once."""
+    rows, columns = int4_rows._PACK_ROWS + 48, 64
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 16, (rows, columns), dtype=np.uint8)
+    scales = rng.random((rows, columns // 32), dtype=np.float32)
+    packed = int4_rows.pack(codes, scales, -scales, torch.device("cpu"))
+    shifts = (4 * np.arange(8, dtype=np.uint32))[None, None, :]
+    whole = np.bitwise_or.reduce(codes.astype(np.uint32).reshape(rows, -1, 8) << shifts, axis=-1)
+    expected = whole.reshape(rows // 16, 16, -1).transpose(0, 2, 1).view(np.int32)
+    np.testing.assert_array_equal(packed.codes.numpy(), expected)

@@ -63,13 +63,19 @@ def fits_fp16(*tables: np.ndarray) -> bool:
     return all(bool(np.all(np.abs(t) <= FP16_MAX)) for t in tables)
 
 
+_PACK_ROWS = 4096  # rows `pack` widens at a time
+
+
 def pack(codes: np.ndarray, scales: np.ndarray, mins: np.ndarray, device: torch.device) -> PackedInt4:
     """uint8 codes [N, K] in [0, 16), scales and mins [N, K/32] (w = scale·code + min) -> the layout."""
-    out_features = codes.shape[0]
+    out_features, in_features = codes.shape
     blocks = out_features // COLUMN_BLOCK
     shifts = (4 * np.arange(CODES_PER_WORD, dtype=np.uint32))[None, None, :]
-    wide = codes.astype(np.uint32, copy=False).reshape(out_features, -1, CODES_PER_WORD)
-    words = np.bitwise_or.reduce(wide << shifts, axis=-1)
+    words = np.empty((out_features, in_features // CODES_PER_WORD), dtype=np.uint32)
+    for start in range(0, out_features, _PACK_ROWS):  # a bounded slice at a time: a 262k-row table
+        part = codes[start : start + _PACK_ROWS]  # would otherwise widen to 8x its bytes at once
+        wide = part.astype(np.uint32).reshape(part.shape[0], -1, CODES_PER_WORD)
+        words[start : start + part.shape[0]] = np.bitwise_or.reduce(wide << shifts, axis=-1)
     words = words.reshape(blocks, COLUMN_BLOCK, -1).transpose(0, 2, 1)  # [NB, K/8, 16]
 
     def per_block(values: np.ndarray) -> torch.Tensor:

@@ -27,6 +27,7 @@ from mohawk_shard.model.quantized_layers import Int4Linear, cpu_pack_block
 
 LOW_NIBBLE_MEAN = 7.5
 Q8_OFFSET = 128
+_SPLIT_ROWS = 8192  # table rows split at a time
 
 
 def split_head_fits(table: GroupQuantized, device: torch.device) -> bool:
@@ -50,14 +51,20 @@ class SplitQ8Head(nn.Module):
         super().__init__()
         rows, columns = table.shape
         self.num_rows, self.num_columns, self.group_size = rows, columns, table.group_size
-        shifted = table.codes.astype(np.int16) + Q8_OFFSET  # [1, 255]
-        high, low = (shifted >> 4).astype(np.uint8), (shifted & 15).astype(np.uint8)
+        high = np.empty((rows, columns), dtype=np.uint8)
+        low = np.empty((rows, columns // 2), dtype=np.uint8)  # two nibbles a byte
+        for start in range(0, rows, _SPLIT_ROWS):  # a slice at a time: no int16 copy of the table
+            shifted = table.codes[start : start + _SPLIT_ROWS].astype(np.int16) + Q8_OFFSET  # [1, 255]
+            stop = start + shifted.shape[0]
+            high[start:stop] = shifted >> 4
+            nibbles = (shifted & 15).astype(np.uint8)
+            low[start:stop] = nibbles[:, ::2] | nibbles[:, 1::2] << 4
         d = table.scales.astype(np.float32)
         self.approximate = Int4Linear(
             GroupQuantized(high, 16 * d, (LOW_NIBBLE_MEAN - Q8_OFFSET) * d, 4, table.group_size, "Q8_0 high"),
             device,
         )
-        self.register_buffer("low", torch.from_numpy(low[:, ::2] | low[:, 1::2] << 4).to(device))
+        self.register_buffer("low", torch.from_numpy(low).to(device))
         self.register_buffer("scales", torch.from_numpy(table.scales).to(device=device, dtype=torch.float16))
         self.shortlist = min(shortlist, rows)
         self.source_format = "Q8_0 split: 4-bit high nibbles ranked, shortlist exact"

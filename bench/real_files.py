@@ -10,7 +10,7 @@ For each file (random weights of a real model's shape, quantized by llama.cpp's 
 Each figure is the median of the form's runs with its min-max; the ratio is Mohawk's median over
 llama.cpp's. The short form runs SmolLM2-1.7B's and Gemma 3 270M's shapes in Q4_K_M; `--full`
 (`make bench`) also the 1.7B's Q5_K_M, Q6_K and Q8_0, Llama-3.2-3B's shape in Q4_K_M and
-Llama-3.1-8B's in Q4_K_M; `--files SHAPE:TYPE,...` any of them.
+Llama-3.1-8B's and Qwen3-30B-A3B's (4 layers) in Q4_K_M; `--files SHAPE:TYPE,...` any of them.
 
 usage: python bench/real_files.py [--full | --files gemma-3-270m:Q4_K_M] [--json PATH]
 """
@@ -44,6 +44,7 @@ FULL_FILES = [
     ("smollm2-1.7b", "Q8_0"),
     ("llama-3.2-3b", "Q4_K_M"),
     ("llama-3.1-8b", "Q4_K_M"),
+    ("qwen3-30b-a3b-4l", "Q4_K_M"),
 ]
 
 

@@ -10,7 +10,9 @@ as F16 (random normal weights, std 0.02; norms 1) and quantized with `llama_cpp.
 shape whose vocabulary is wider than SmolLM2's 49,152 pads the token list with reserved tokens.
 Gemma 3 270M's shape is a `gemma3` file as llama.cpp's converter writes one (q/k norms, norms after
 attention and MLP, a 512-token sliding window on five layers of six, 256-wide heads, its 262,144
-tokens: the table is most of its weights).
+tokens: the table is most of its weights). Qwen3-30B-A3B's shape is a `qwen3moe` file at a
+reduced depth (4 of its 48 layers: 128 experts of 768, 8 routed a token, q/k norms), which is what
+a MoE's speed turns on; its bytes are those of 4 such layers, not of the 30B file.
 
 usage: python bench/real_shapes.py [--shape smollm2-1.7b] [--types Q4_K_M,Q6_K]   (prints the paths)
 """
@@ -41,10 +43,13 @@ class Shape:
     arch: str = "llama"
     head_dim: int | None = None  # None: hidden / heads
     sliding_window: int | None = None
+    experts: int = 0  # routed experts a layer (0: a dense MLP of `intermediate`)
+    experts_used: int = 0
 
 
 SHAPES = {
     "gemma-3-270m": Shape(18, 640, 2048, 4, 1, 262144, True, 1000000.0, "gemma3", 256, 512),
+    "qwen3-30b-a3b-4l": Shape(4, 2048, 768, 32, 4, 151936, False, 1000000.0, "qwen3moe", 128, None, 128, 8),
     "smollm2-1.7b": Shape(24, 2048, 8192, 32, 32, 49152, True, 130000.0),
     "llama-3.2-3b": Shape(28, 3072, 8192, 24, 8, 128256, True, 500000.0),
     "llama-3.1-8b": Shape(32, 4096, 14336, 32, 8, 128256, False, 500000.0),
@@ -95,12 +100,16 @@ def write_f16(path: Path, shape: Shape) -> None:
         writer.add_rope_dimension_count(head_dim)
     if shape.sliding_window is not None:
         writer.add_sliding_window(shape.sliding_window)
+    if shape.experts:
+        writer.add_expert_count(shape.experts)
+        writer.add_expert_used_count(shape.experts_used)
+        writer.add_expert_feed_forward_length(shape.intermediate)
     writer.add_file_type(1)  # F16
     _copy_tokenizer(writer, source, shape.vocab)
     rng = np.random.default_rng(0)
 
-    def matrix(rows: int, columns: int) -> np.ndarray:
-        return (rng.standard_normal((rows, columns), dtype=np.float32) * 0.02).astype(np.float16)
+    def matrix(*dims: int) -> np.ndarray:
+        return (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float16)
 
     ones = np.ones(shape.hidden, dtype=np.float32)  # Gemma's files store 1 + w: w = 0 there
     writer.add_tensor("token_embd.weight", matrix(shape.vocab, shape.hidden))
@@ -115,13 +124,24 @@ def write_f16(path: Path, shape: Shape) -> None:
         writer.add_tensor(prefix + "attn_v.weight", matrix(shape.kv_heads * head_dim, shape.hidden))
         writer.add_tensor(prefix + "attn_output.weight", matrix(shape.hidden, shape.heads * head_dim))
         writer.add_tensor(prefix + "ffn_norm.weight", ones)
-        writer.add_tensor(prefix + "ffn_gate.weight", matrix(shape.intermediate, shape.hidden))
-        writer.add_tensor(prefix + "ffn_up.weight", matrix(shape.intermediate, shape.hidden))
-        writer.add_tensor(prefix + "ffn_down.weight", matrix(shape.hidden, shape.intermediate))
-        if shape.arch == "gemma3":
+        if shape.experts:  # llama.cpp's stacked experts: [experts, out, in]
+            writer.add_tensor(prefix + "ffn_gate_inp.weight", matrix(shape.experts, shape.hidden))
+            for part in ("ffn_gate_exps", "ffn_up_exps"):
+                writer.add_tensor(
+                    prefix + part + ".weight", matrix(shape.experts, shape.intermediate, shape.hidden)
+                )
+            writer.add_tensor(
+                prefix + "ffn_down_exps.weight", matrix(shape.experts, shape.hidden, shape.intermediate)
+            )
+        else:
+            writer.add_tensor(prefix + "ffn_gate.weight", matrix(shape.intermediate, shape.hidden))
+            writer.add_tensor(prefix + "ffn_up.weight", matrix(shape.intermediate, shape.hidden))
+            writer.add_tensor(prefix + "ffn_down.weight", matrix(shape.hidden, shape.intermediate))
+        if shape.arch in ("gemma3", "qwen3moe"):
             head_ones = np.ones(head_dim, dtype=np.float32)
             writer.add_tensor(prefix + "attn_q_norm.weight", head_ones)
             writer.add_tensor(prefix + "attn_k_norm.weight", head_ones)
+        if shape.arch == "gemma3":
             writer.add_tensor(prefix + "post_attention_norm.weight", ones)
             writer.add_tensor(prefix + "post_ffw_norm.weight", ones)
     writer.write_header_to_file()

@@ -48,3 +48,19 @@ def test_a_gemma_3_shape_is_written_as_llama_cpps_converter_writes_one(tmp_path:
     source.check_tensors()  # q/k norms and the post-attention and post-MLP norms are there
     norm = source.read_tensor("layers.0.self_attn.q_norm.weight")
     assert norm.shape == (64,) and not norm.any()  # stored as 1 + w, read back as w = 0
+
+
+def test_a_qwen3_moe_shape_is_written_with_stacked_experts(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from real_shapes import Shape, write_f16
+
+    shape = Shape(
+        2, 128, 64, 4, 2, 49152, False, 1e6, arch="qwen3moe", head_dim=32, experts=4, experts_used=2
+    )
+    path = tmp_path / "tiny-moe-random-F16.gguf"
+    write_f16(path, shape)
+    source = open_model(path)
+    config = source.config
+    assert config.architecture == "qwen3_moe" and (config.num_experts, config.num_experts_per_tok) == (4, 2)
+    source.check_tensors()  # the router and every expert's matrices, read out of the stacked tensors
+    assert source.read_tensor("layers.1.mlp.experts.3.down_proj.weight").shape == (128, 64)

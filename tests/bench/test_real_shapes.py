@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mohawk_common.model_store import open_model
 from tests.bench import ROOT
@@ -34,6 +35,7 @@ def test_a_shape_is_written_as_a_gguf_mohawk_opens(tmp_path: Path) -> None:
     assert tokenizer.decode(tokenizer.encode("Hello there", add_special_tokens=False)) == "Hello there"
 
 
+@pytest.mark.full_form  # make bench, before it writes the real shapes; make test runs the llama one
 def test_a_gemma_3_shape_is_written_as_llama_cpps_converter_writes_one(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from real_shapes import Shape, write_f16
@@ -50,6 +52,7 @@ def test_a_gemma_3_shape_is_written_as_llama_cpps_converter_writes_one(tmp_path:
     assert norm.shape == (64,) and not norm.any()  # stored as 1 + w, read back as w = 0
 
 
+@pytest.mark.full_form
 def test_a_qwen3_moe_shape_is_written_with_stacked_experts(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from real_shapes import Shape, write_f16

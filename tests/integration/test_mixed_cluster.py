@@ -39,6 +39,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     )
     with LocalCluster(spec) as running:
         running.wait_ready(timeout=300)
+        # the coordinator plans once the live nodes have settled for plan_settle_s: on a slow
+        # machine the MLX node can measure itself after that, and joins by the next plan
+        deadline = time.monotonic() + 180
+        while (
+            (plan := current_plan(running.nats.url)) is None or len(plan.stages) < 3 or plan.state != "active"
+        ):
+            assert time.monotonic() < deadline, f"the MLX node never joined the plan: {plan}"
+            time.sleep(0.5)
+        running.wait_ready(timeout=300)
         yield running
 
 

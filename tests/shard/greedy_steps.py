@@ -6,17 +6,33 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from mohawk_common.kv_groups import NULL_BLOCK
 from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.model.forward_batch import ForwardBatch
 
 
 def greedy(stage: TorchBackend, prompt: Sequence[int], steps: int, block_size: int) -> Iterator[torch.Tensor]:
     """Logits of the prompt's last token, then of each greedy decode step (a copy each: a replayed
-    CUDA graph hands back its own buffer); the sequence takes blocks 0, 1, ... in order."""
-    blocks = list(range(-(-(len(prompt) + steps) // block_size)))
+    CUDA graph hands back its own buffer). The sequence takes blocks 0, 1, ... in order; with several
+    KV groups each group takes the next run of blocks, and a sliding group gives back the blocks
+    behind its window as the block manager does (`NULL_BLOCK`)."""
+    count = -(-(len(prompt) + steps) // block_size)
+    groups = stage.kv_groups
+
+    def batch(tokens: list[int], position: int) -> ForwardBatch:
+        tables = []
+        for index, group in enumerate(groups):
+            first = group.first_needed_block(position, block_size)
+            tables.append([NULL_BLOCK if b < first else index * count + b for b in range(count)])
+        return ForwardBatch.build(
+            [(tokens, position, tables[0], True)],
+            block_size,
+            group_tables=[tables[1:]] if len(groups) > 1 else (),
+        )
+
     with torch.inference_mode():
-        logits = stage.forward(ForwardBatch.build([(list(prompt), 0, blocks, True)], block_size), None)
+        logits = stage.forward(batch(list(prompt), 0), None)
         for position in range(len(prompt), len(prompt) + steps):
             yield logits.clone()
             token = int(logits[-1].argmax())
-            logits = stage.forward(ForwardBatch.build([([token], position, blocks, True)], block_size), None)
+            logits = stage.forward(batch([token], position), None)

@@ -13,9 +13,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from mohawk_shard.model.load_progress import LOADING_EVENT
+from mohawk_shard.model.load_progress import LOADING_EVENT, MEASURED_EVENT
 
-MEASURED_EVENT = "node measured"
 _TAIL_BYTES = 1 << 18  # the part of a log read each time: the latest load is near its end
 
 

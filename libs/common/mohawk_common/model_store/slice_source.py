@@ -31,7 +31,7 @@ from mohawk_common.errors import ModelLoadError
 from mohawk_common.model_store.config import ModelConfig
 from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks
 from mohawk_common.model_store.quantized import DECODABLE_FORMATS, GroupQuantized, StoredBlocks
-from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, ModelSource, one_line, weight_names
+from mohawk_common.model_store.source import ModelSource, one_line, weight_names
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -75,7 +75,7 @@ def slice_weights(
     tensors: dict[str, np.ndarray] = {}
     entries: list[dict[str, Any]] = []
     for name in weight_names(config, start, end, embedding=embedding, head=head):
-        stored = _stored_name(config, name)
+        stored = source.stored_name(name)
         if stored in tensors:
             continue
         array, entry = _packed_tensor(source, stored)
@@ -91,7 +91,7 @@ def slice_weights(
         FORMATS_FIELD: {
             stored: source.stored_format(stored)
             for stored in dict.fromkeys(
-                _stored_name(config, name)
+                source.stored_name(name)
                 for name in weight_names(config, 0, config.num_layers, embedding=True, head=True)
             )
         },
@@ -295,7 +295,6 @@ def model_fingerprint(source: ModelSource) -> str:
 def _packed_tensor(source: ModelSource, name: str) -> tuple[np.ndarray, dict[str, Any]]:
     """One tensor as a package carries it, and its manifest entry less the name: the file's blocks
     where the kernels read them, else F16 where the file stores F16, else float32."""
-    stored_format = source.stored_format(name)
     blocks = source.read_blocks(name)
     if blocks is not None:
         raw = np.array(blocks.raw if blocks.rows is None else blocks.raw[blocks.rows], order="C")
@@ -303,6 +302,7 @@ def _packed_tensor(source: ModelSource, name: str) -> tuple[np.ndarray, dict[str
         entry = {"shape": list(blocks.shape), "dtype": BLOCKS_DTYPE, "format": blocks.type_name}
         return raw, entry
     array = source.read_tensor(name)
+    stored_format = source.stored_format(name)
     dtype = "F16" if stored_format == "F16" else "F32"
     array = array.astype(FLOAT_DTYPES[dtype], copy=False)
     return array, {"shape": list(array.shape), "dtype": dtype, "format": stored_format}
@@ -339,11 +339,6 @@ def _carried_shape(entry: dict[str, Any]) -> tuple[int, ...]:
 
 def _carried_dtype(entry: dict[str, Any]) -> np.dtype[Any]:
     return np.dtype(np.uint8 if entry["dtype"] == BLOCKS_DTYPE else FLOAT_DTYPES[entry["dtype"]])
-
-
-def _stored_name(config: ModelConfig, name: str) -> str:
-    # A tied head *is* the embedding matrix; `load_weights` reads it under the embedding's name.
-    return EMBEDDING if name == LM_HEAD and config.tie_word_embeddings else name
 
 
 def _hf_config_dict(hf_config: PretrainedConfig) -> dict[str, Any]:

@@ -99,9 +99,8 @@ class TorchBackend:
         self.sampler = Sampler(config.eos_token_ids) if self.has_head else None
         # batch-1 decodes replayed from a trace (`traced_decode.py`); None: always eager
         self.traced_decode: TracedDecode | None = None
-        can_trace = traceable(self.model, self.rotary, self.torch_device, self._windows)
-        if trace_decode_after is not None and can_trace:
-            self.traced_decode = TracedDecode(self.model, self.rotary, trace_decode_after)
+        if trace_decode_after is not None and traceable(self.model, self.torch_device):
+            self.traced_decode = TracedDecode(self.model, self.rotary, trace_decode_after, self._windows)
 
     @property
     def weight_bytes(self) -> int:

@@ -161,13 +161,18 @@ class AttentionMetadata:
 
         positions = tensor(batch.positions)
         cos, sin = rotary.lookup(positions)
-        # fixed chunks count from a sliding part's first block: keep that on a multiple of CHUNK
-        align = CHUNK // batch.block_size if fixed_chunks and CHUNK % batch.block_size == 0 else 1
+        align = window_align(batch.block_size, fixed_chunks)
         groups = {
             group: group_step(batch.for_group(group), window, tiers, rotary.cos.dtype, tensor, align)
             for group, window in (windows or {0: None}).items()
         }
         return cls(cos, sin, groups, rotary.lookup_local(positions), fixed_chunks)
+
+
+def window_align(block_size: int, fixed_chunks: bool) -> int:
+    """Blocks a sliding group's first block is rounded down to a multiple of: fixed chunks count
+    from a sliding part's first block, so keep that on a multiple of CHUNK."""
+    return CHUNK // block_size if fixed_chunks and CHUNK % block_size == 0 else 1
 
 
 def group_step(

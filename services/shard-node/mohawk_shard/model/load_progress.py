@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 LOADING_EVENT = "loading weights"
+MEASURED_EVENT = "node measured"  # a node has measured itself; its stage's load follows
 
 log = structlog.get_logger("mohawk.shard.weights")
 _QUIET: ContextVar[bool] = ContextVar("mohawk_quiet_load", default=False)

@@ -15,11 +15,15 @@ keys, which fixed-chunk attention adds as exact zeros (`fixed_chunk_attention.py
 padding changes no bit and a few traces cover every length. A bucket is traced only after it has
 served `trace_after` eager steps (tracing takes seconds; short generations never pay it), and each
 trace is checked once on the step it was recorded from: bit-equal to eager, or the bucket stays
-eager for good. On CUDA the same step, with the same inputs, is recorded as a CUDA graph instead
+eager for good. A model with sliding-window layers (Gemma 2 and 3) has several KV groups
+(`mohawk_common.kv_groups`), each with its own slots, context and mask as trace inputs; a sliding
+group reads from the first chunk its window still holds, so its context never passes the window
+plus a chunk, and its bucket is capped there (`group_bucket`): a long answer still needs only a few
+traces, keyed by every group's bucket. Sliding layers' own rotary base comes in as two more
+inputs. On CUDA the same step, with the same inputs, is recorded as a CUDA graph instead
 (`cuda_graph_step.py`): there the host's launches, not Python's dispatch, are what a small step
 waits on, and a graph replays them all in one call. Only stages whose forward has no data-dependent
-Python take this path: batch invariant attention, one KV group without a window, no int8 tier, no
-routed experts, on CPU or CUDA.
+Python take this path: batch invariant attention, no int8 tier, no routed experts, on CPU or CUDA.
 """
 
 from __future__ import annotations
@@ -33,9 +37,15 @@ import structlog
 import torch
 from torch import nn
 
-from mohawk_shard.model.attention_metadata import AttentionMetadata, AttentionPart, GroupStep
+from mohawk_shard.model.attention_metadata import (
+    AttentionMetadata,
+    AttentionPart,
+    GroupStep,
+    additive_mask,
+    window_align,
+)
 from mohawk_shard.model.cuda_graph_step import CudaGraphStep
-from mohawk_shard.model.fixed_chunk_attention import CHUNK
+from mohawk_shard.model.fixed_chunk_attention import CHUNK, allowed_keys, padded_length
 from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.kv_cache import KVCache
 from mohawk_shard.model.moe import SparseMoE
@@ -49,6 +59,9 @@ log = structlog.get_logger("mohawk.shard.model")
 TRACE_AFTER = 32  # eager batch-1 steps of a bucket before it is traced
 
 Replay = Callable[..., torch.Tensor]  # a bucket's recorded step: a TorchScript trace or a CUDA graph
+Tensors = list[torch.Tensor]
+# a step's trace inputs: hidden state or token, rotary rows, per group slot, context and mask, K, V
+TraceInputs = tuple[torch.Tensor, Tensors, Tensors, Tensors, Tensors, Tensors, Tensors]
 
 
 def context_bucket(context_len: int) -> int:
@@ -56,51 +69,82 @@ def context_bucket(context_len: int) -> int:
     return max(CHUNK, 1 << (context_len - 1).bit_length())
 
 
-def traceable(
-    model: nn.Module, rotary: RotaryTable, device: torch.device, windows: Mapping[int, int | None]
-) -> bool:
+def group_bucket(context_len: int, window: int | None) -> int:
+    """Keys a group's step is padded to: `context_bucket`, capped for a sliding group at the most
+    context it ever reads (its window plus the chunk its start is rounded down by)."""
+    bucket = context_bucket(context_len)
+    return bucket if window is None else min(bucket, padded_length(window + CHUNK - 1))
+
+
+def traceable(model: nn.Module, device: torch.device) -> bool:
     """Whether the stage's forward runs the same Python for every batch-1 decode (no routed
-    experts, one KV group without a window, one rotary base) on CPU or CUDA."""
-    if device.type not in ("cpu", "cuda") or list(windows.values()) != [None] or rotary.local is not None:
+    experts) on CPU or CUDA."""
+    if device.type not in ("cpu", "cuda"):
         return False
     return not any(isinstance(module, SparseMoE) for module in model.modules())
 
 
 class _DecodeStep(nn.Module):
-    """The stage's forward for one decode token, metadata rebuilt from tensors given as inputs."""
+    """The stage's forward for one decode token, metadata rebuilt from tensors given as inputs:
+    per KV group (`windows`, in order) its slot, padded context and mask; `groups[i]` is the KV
+    group of the stage's cache `i`."""
 
-    def __init__(self, model: nn.Module, bucket: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        windows: Mapping[int, int | None],
+        buckets: Sequence[int],
+        groups: Sequence[int],
+    ) -> None:
         super().__init__()
-        self.model, self.bucket = model, bucket
+        self.model, self.windows, self.buckets, self.groups = (
+            model,
+            dict(windows),
+            list(buckets),
+            list(groups),
+        )
 
     def forward(
         self,
         inputs: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        slot: torch.Tensor,
-        context_slots: torch.Tensor,
-        mask: torch.Tensor,
+        rotary: list[torch.Tensor],
+        slots: list[torch.Tensor],
+        contexts: list[torch.Tensor],
+        masks: list[torch.Tensor],
         keys: list[torch.Tensor],
         values: list[torch.Tensor],
     ) -> torch.Tensor:
-        lengths = np.array([self.bucket])
-        part = AttentionPart(
-            1, 1, False, context_slots=context_slots, query_lens=np.ones(1, np.int64), context_lens=lengths
-        )
-        part.fixed_masks["fixedNone"] = (mask, lengths)  # what `fixed_chunk_mask` would build
-        meta = AttentionMetadata(cos, sin, {0: GroupStep(slot, [part])}, None, fixed_chunks=True)
-        caches = [KVCache(k, v) for k, v in zip(keys, values, strict=True)]
+        steps = {}
+        for (group, window), bucket, slot, context, mask in zip(
+            self.windows.items(), self.buckets, slots, contexts, masks, strict=True
+        ):
+            lengths = np.array([bucket])
+            part = AttentionPart(
+                1, 1, False, context_slots=context, query_lens=np.ones(1, np.int64), context_lens=lengths
+            )
+            part.fixed_masks[f"fixed{window}"] = (mask, lengths)  # what `fixed_chunk_mask` would build
+            steps[group] = GroupStep(slot, [part])
+        local = (rotary[2], rotary[3]) if len(rotary) == 4 else None
+        meta = AttentionMetadata(rotary[0], rotary[1], steps, local, fixed_chunks=True)
+        caches = [KVCache(k, v, group=g) for k, v, g in zip(keys, values, self.groups, strict=True)]
         return self.model(inputs, meta, caches, None)
 
 
 class TracedDecode:
     """Batch-1 decode steps of one stage, by context bucket: eager until traced, then the trace."""
 
-    def __init__(self, model: nn.Module, rotary: RotaryTable, trace_after: int = TRACE_AFTER) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        rotary: RotaryTable,
+        trace_after: int = TRACE_AFTER,
+        windows: Mapping[int, int | None] | None = None,
+    ) -> None:
+        """`windows`: the stage's KV groups and their windows (default one full-attention group 0)."""
         self.model, self.rotary, self.trace_after = model, rotary, trace_after
-        self._traces: dict[int, Replay | None] = {}
-        self._eager_steps: dict[int, int] = {}
+        self.windows = dict(windows or {0: None})
+        self._traces: dict[tuple[int, ...], Replay | None] = {}  # by each group's bucket
+        self._eager_steps: dict[tuple[int, ...], int] = {}
         self._graph_pool: GraphPool | None = None  # the CUDA graphs' shared memory pool
 
     @staticmethod
@@ -125,8 +169,11 @@ class TracedDecode:
     ) -> torch.Tensor:
         """The step's output: from the bucket's trace, or from `eager()` (tracing the bucket once
         it has run `trace_after` eager steps)."""
-        context_len = int(batch.context_lens[0])
-        bucket = context_bucket(context_len)
+        views = self._group_views(batch)
+        bucket = tuple(
+            group_bucket(int(view.context_lens[0]), w)
+            for view, w in zip(views, self.windows.values(), strict=True)
+        )
         if bucket in self._traces:
             trace = self._traces[bucket]
             return eager() if trace is None else trace(*self._trace_inputs(batch, inputs, caches, bucket))
@@ -136,42 +183,57 @@ class TracedDecode:
             self._traces[bucket] = self._trace(batch, inputs, caches, bucket, out)
         return out
 
+    def _group_views(self, batch: ForwardBatch) -> list[ForwardBatch]:
+        """The step as each KV group's layers read it (a sliding group from its window's first chunk)."""
+        align = window_align(batch.block_size, fixed_chunks=True)
+        views = []
+        for group, window in self.windows.items():
+            view = batch.for_group(group)
+            views.append(view if window is None else view.from_window(window, align))
+        return views
+
     def _trace_inputs(
-        self, batch: ForwardBatch, inputs: torch.Tensor, caches: list[KVCache], bucket: int
-    ) -> tuple[object, ...]:
-        context_len = int(batch.context_lens[0])
+        self, batch: ForwardBatch, inputs: torch.Tensor, caches: list[KVCache], buckets: Sequence[int]
+    ) -> TraceInputs:
         device = inputs.device
         positions = torch.from_numpy(batch.positions).to(device)
-        cos, sin = self.rotary.lookup(positions)
-        slot = torch.from_numpy(batch.slot_mapping).to(device)
-        slots = batch.context_slots()[0]
-        padded = np.full(bucket, slots[-1], dtype=np.int64)  # masked keys: any slot of the context
-        padded[:context_len] = slots
-        mask = torch.zeros(1, 1, bucket, device=device)
-        mask[..., context_len:] = float("-inf")
+        rotary = list(self.rotary.lookup(positions))
+        rotary += self.rotary.lookup_local(positions) or ()
+        slots, contexts, masks = [], [], []
+        for view, window, bucket in zip(
+            self._group_views(batch), self.windows.values(), buckets, strict=True
+        ):
+            context_len = int(view.context_lens[0])
+            context = view.context_slots()[0]
+            padded = np.full(bucket, context[-1], dtype=np.int64)  # masked keys: any slot of the context
+            padded[:context_len] = context
+            allowed = allowed_keys(np.ones(1, np.int64), view.context_lens, window, bucket)
+            slots.append(torch.from_numpy(view.slot_mapping).to(device))
+            contexts.append(torch.from_numpy(padded).to(device))
+            masks.append(additive_mask(torch.from_numpy(allowed).to(device), torch.float32))
         keys = [c.key for c in caches]
         values = [c.value for c in caches]
-        return inputs, cos, sin, slot, torch.from_numpy(padded).to(device), mask, keys, values
+        return inputs, rotary, slots, contexts, masks, keys, values
 
     def _trace(
         self,
         batch: ForwardBatch,
         inputs: torch.Tensor,
         caches: list[KVCache],
-        bucket: int,
+        bucket: tuple[int, ...],
         eager_out: torch.Tensor,
     ) -> Replay | None:
         """The bucket's trace (a CUDA graph on a GPU), recorded on this step (whose K/V it writes
         again, the same values) and kept only if it gives eager's output bit for bit."""
         args = self._trace_inputs(batch, inputs, caches, bucket)
-        step = _DecodeStep(self.model, bucket).eval()
+        step = _DecodeStep(self.model, self.windows, bucket, [c.group for c in caches]).eval()
         try:
             replay = self._record(step, args)
         except RuntimeError as error:  # a capture that met an op a graph cannot hold
             log.warning("decode step not recorded: the bucket stays eager", bucket=bucket, error=error)
             return None
         if not torch.equal(replay(*args), eager_out):
-            log.warning("decode trace differs from eager: the bucket stays eager", context_bucket=bucket)
+            log.warning("decode trace differs from eager: the bucket stays eager", context_buckets=bucket)
             return None
         return replay
 

@@ -40,6 +40,7 @@ from mohawk_common.tasks import cancel_and_wait
 from mohawk_common.telemetry import STEP
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.model.load_progress import MEASURED_EVENT
 from mohawk_shard.node.capacity import Capacity, measure_capacity
 from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.heartbeat import build_heartbeat
@@ -87,7 +88,7 @@ class ShardNode:
         self.tokenizer = await loop.run_in_executor(self.executor, self.source.load_decoder)
         self.capacity: Capacity = await loop.run_in_executor(self.executor, self._measure)
         self._log.info(
-            "node measured",
+            MEASURED_EVENT,
             device=self.capacity.device,
             seconds_per_layer=round(self.capacity.seconds_per_layer, 6),
             memory_limit_mb=self.capacity.memory_limit_bytes >> 20,

@@ -68,6 +68,10 @@ _SIGNATURES = {
         _POINTER, _SIZE, _POINTER, _SIZE, _SIZE, ctypes.c_int, ctypes.c_int, _POINTER, _POINTER, _POINTER,
         _POINTER, ctypes.c_int,
     ],
+    "mohawk_split_q8_blocks": [
+        _POINTER, _SIZE, _POINTER, _SIZE, _SIZE, _POINTER, _POINTER, _POINTER, _POINTER, _POINTER,
+        ctypes.c_int,
+    ],
     "mohawk_top_rows": [_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, ctypes.c_int],
     "mohawk_rms_norm_rows": [_POINTER, _SIZE, _SIZE, _POINTER, ctypes.c_float, _POINTER, ctypes.c_int],
     "mohawk_attend_rows": [
@@ -214,5 +218,6 @@ def load_library(path: Path) -> ctypes.CDLL:
         function.restype, function.argtypes = None, arguments
     library.mohawk_int8_rows_mm.restype = ctypes.c_int  # 0, or -1 for tables no format has
     library.mohawk_repack_blocks.restype = ctypes.c_int  # 0, -1 (not this layout's type), -2 (past fp16)
+    library.mohawk_split_q8_blocks.restype = ctypes.c_int
     library.mohawk_register_ops.restype, library.mohawk_register_ops.argtypes = ctypes.c_int, []
     return library

@@ -96,3 +96,30 @@ def int8_from_blocks(parts: Sequence[StoredBlocks], device: torch.device) -> int
     if not _repack(parts, 8, {"codes": codes, "scales": scales, "mins": mins, "subs": subs}):
         return None
     return int8_rows.PackedInt8(codes, scales, mins, subs, int8_rows.OFFSETS[fmt], blocks * COLUMN_BLOCK)
+
+
+def split_q8_from_blocks(
+    blocks: StoredBlocks, device: torch.device
+) -> tuple[int4_rows.PackedInt4, torch.Tensor, torch.Tensor] | None:
+    """A Q8_0 table's split head (`model/split_head.py`) from its blocks: the high nibbles in the
+    4-bit kernel's layout, the low nibbles two a byte [N, K/2], and the file's fp16 scales
+    [N, K/32]; None where this path does not apply."""
+    library = kernel()
+    if library is None or not _fits([blocks], frozenset({"Q8_0"}), device):
+        return None
+    rows_out, in_features = blocks.shape
+    column_blocks, groups = rows_out // COLUMN_BLOCK, in_features // 32
+    codes = torch.empty(column_blocks, in_features // 8, COLUMN_BLOCK, dtype=torch.int32)
+    scales = torch.empty(column_blocks, groups, COLUMN_BLOCK, dtype=torch.float16)
+    mins = torch.empty_like(scales)
+    low = torch.empty(rows_out, in_features // 2, dtype=torch.uint8)
+    d = torch.empty(rows_out, groups, dtype=torch.float16)
+    rows = None if blocks.rows is None else np.ascontiguousarray(blocks.rows, dtype=np.int64)
+    status = library.mohawk_split_q8_blocks(
+        blocks.raw.ctypes.data, blocks.raw.shape[1], None if rows is None else rows.ctypes.data,
+        rows_out, in_features, codes.data_ptr(), scales.data_ptr(), mins.data_ptr(), low.data_ptr(),
+        d.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if status != 0:
+        return None
+    return int4_rows.PackedInt4(codes, scales, mins, rows_out), low, d

@@ -198,4 +198,46 @@ int mohawk_repack_blocks(const uint8_t* raw, int64_t row_bytes, const int64_t* r
   return status;
 }
 
+// A Q8_0 table's rows -> the split head's halves (model/split_head.py): each code's u = q + 128
+// split into its high nibble, held in the 4-bit kernel's layout (codes uint32 [N/16, K/8, 16];
+// scales 16·d and minimums (7.5 − 128)·d, fp16 [N/16, K/32, 16]), and its low nibble, two a byte
+// in `low` (uint8 [N, K/2], even column in the low half); `d` (fp16 [N, K/32]) gets the file's
+// scales as stored. Returns 0, or -2 where 16·d or the minimum does not fit fp16.
+int mohawk_split_q8_blocks(const uint8_t* raw, int64_t row_bytes, const int64_t* rows, int64_t N, int64_t K,
+                           uint32_t* codes, uint16_t* scales, uint16_t* mins, uint8_t* low, uint16_t* d,
+                           int num_threads) {
+  if (N % 16 != 0 || K % 32 != 0) return -1;
+  const int64_t NB = N / 16, G = K / 32;
+  int status = 0;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t b = 0; b < NB; ++b) {
+    for (int c = 0; c < 16; ++c) {
+      const int64_t n = b * 16 + c;
+      const uint8_t* block = raw + (rows != nullptr ? rows[n] : n) * row_bytes;
+      uint32_t* words = codes + b * (K / 8) * 16 + c;
+      uint8_t* lows = low + n * (K / 2);
+      for (int64_t g = 0; g < G; ++g, block += 34) {
+        std::memcpy(&d[n * G + g], block, 2);
+        const float scale = half(block);
+        const float high_scale = 16.f * scale, high_min = (7.5f - 128.f) * scale;
+        if (!(std::fabs(high_scale) <= kHalfMax) || !(std::fabs(high_min) <= kHalfMax)) {
+#pragma omp atomic write
+          status = -2;
+        }
+        scales[(b * G + g) * 16 + c] = to_half(high_scale);
+        mins[(b * G + g) * 16 + c] = to_half(high_min);
+        const uint8_t* q = block + 2;
+        for (int w = 0; w < 4; ++w) {  // eight codes a word
+          uint32_t word = 0;
+          for (int j = 0; j < 8; ++j) word |= static_cast<uint32_t>((q[w * 8 + j] ^ 0x80) >> 4) << (4 * j);
+          words[(g * 4 + w) * 16] = word;
+        }
+        for (int j = 0; j < 16; ++j)
+          lows[g * 16 + j] = static_cast<uint8_t>(((q[2 * j] ^ 0x80) & 0x0F) | (((q[2 * j + 1] ^ 0x80) & 0x0F) << 4));
+      }
+    }
+  }
+  return status;
+}
+
 }  // extern "C"

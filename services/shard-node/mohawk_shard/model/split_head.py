@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from mohawk_common.model_store.quantized import GroupQuantized
+from mohawk_common.model_store.quantized import GroupQuantized, StoredBlocks
 from mohawk_shard.kernels import int4_rows
+from mohawk_shard.kernels.repack import split_q8_from_blocks
 from mohawk_shard.kernels.top_rows import top_indices
 from mohawk_shard.model.quantized_layers import Int4Linear, cpu_pack_block
 
@@ -42,15 +43,37 @@ def split_head_fits(table: GroupQuantized, device: torch.device) -> bool:
 
 
 class SplitQ8Head(nn.Module):
-    """y = x·Wᵀ for a Q8_0 table W: a 4-bit ranking pass, then the `shortlist` best logits exact."""
+    """y = x·Wᵀ for a Q8_0 table W: a 4-bit ranking pass, then the `shortlist` best logits exact.
+
+    Built from the table's decoded codes (`from_table`, numpy) or straight from the file's blocks
+    in one compiled pass (`from_blocks`, `kernels/repack.py`): the same buffers bit for bit.
+    """
 
     low: torch.Tensor
     scales: torch.Tensor
 
-    def __init__(self, table: GroupQuantized, device: torch.device, shortlist: int = 64) -> None:
+    def __init__(
+        self,
+        approximate: Int4Linear,
+        low: torch.Tensor,
+        scales: torch.Tensor,
+        group_size: int,
+        shortlist: int,
+    ) -> None:
+        """`approximate`: the high nibbles; `low`: the low nibbles, uint8 [rows, columns/2];
+        `scales`: the file's fp16 scales [rows, columns/group_size]."""
         super().__init__()
+        self.num_rows, self.num_columns = approximate.out_features, approximate.in_features
+        self.group_size = group_size
+        self.approximate = approximate
+        self.register_buffer("low", low)
+        self.register_buffer("scales", scales)
+        self.shortlist = min(shortlist, self.num_rows)
+        self.source_format = "Q8_0 split: 4-bit high nibbles ranked, shortlist exact"
+
+    @classmethod
+    def from_table(cls, table: GroupQuantized, device: torch.device, shortlist: int = 64) -> SplitQ8Head:
         rows, columns = table.shape
-        self.num_rows, self.num_columns, self.group_size = rows, columns, table.group_size
         high = np.empty((rows, columns), dtype=np.uint8)
         low = np.empty((rows, columns // 2), dtype=np.uint8)  # two nibbles a byte
         for start in range(0, rows, _SPLIT_ROWS):  # a slice at a time: no int16 copy of the table
@@ -60,14 +83,25 @@ class SplitQ8Head(nn.Module):
             nibbles = (shifted & 15).astype(np.uint8)
             low[start:stop] = nibbles[:, ::2] | nibbles[:, 1::2] << 4
         d = table.scales.astype(np.float32)
-        self.approximate = Int4Linear(
+        approximate = Int4Linear(
             GroupQuantized(high, 16 * d, (LOW_NIBBLE_MEAN - Q8_OFFSET) * d, 4, table.group_size, "Q8_0 high"),
             device,
         )
-        self.register_buffer("low", torch.from_numpy(low).to(device))
-        self.register_buffer("scales", torch.from_numpy(table.scales).to(device=device, dtype=torch.float16))
-        self.shortlist = min(shortlist, rows)
-        self.source_format = "Q8_0 split: 4-bit high nibbles ranked, shortlist exact"
+        scales = torch.from_numpy(table.scales).to(device=device, dtype=torch.float16)
+        return cls(approximate, torch.from_numpy(low).to(device), scales, table.group_size, shortlist)
+
+    @classmethod
+    def from_blocks(
+        cls, blocks: StoredBlocks, device: torch.device, shortlist: int = 64
+    ) -> SplitQ8Head | None:
+        """From the file's Q8_0 blocks in one threaded pass; None where that pass does not apply
+        (no compiled kernels, rows not whole column blocks, a scale past fp16)."""
+        split = split_q8_from_blocks(blocks, device)
+        if split is None:
+            return None
+        packed, low, scales = split
+        approximate = Int4Linear(packed, device, source_format="Q8_0 high")
+        return cls(approximate, low, scales, 32, shortlist)
 
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The file's exact float32 rows of `token_ids` (any shape) -> [..., columns]."""

@@ -1,4 +1,5 @@
-"""A batch-1 decode step replayed from a TorchScript trace: eager's own kernels, without Python between them.
+"""A batch-1 decode step replayed from a TorchScript trace: eager's own kernels, without Python between
+them.
 
 Design. On CPU a batch-1 decode step of a small model is a few hundred small ops (norms, rotary,
 fixed-chunk attention, casts around each 4-bit matmul) whose Python dispatch costs about as much as
@@ -15,15 +16,16 @@ keys, which fixed-chunk attention adds as exact zeros (`fixed_chunk_attention.py
 padding changes no bit and a few traces cover every length. A bucket is traced only after it has
 served `trace_after` eager steps (tracing takes seconds; short generations never pay it), and each
 trace is checked once on the step it was recorded from: bit-equal to eager, or the bucket stays
-eager for good. A model with sliding-window layers (Gemma 2 and 3) has several KV groups
-(`mohawk_common.kv_groups`), each with its own slots, context and mask as trace inputs; a sliding
-group reads from the first chunk its window still holds, so its context never passes the window
-plus a chunk, and its bucket is capped there (`group_bucket`): a long answer still needs only a few
-traces, keyed by every group's bucket. Sliding layers' own rotary base comes in as two more
-inputs. On CUDA the same step, with the same inputs, is recorded as a CUDA graph instead
-(`cuda_graph_step.py`): there the host's launches, not Python's dispatch, are what a small step
-waits on, and a graph replays them all in one call. Only stages whose forward has no data-dependent
-Python take this path: batch invariant attention, no int8 tier, no routed experts, on CPU or CUDA.
+eager for good. The trace is replayed without TorchScript's optimizing passes (`_unoptimized`). A
+model with sliding-window layers (Gemma 2 and 3) has several KV groups (`mohawk_common.kv_groups`),
+each with its own slots, context and mask as trace inputs; a sliding group reads from the first
+chunk its window still holds, so its context never passes the window plus a chunk, and its bucket is
+capped there (`group_bucket`): a long answer still needs only a few traces, keyed by every group's
+bucket. Sliding layers' own rotary base comes in as two more inputs. On CUDA the same step, with the
+same inputs, is recorded as a CUDA graph instead (`cuda_graph_step.py`): there the host's launches,
+not Python's dispatch, are what a small step waits on, and a graph replays them all in one call.
+Only stages whose forward has no data-dependent Python take this path: batch invariant attention, no
+int8 tier, no routed experts, on CPU or CUDA.
 """
 
 from __future__ import annotations
@@ -244,4 +246,17 @@ class TracedDecode:
             return CudaGraphStep(step, args, self._graph_pool)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tracer's notes on Python values it bakes in
-            return torch.jit.trace(step, tuple(args), check_trace=False)
+            trace = torch.jit.trace(step, tuple(args), check_trace=False)
+        return _unoptimized(trace)
+
+
+def _unoptimized(trace: Replay) -> Replay:
+    """`trace` replayed without the graph executor's optimizing passes: they profile the first two
+    replays (0.6-0.8 s each for Gemma 3 270M's step, 26 ms after) and made steps no faster (a scratch
+    A/B, interleaved processes: 27-32 against 29-35 tok/s steady)."""
+
+    def replay(*args: object) -> torch.Tensor:
+        with torch.jit.optimized_execution(False):
+            return trace(*args)
+
+    return replay

@@ -130,11 +130,13 @@ def _quantize_head(
     if held is None:
         return
     if head_is_split(source, weights, device.type):
-        table = _stored(source, LM_HEAD)
-        if not split_head_fits(table, device):
+        split = _split_head(source, device)
+        if split is None:
             log.warning("this CPU's int4 packing is not one the split head reads: head kept twice")
+            if _split_head_serves_embedding(model, source, weights, device):  # it was left to the head
+                _quantize_embedding(model, source, weights, device, dtype, report, head_split_failed=True)
         else:
-            model.lm_head = SplitQ8Head(table, device)
+            model.lm_head = split
             if source.config.tie_word_embeddings and model.embed_tokens is not None:
                 model.embed_tokens = SplitHeadEmbedding(model.lm_head, dtype)  # one table, not two
             return
@@ -184,6 +186,17 @@ def _int4_module(
     if held.held == INT4:
         return _run_module(source, INT4, names, device, bias)
     return Int4Linear(_four_bit(source, names, held), device, bias)
+
+
+def _split_head(source: ModelSource, device: torch.device) -> SplitQ8Head | None:
+    """The Q8_0 head split in two (`split_head.py`): from the file's blocks in one compiled pass,
+    else from its decoded codes; None where this CPU's int4 packing is not one it reads."""
+    blocks = _blocks(source, [LM_HEAD])
+    split = None if blocks is None else SplitQ8Head.from_blocks(blocks[0], device)
+    if split is not None:
+        return _released(source, [LM_HEAD], split)
+    table = _stored(source, LM_HEAD)
+    return SplitQ8Head.from_table(table, device) if split_head_fits(table, device) else None
 
 
 def _run_module(
@@ -248,18 +261,34 @@ def _quantize_embedding(
     device: torch.device,
     dtype: torch.dtype,
     report: FormatReport,
+    *,
+    head_split_failed: bool = False,
 ) -> None:
     if model.embed_tokens is None:
         return
     held = embedding_format(source, weights)
     if held is None or _head_shares_table(model, source, weights):
         return  # the head's step looks the table up in its own codes (`SharedTableEmbedding`)
+    if not head_split_failed and _split_head_serves_embedding(model, source, weights, device):
+        return  # the split head's rows are the table (`SplitHeadEmbedding`): not decoded twice
     if held.from_file:
         table = _stored(source, EMBEDDING)
     else:
         table = quantize_groupwise(source.read_tensor(EMBEDDING), bits=held.bits)
     model.embed_tokens = GroupwiseEmbedding(table, device, dtype)
     report.counts[f"embedding {table.bits}-bit from {table.source_format}"] += 1
+
+
+def _split_head_serves_embedding(
+    model: DecoderStage, source: ModelSource, weights: str, device: torch.device
+) -> bool:
+    """A stage holding both ends of a tied model whose head is split (`SplitQ8Head`)."""
+    return (
+        source.config.tie_word_embeddings
+        and model.embed_tokens is not None
+        and model.lm_head is not None
+        and head_is_split(source, weights, device.type)
+    )
 
 
 def _head_shares_table(model: DecoderStage, source: ModelSource, weights: str) -> bool:

@@ -9,7 +9,8 @@ it directly, and transformers' fast tokenizer decodes through the very same obje
 optional space clean-up, which a kept `tokenizer_config.json` says is wanted or not; where it
 is, this falls back to transformers for decoding too). `LazyTokenizer` serves `decode` so and
 loads transformers' tokenizer the first time anything else is asked of it, so callers that also
-encode chats (`mohawk generate`) see the same object as before.
+encode chats (`mohawk generate`) see the same object as before. The `tokenizers` file is read on a
+thread of its own, beside the weights' load (`tokenizers` lets go of the GIL for most of it).
 """
 
 from __future__ import annotations
@@ -26,15 +27,30 @@ class LazyTokenizer:
     transformers' tokenizer, loaded (once) by `load_full` on first use."""
 
     def __init__(self, folder: Path | None, load_full: Callable[[], Any]) -> None:
-        self._fast = _decoder(folder) if folder is not None else None
+        self._fast_result: list[Any] = []
+        # read in the background: a 262k-token vocabulary takes `tokenizers` a second or two, which
+        # the weights' load (and the first prompt) overlap; `decode` waits for it
+        self._fast_loaded = threading.Thread(
+            target=lambda: self._fast_result.append(None if folder is None else _decoder(folder)),
+            name="tokenizer-load",
+            daemon=True,
+        )
+        self._fast_loaded.start()
         self._load_full = load_full
         self._full: Any = None
         self._lock = threading.Lock()
 
+    @property
+    def _fast(self) -> Any:
+        """The `tokenizers` decoder (None where decoding needs transformers), once it is read."""
+        self._fast_loaded.join()
+        return self._fast_result[0] if self._fast_result else None
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False, **kwargs: Any) -> str:
-        if self._fast is None or kwargs:
+        fast = self._fast
+        if fast is None or kwargs:
             return str(self.full.decode(token_ids, skip_special_tokens=skip_special_tokens, **kwargs))
-        return str(self._fast.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
+        return str(fast.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
     @property
     def full(self) -> Any:

@@ -90,3 +90,21 @@ def test_a_damaged_or_missing_entry_reads_the_file_again(gguf: Path) -> None:
     shutil.rmtree(entry_dir(gguf, "tokenizer"), ignore_errors=True)
     assert not isinstance(open_model(gguf).load_decoder(), LazyTokenizer)  # transformers reads it
     assert isinstance(open_model(gguf).load_decoder(), LazyTokenizer)  # and kept it
+
+
+def test_the_decoder_is_read_on_its_own_thread_and_decode_waits_for_it(
+    gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building the lazy tokenizer returns while `tokenizers` still reads its file (beside the
+    weights' load, at a node's start); the first `decode` waits for it and decodes through it."""
+    import threading
+
+    from mohawk_common.model_store import token_decoder
+
+    release, real = threading.Event(), token_decoder._decoder
+    monkeypatch.setattr(token_decoder, "_decoder", lambda folder: release.wait(30) and real(folder))
+    full = open_model(gguf).load_tokenizer()
+    lazy = LazyTokenizer(entry_dir(gguf, "tokenizer"), lambda: pytest.fail("transformers was loaded"))
+    assert lazy._fast_loaded.is_alive()  # still reading
+    threading.Timer(0.2, release.set).start()
+    assert lazy.decode([1, 2, 3]) == full.decode([1, 2, 3]) and not lazy._fast_loaded.is_alive()

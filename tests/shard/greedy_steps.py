@@ -30,9 +30,14 @@ def greedy(stage: TorchBackend, prompt: Sequence[int], steps: int, block_size: i
             group_tables=[tables[1:]] if len(groups) > 1 else (),
         )
 
-    with torch.inference_mode():
-        logits = stage.forward(batch(list(prompt), 0), None)
-        for position in range(len(prompt), len(prompt) + steps):
-            yield logits.clone()
-            token = int(logits[-1].argmax())
-            logits = stage.forward(batch([token], position), None)
+    def forward(tokens: list[int], position: int) -> torch.Tensor:
+        # inference mode around each call, never across a yield: two of these generators zipped
+        # would interleave their enters and exits and leave it on for the rest of the process
+        with torch.inference_mode():
+            return stage.forward(batch(tokens, position), None)
+
+    logits = forward(list(prompt), 0)
+    for position in range(len(prompt), len(prompt) + steps):
+        yield logits.clone()
+        token = int(logits[-1].argmax())
+        logits = forward([token], position)

@@ -57,6 +57,7 @@ def test_sliding_layers_and_a_second_rotary_base_are_traced_bit_for_bit(tmp_path
         zip(greedy(traced, prompt, steps, block), greedy(eager, prompt, steps, block), strict=True)
     ):
         assert torch.equal(a, b), f"step {step}"
+    assert not torch.is_inference_mode_enabled()  # two interleaved steppers leave it as it was
     kept = traced.traced_decode._traces
     assert all(t is not None for t in kept.values())
     full = {buckets[0] for buckets in kept}
@@ -130,7 +131,7 @@ def test_a_traced_step_reads_its_context_padded_with_its_last_slot_and_masked(bu
     batch = ForwardBatch.build([([7], 70, [3, 4, 5, 6, 7], True)], BLOCK)  # context of 71
     inputs = torch.tensor([7])
     _, rotary, slots, contexts, masks, keys, values = traced._trace_inputs(
-        batch, inputs, stage.kv_caches, [128]
+        batch, [batch], inputs, stage.kv_caches, [128]
     )
     (slot,), (context,), (mask,) = slots, contexts, masks
     first = 3 * BLOCK

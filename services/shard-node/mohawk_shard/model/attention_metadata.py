@@ -163,7 +163,7 @@ class AttentionMetadata:
         cos, sin = rotary.lookup(positions)
         align = window_align(batch.block_size, fixed_chunks)
         groups = {
-            group: group_step(batch.for_group(group), window, tiers, rotary.cos.dtype, tensor, align)
+            group: group_step(group_view(batch, group, window, align), tiers, rotary.cos.dtype, tensor)
             for group, window in (windows or {0: None}).items()
         }
         return cls(cos, sin, groups, rotary.lookup_local(positions), fixed_chunks)
@@ -175,20 +175,22 @@ def window_align(block_size: int, fixed_chunks: bool) -> int:
     return CHUNK // block_size if fixed_chunks and CHUNK % block_size == 0 else 1
 
 
+def group_view(batch: ForwardBatch, group: int, window: int | None, align: int) -> ForwardBatch:
+    """The step as one KV group's layers read it: the group's block tables and, for a sliding
+    group, from the first block its window still holds (rounded down to a multiple of `align`
+    blocks), positions counted from there (the mask keeps only their differences)."""
+    view = batch.for_group(group)
+    return view if window is None else view.from_window(window, align)
+
+
 def group_step(
     batch: ForwardBatch,
-    window: int | None,
     tiers: TierPlan | None,
     dtype: torch.dtype,
     tensor: Callable[[np.ndarray], torch.Tensor],
-    align: int = 1,
 ) -> GroupStep:
-    """A group's writes go where its table says; a sliding group attends from the first block its
-    window still holds (rounded down to a multiple of `align` blocks), positions counted from there
-    (the mask keeps only their differences)."""
+    """A group's step from its view (`group_view`): its writes go where its table says."""
     slot_mapping = batch.slot_mapping if tiers is None else tiers.slot_mapping
-    if window is not None:
-        batch = batch.from_window(window, align)
     context = StepContext(batch, tiers)
     groups = part_groups(batch.query_lens)
     first_rows = np.cumsum(batch.query_lens) - batch.query_lens

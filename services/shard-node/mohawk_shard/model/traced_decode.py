@@ -44,6 +44,7 @@ from mohawk_shard.model.attention_metadata import (
     AttentionPart,
     GroupStep,
     additive_mask,
+    group_view,
     window_align,
 )
 from mohawk_shard.model.cuda_graph_step import CudaGraphStep
@@ -171,40 +172,38 @@ class TracedDecode:
     ) -> torch.Tensor:
         """The step's output: from the bucket's trace, or from `eager()` (tracing the bucket once
         it has run `trace_after` eager steps)."""
-        views = self._group_views(batch)
+        align = window_align(batch.block_size, fixed_chunks=True)
+        views = [group_view(batch, group, window, align) for group, window in self.windows.items()]
         bucket = tuple(
             group_bucket(int(view.context_lens[0]), w)
             for view, w in zip(views, self.windows.values(), strict=True)
         )
         if bucket in self._traces:
             trace = self._traces[bucket]
-            return eager() if trace is None else trace(*self._trace_inputs(batch, inputs, caches, bucket))
+            if trace is None:
+                return eager()
+            return trace(*self._trace_inputs(batch, views, inputs, caches, bucket))
         out = eager()
         seen = self._eager_steps[bucket] = self._eager_steps.get(bucket, 0) + 1
         if seen >= self.trace_after:
-            self._traces[bucket] = self._trace(batch, inputs, caches, bucket, out)
+            self._traces[bucket] = self._trace(batch, views, inputs, caches, bucket, out)
         return out
 
-    def _group_views(self, batch: ForwardBatch) -> list[ForwardBatch]:
-        """The step as each KV group's layers read it (a sliding group from its window's first chunk)."""
-        align = window_align(batch.block_size, fixed_chunks=True)
-        views = []
-        for group, window in self.windows.items():
-            view = batch.for_group(group)
-            views.append(view if window is None else view.from_window(window, align))
-        return views
-
     def _trace_inputs(
-        self, batch: ForwardBatch, inputs: torch.Tensor, caches: list[KVCache], buckets: Sequence[int]
+        self,
+        batch: ForwardBatch,
+        views: Sequence[ForwardBatch],
+        inputs: torch.Tensor,
+        caches: list[KVCache],
+        buckets: Sequence[int],
     ) -> TraceInputs:
+        """The trace's arguments; `views`: the step as each KV group reads it (`group_view`)."""
         device = inputs.device
         positions = torch.from_numpy(batch.positions).to(device)
         rotary = list(self.rotary.lookup(positions))
         rotary += self.rotary.lookup_local(positions) or ()
         slots, contexts, masks = [], [], []
-        for view, window, bucket in zip(
-            self._group_views(batch), self.windows.values(), buckets, strict=True
-        ):
+        for view, window, bucket in zip(views, self.windows.values(), buckets, strict=True):
             context_len = int(view.context_lens[0])
             context = view.context_slots()[0]
             padded = np.full(bucket, context[-1], dtype=np.int64)  # masked keys: any slot of the context
@@ -220,6 +219,7 @@ class TracedDecode:
     def _trace(
         self,
         batch: ForwardBatch,
+        views: Sequence[ForwardBatch],
         inputs: torch.Tensor,
         caches: list[KVCache],
         bucket: tuple[int, ...],
@@ -227,7 +227,7 @@ class TracedDecode:
     ) -> Replay | None:
         """The bucket's trace (a CUDA graph on a GPU), recorded on this step (whose K/V it writes
         again, the same values) and kept only if it gives eager's output bit for bit."""
-        args = self._trace_inputs(batch, inputs, caches, bucket)
+        args = self._trace_inputs(batch, views, inputs, caches, bucket)
         step = _DecodeStep(self.model, self.windows, bucket, [c.group for c in caches]).eval()
         try:
             replay = self._record(step, args)

@@ -154,8 +154,10 @@ class ClusterSetup:
         name: str | None = None,
         telemetry: bool = False,
         nats_security: bool = False,
+        model: str | None = None,
     ) -> None:
-        """`nats_security`: NATS users per role and TLS only, as `mohawk up` runs it."""
+        """`nats_security`: NATS users per role and TLS only, as `mohawk up` runs it; `model`: a
+        GGUF file (default the bundled model)."""
         self.name = name or f"mohawk up --nodes {num_nodes}"
         spec = ClusterSpec(
             nodes=num_nodes,
@@ -171,9 +173,13 @@ class ClusterSetup:
             telemetry_port=free_port() if telemetry else None,
             nats_auth=nats_security,
             nats_tls=nats_security,
+            model=model,
         )
         self.cluster = LocalCluster(spec).start()
-        self.cluster.wait_ready(timeout=300)
+        self.cluster.wait_ready(timeout=600)
+        self.model_name = MODEL
+        if model:  # the name the file is served under
+            self.model_name = httpx.get(f"{self.cluster.url}/v1/models").json()["data"][0]["id"]
 
     def close(self) -> None:
         self.cluster.stop()
@@ -227,7 +233,7 @@ class ClusterSetup:
 
     async def _stream(self, client: httpx.AsyncClient, question: str, num_tokens: int) -> list[float]:
         body = {
-            "model": MODEL,
+            "model": self.model_name,
             "messages": [{"role": "user", "content": question}],
             "max_tokens": num_tokens,
             "temperature": 0,

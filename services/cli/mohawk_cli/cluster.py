@@ -43,6 +43,7 @@ from mohawk_pqc.pki_files import init_pki, issue_node
 _STOP_TIMEOUT_S = 15.0
 NATS_PORT = 4222  # NATS's usual port, when free
 TELEMETRY_PORT = 9300
+GOMP_SPINCOUNT = 10_000  # spins an idle OpenMP thread makes before it sleeps (libgomp's default: 300,000)
 
 
 class ClusterError(MohawkError):
@@ -57,7 +58,7 @@ class ClusterSpec:
     nats_port: int | None = None  # None: 4222 when free, else any free port
     data_dir: Path = Path(".mohawk")
     model: str | None = None
-    threads_per_node: int | None = None  # None: the CPU cores shared out among the nodes
+    threads_per_node: int | None = None  # None: every node may use every core, taking turns (host_cores)
     env: Mapping[str, str] = field(default_factory=dict)
     node_args: Sequence[str] = ()
     log_level: str = "info"
@@ -235,13 +236,24 @@ class LocalCluster:
     def add_node(self, extra_args: Sequence[str] = ()) -> str:
         self._node_count += 1
         name = f"shard-{self._node_count}"
-        threads = self.spec.threads_per_node or max(1, (os.cpu_count() or 1) // max(1, self.spec.nodes))
-        args = ["--node-id", name, "--num-threads", str(threads), *self.spec.node_args]
+        args = ["--node-id", name, "--num-threads", str(self.spec.threads_per_node or os.cpu_count() or 1)]
+        args += self.spec.node_args
         if self._node_count <= len(self.spec.backends):
             args += ["--backend", self.spec.backends[self._node_count - 1]]
         args += extra_args
-        self._spawn(name, "mohawk_shard", args)
+        self._spawn(name, "mohawk_shard", args, self._share_cores())
         return name
+
+    def _share_cores(self) -> dict[str, str]:
+        """Nodes given no thread count share the host's cores (`node/host_cores.py`): each takes
+        them all while the others idle; OpenMP's idle threads spin briefly, so a finished stage
+        hands its cores to the next at once (the default spin holds them for milliseconds)."""
+        if self.spec.threads_per_node is not None or self.spec.nodes < 2:
+            return {}
+        env = {"MOHAWK_HOST_CORES_FILE": str(self.spec.data_dir.resolve() / "host-cores")}
+        if "GOMP_SPINCOUNT" not in os.environ and "GOMP_SPINCOUNT" not in self.spec.env:
+            env["GOMP_SPINCOUNT"] = str(GOMP_SPINCOUNT)
+        return env
 
     def start_gateway(
         self, name: str = "gateway", port: int | None = None, env: Mapping[str, str] | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from mohawk_common.chat import encode_chat
 from mohawk_common.model_store import ModelSource
@@ -107,3 +108,15 @@ def test_on_torchs_own_kernels_too(bundled: ModelSource, monkeypatch: pytest.Mon
     alone = [generate(engine(bundled), [p])[0] for p in three]
     assert generate(on_torch, three + prompts(bundled, 29, offset=3))[:3] == alone
     assert generate(engine(bundled, max_num_batched_tokens=48), three) == alone
+
+
+def test_on_one_thread_and_on_two(bundled: ModelSource, six: list[list[int]], alone: list[list[int]]) -> None:
+    """Shard nodes sharing a host's cores change their thread count from step to step
+    (`node/host_cores.py`): the tokens must not depend on it."""
+    threads = torch.get_num_threads()
+    one = engine(bundled)
+    try:
+        torch.set_num_threads(1)
+        assert generate(one, six[:3]) == alone[:3]
+    finally:
+        torch.set_num_threads(threads)

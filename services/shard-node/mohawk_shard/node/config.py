@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -34,6 +35,11 @@ class NodeSettings(BusSettings, EngineSettings):
     )
     memory_limit_mb: int | None = Field(
         None, ge=1, description="memory offered for weights + KV; none = 80% of the device's"
+    )
+    host_cores_file: Path | None = Field(
+        None,
+        description="a file the shard nodes of one host share (`mohawk up` sets one): a node computing "
+        "while the others idle takes all of `num_threads`, and its share while they compute too",
     )
     max_inflight_steps: int | None = Field(
         None, ge=1, description="pipeline steps in flight at stage 0; none = one per stage"

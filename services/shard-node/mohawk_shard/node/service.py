@@ -44,6 +44,7 @@ from mohawk_shard.model.load_progress import MEASURED_EVENT
 from mohawk_shard.node.capacity import Capacity, measure_capacity
 from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.heartbeat import build_heartbeat
+from mohawk_shard.node.host_cores import HostCores
 from mohawk_shard.node.metrics import node_metrics
 from mohawk_shard.node.roles import Role
 from mohawk_shard.node.snapshot import NodeSnapshot
@@ -73,10 +74,16 @@ class ShardNode:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        if self.settings.num_threads is not None:
+        if self.settings.num_threads is not None or self.settings.host_cores_file is not None:
             import torch
 
-            torch.set_num_threads(self.settings.num_threads)
+            if self.settings.num_threads is not None:
+                torch.set_num_threads(self.settings.num_threads)
+            if self.settings.host_cores_file is not None and self.settings.backend == "torch":
+                cores = HostCores(
+                    self.settings.host_cores_file, torch.get_num_threads(), torch.set_num_threads
+                )
+                self.executor.around = cores.turn
         self.nc: Client = await connect(
             self.settings.nats_servers,
             name=f"shard-{self.node_id}",

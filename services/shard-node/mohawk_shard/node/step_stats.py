@@ -12,9 +12,11 @@ KV blocks in use; every stage its hop times. Published every heartbeat interval
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from mohawk_common.telemetry import StepReport
@@ -24,17 +26,20 @@ T = TypeVar("T")
 
 
 class TimedExecutor(ThreadPoolExecutor):
-    """A thread pool that sums the time its tasks ran (`busy_s`, seconds since it started)."""
+    """A thread pool that sums the time its tasks ran (`busy_s`, seconds since it started); each
+    task runs inside `around()` where set (`HostCores.turn`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.busy_s = 0.0
+        self.around: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         def timed() -> T:
             started = time.perf_counter()
             try:
-                return fn(*args, **kwargs)
+                with self.around():
+                    return fn(*args, **kwargs)
             finally:
                 self.busy_s += time.perf_counter() - started
 

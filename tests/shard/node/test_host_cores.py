@@ -1,0 +1,138 @@
+"""Nodes on one host share its cores: all of them while the others idle, a share while they compute.
+
+The other nodes are real processes mapping the same file (a slot is a process's)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mohawk_shard.node.host_cores import MEMORY, SLOT, HostCores
+
+# a node in another process: one turn at a time, driven line by line on stdin
+OTHER = """
+import sys
+from pathlib import Path
+from mohawk_shard.node.host_cores import HostCores
+cores = HostCores(Path(sys.argv[1]), 1, lambda n: None)
+print("ready", flush=True)
+for line in sys.stdin:
+    if line.strip() == "turn":
+        with cores.turn():
+            print("busy", flush=True)
+            sys.stdin.readline()
+        print("idle", flush=True)
+    elif line.strip() == "vanish":
+        import os
+        with cores.turn():
+            print("busy", flush=True)
+            os._exit(0)  # killed mid-turn: its slot still says busy
+"""
+
+
+class Other:
+    def __init__(self, path: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", OTHER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.expect("ready")
+
+    def expect(self, word: str) -> None:
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == word
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def begin(self) -> None:
+        self.send("turn")
+        self.expect("busy")
+
+    def end(self) -> None:
+        self.send("")
+        self.expect("idle")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def share(tmp_path: Path) -> Iterator[tuple[Path, list[int]]]:
+    applied: list[int] = []
+    yield tmp_path / "host-cores", applied
+
+
+def turn(cores: HostCores) -> int:
+    with cores.turn() as threads:
+        return threads
+
+
+def test_a_lone_node_takes_every_core_and_a_loaded_one_its_share(share: tuple[Path, list[int]]) -> None:
+    path, applied = share
+    cores = HostCores(path, 4, applied.append)
+    assert turn(cores) == 4 and applied == [4]
+    other = Other(path)
+    try:
+        other.begin()  # another node computes while this one does
+        assert turn(cores) == 2  # busy as the turn begins
+        assert turn(cores) == 2 and applied == [4, 2]
+        other.end()
+        for _ in range(MEMORY):  # still remembered
+            assert turn(cores) == 2
+        assert turn(cores) == 4 and applied == [4, 2, 4]  # not met for MEMORY turns
+    finally:
+        other.close()
+
+
+def test_a_turn_another_node_began_and_ended_within_counts(share: tuple[Path, list[int]]) -> None:
+    """Stages overlap without either seeing the other busy at its own turn's ends."""
+    path, applied = share
+    cores = HostCores(path, 2, applied.append)
+    other = Other(path)
+    try:
+        with cores.turn() as threads:
+            assert threads == 2
+            other.begin()
+            other.end()
+        assert turn(cores) == 1
+    finally:
+        other.close()
+
+
+def test_a_node_that_died_mid_turn_does_not_hold_cores_and_its_slot_is_taken_again(
+    share: tuple[Path, list[int]],
+) -> None:
+    path, applied = share
+    cores = HostCores(path, 2, applied.append)
+    other = Other(path)
+    other.send("vanish")
+    other.expect("busy")
+    other.proc.wait(10)
+    assert turn(cores) == 2 and turn(cores) == 2
+    again = Other(path)  # the dead process's slot is free again
+    try:
+        pids = [pid for pid, _, _ in SLOT.iter_unpack(path.read_bytes())]
+        assert pids[:3] == [os.getpid(), again.proc.pid, 0]
+    finally:
+        again.close()
+
+
+def test_a_share_is_never_below_one_thread(share: tuple[Path, list[int]]) -> None:
+    path, applied = share
+    cores = HostCores(path, 1, applied.append)
+    others = [Other(path) for _ in range(2)]
+    try:
+        for other in others:
+            other.begin()
+        assert turn(cores) == 1 and turn(cores) == 1
+    finally:
+        for other in others:
+            other.close()

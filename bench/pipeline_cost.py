@@ -8,9 +8,9 @@ threads' worth of cores on every side, runs interleaved in one process:
   * 32 concurrent streams of 64 tokens (mixed prompt lengths), aggregate tokens/s: the in-process
     engine against `mohawk up --nodes 2`.
 The cluster's two shard nodes, its gateway, NATS and coordinator share this machine's cores with
-the benchmark process (idle while the cluster runs). Every side runs one request of the measured
-length first (the engine traces its decode steps by then; llama.cpp needs no warm-up, it gets one
-all the same). Each figure is the median of the form's runs with its min-max. The targets
+the benchmark process (idle while the cluster runs). Every side runs two requests of the measured
+length first (the engine has traced its decode steps by then; llama.cpp needs no warm-up, it gets
+them all the same). Each figure is the median of the form's runs with its min-max. The targets
 (issue 36): the lone request through two nodes >= 0.9x llama.cpp's batch-1 on the bundled file
 (>= 0.95x on the 1.7B), 32 streams through two nodes >= 0.8x the in-process engine's.
 
@@ -83,7 +83,8 @@ def measure(path: Path | None, form: Form, threads: int) -> dict[str, Any]:
             "mohawk up --nodes 2": lambda: cluster.batch1(qs[0], form.batch1_tokens).decode_tps,
         }
         for run in lone_runs.values():
-            run()  # warm-up
+            run()  # warm-up: twice, as a bucket is traced after 32 eager steps (more than one
+            run()  # short answer takes in the first bucket)
         for _ in range(form.repeats):
             for side, run in lone_runs.items():
                 add(f"lone {side}", run())

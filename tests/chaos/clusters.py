@@ -1,5 +1,6 @@
-"""The clusters the chaos tests break: real processes, one thread per shard node, the default
-settings (batch invariant: a re-batched recompute gives the undisturbed run's text exactly)."""
+"""The clusters the chaos tests break: real processes with `mohawk up`'s defaults (batch invariant:
+a re-batched recompute gives the undisturbed run's text exactly; the shard nodes share the host's
+cores by turns, so their thread counts change from step to step)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ def chaos_spec(data_dir: Path, nodes: int, coordinators: int = 1, **env: str) ->
         port=free_port(),
         nats_port=free_port(),
         data_dir=data_dir,
-        threads_per_node=1,
         env=env,
         max_payload=256 * 1024,  # a 512-token step's activations cross in chunks
     )

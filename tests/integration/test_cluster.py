@@ -40,7 +40,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         port=_free_port(),
         nats_port=_free_port(),
         data_dir=tmp_path_factory.mktemp("cluster"),
-        threads_per_node=1,
         env={"MOHAWK_LEASE_TTL_S": str(LEASE_TTL_S)},
         max_payload=256 * 1024,  # a 512-token step's activations (1.2 MB) cross in chunks
     )

@@ -16,8 +16,9 @@ pipeline stays on shares (stages overlap most of the time, though not at every t
 and a lone request, whose stages never overlap, keeps every core. Idle OpenMP threads should give
 their core back soon (`mohawk up` sets `GOMP_SPINCOUNT` for this): OpenMP's default spin keeps a
 finished node's threads on the cores the next stage is about to use.
-A slot is claimed under a lock on the file (the first slot free or whose pid is gone); reading and
-writing slots take no lock (each node writes only its own).
+A slot is claimed under a lock on the file (the first slot free or whose pid is gone: a node
+that stops leaves its slot to the next); reading and writing slots take no lock (each node writes
+only its own).
 """
 
 from __future__ import annotations
@@ -110,7 +111,3 @@ class HostCores:
             after = self._others()
             self._mark(False)
             self._met.append(sum(1 for slot, now in after.items() if _computed(before.get(slot), now)))
-
-    def close(self) -> None:
-        SLOT.pack_into(self._map, self._slot * SLOT.size, 0, 0, 0)
-        self._map.close()

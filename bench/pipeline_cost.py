@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from distributed import ClusterSetup, questions
+from real_files import stat
 from real_shapes import model_file
 from results_file import write_results
 from runners import LlamaCppRunner, MohawkRunner
@@ -54,10 +54,6 @@ class Form:
 
 SHORT = Form(repeats=3, batch1_tokens=65, concurrent_repeats=2)
 FULL = Form(repeats=5, batch1_tokens=129, concurrent_repeats=3)
-
-
-def stat(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def measure(path: Path | None, form: Form, threads: int) -> dict[str, Any]:
@@ -83,8 +79,8 @@ def measure(path: Path | None, form: Form, threads: int) -> dict[str, Any]:
             "mohawk up --nodes 2": lambda: cluster.batch1(qs[0], form.batch1_tokens).decode_tps,
         }
         for run in lone_runs.values():
-            run()  # warm-up: twice, as a bucket is traced after 32 eager steps (more than one
-            run()  # short answer takes in the first bucket)
+            run()  # warm-up: twice, as a bucket is traced after TRACE_AFTER eager steps, which
+            run()  # one short answer may not reach in its first bucket
         for _ in range(form.repeats):
             for side, run in lone_runs.items():
                 add(f"lone {side}", run())

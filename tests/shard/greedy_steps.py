@@ -41,3 +41,26 @@ def greedy(stage: TorchBackend, prompt: Sequence[int], steps: int, block_size: i
         yield logits.clone()
         token = int(logits[-1].argmax())
         logits = forward([token], position)
+
+
+def greedy_together(
+    stage: TorchBackend, prompts: Sequence[Sequence[int]], steps: int, block_size: int
+) -> Iterator[torch.Tensor]:
+    """Several sequences of one KV group decoding greedily in one batch a step: each prompt is
+    prefilled on its own, then every step decodes all of them together. Yields the logits [n, vocab]
+    of each decode step's input tokens (a copy). Sequence i takes blocks i·count, i·count + 1, ..."""
+    count = -(-(max(map(len, prompts)) + steps) // block_size)
+    tables = [list(range(i * count, (i + 1) * count)) for i in range(len(prompts))]
+
+    def forward(chunks: list[tuple[list[int], int, list[int], bool]]) -> torch.Tensor:
+        with torch.inference_mode():
+            return stage.forward(ForwardBatch.build(chunks, block_size), None)
+
+    last = [forward([(list(p), 0, tables[i], True)])[-1] for i, p in enumerate(prompts)]
+    logits = torch.stack(last)
+    positions = [len(p) for p in prompts]
+    for _ in range(steps):
+        yield logits.clone()
+        tokens = logits.argmax(-1).tolist()
+        logits = forward([([t], positions[i], tables[i], True) for i, t in enumerate(tokens)])
+        positions = [p + 1 for p in positions]

@@ -60,8 +60,9 @@ def test_sliding_layers_and_a_second_rotary_base_are_traced_bit_for_bit(tmp_path
     assert not torch.is_inference_mode_enabled()  # two interleaved steppers leave it as it was
     kept = traced.traced_decode._traces
     assert all(t is not None for t in kept.values())
-    full = {buckets[0] for buckets in kept}
-    sliding = {buckets[1:] for buckets in kept}
+    assert {size for size, _ in kept} == {1}
+    full = {buckets[0] for _, buckets in kept}
+    sliding = {buckets[1:] for _, buckets in kept}
     assert full == {64, 128, 256} and sliding == {(64,) * 5, (128,) * 5}  # capped at 4 + 63 keys
 
 
@@ -74,7 +75,7 @@ def test_traced_steps_give_eager_logits_bit_for_bit_across_buckets(bundled: Mode
     ):
         assert torch.equal(a, b), f"step {step}"
     kept = traced.traced_decode._traces
-    assert set(kept) == {(64,), (128,), (256,)} and all(t is not None for t in kept.values())
+    assert set(kept) == {(1, (64,)), (1, (128,)), (1, (256,))} and all(t is not None for t in kept.values())
 
 
 def test_a_trace_that_differs_from_eager_is_dropped_and_the_bucket_stays_eager(
@@ -93,7 +94,7 @@ def test_a_trace_that_differs_from_eager_is_dropped_and_the_bucket_stays_eager(
 
     monkeypatch.setattr(stage, "_eager", eager_but_off_by_a_bit)
     list(greedy(stage, PROMPT, 6, BLOCK))
-    assert traced._traces == {(64,): None}  # checked on its second step, found different, dropped
+    assert traced._traces == {(1, (64,)): None}  # checked on its second step, found different, dropped
     assert len(calls) == 7  # the prompt, then all six decode steps eager
 
 
@@ -135,7 +136,8 @@ def test_a_traced_step_reads_its_context_padded_with_its_last_slot_and_masked(bu
     )
     (slot,), (context,), (mask,) = slots, contexts, masks
     first = 3 * BLOCK
-    assert context.tolist() == list(range(first, first + 71)) + [first + 70] * 57
+    assert context.shape == (1, 128)
+    assert context[0].tolist() == list(range(first, first + 71)) + [first + 70] * 57
     assert (
         slot.tolist() == [first + 70] and len(rotary) == 2 and rotary[0].shape[0] == rotary[1].shape[0] == 1
     )

@@ -67,7 +67,7 @@ def test_graphed_decode_gives_eager_logits_bit_for_bit_across_buckets(
     ):
         assert torch.equal(a, b), f"step {step}"
     kept = graphed.traced_decode._traces
-    assert set(kept) == {64, 128} and all(isinstance(g, CudaGraphStep) for g in kept.values())
+    assert set(kept) == {(1, (64,)), (1, (128,))} and all(isinstance(g, CudaGraphStep) for g in kept.values())
 
 
 def test_reallocated_caches_drop_the_graphs_and_new_ones_read_the_new_caches(

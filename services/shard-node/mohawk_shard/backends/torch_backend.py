@@ -26,7 +26,7 @@ from mohawk_shard.model.kv_cache import Int8Store, KVCache
 from mohawk_shard.model.kv_quant import KVTiers
 from mohawk_shard.model.quantized_layers import DENSE_MIN_ROWS, dense_rows
 from mohawk_shard.model.rope import RotaryTable
-from mohawk_shard.model.traced_decode import TRACE_AFTER, TracedDecode, traceable
+from mohawk_shard.model.traced_decode import CUDA_BATCH_SIZES, TRACE_AFTER, TracedDecode, traceable
 from mohawk_shard.model.weight_formats import weights_dtype
 from mohawk_shard.model.weight_loading import build_stage
 
@@ -100,7 +100,10 @@ class TorchBackend:
         # batch-1 decodes replayed from a trace (`traced_decode.py`); None: always eager
         self.traced_decode: TracedDecode | None = None
         if trace_decode_after is not None and traceable(self.model, self.torch_device):
-            self.traced_decode = TracedDecode(self.model, self.rotary, trace_decode_after, self._windows)
+            sizes = CUDA_BATCH_SIZES if self.torch_device.type == "cuda" else (1,)
+            self.traced_decode = TracedDecode(
+                self.model, self.rotary, trace_decode_after, self._windows, sizes
+            )
 
     @property
     def weight_bytes(self) -> int:
@@ -135,10 +138,13 @@ class TorchBackend:
             data = torch.zeros((num_blocks * block_size, kv_heads, head_dim), dtype=torch.int8)
             return Int8Store(data.to(self.torch_device), scale)
 
+        # a spare block past the block manager's for the padding rows of recorded multi-sequence steps
+        traced = self.traced_decode
+        spare = int(traced is not None and traced.pads_batches and not two_tier)
         pages = [
             KVCache(
-                zeros(num_hot * block_size, self.dtype),
-                zeros(num_hot * block_size, self.dtype),
+                zeros((num_hot + spare) * block_size, self.dtype),
+                zeros((num_hot + spare) * block_size, self.dtype),
                 int8_home(),
                 int8_home(),
             )
@@ -148,8 +154,9 @@ class TorchBackend:
             KVCache(page.key, page.value, page.key_int8, page.value_int8, group)
             for page, group in zip((pages[j] for j in self._tensor_slots), self.layer_groups, strict=True)
         ]
-        if self.traced_decode is not None:
-            self.traced_decode.forget()
+        if traced is not None:
+            traced.forget()
+            traced.pad_block = num_hot if spare else None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, hidden: torch.Tensor | None) -> torch.Tensor:
@@ -163,7 +170,7 @@ class TorchBackend:
             inputs = hidden.to(self.torch_device, self.dtype)
         traced = self.traced_decode
         if traced is not None and self.batch_invariant and self.kv_tiers is None and traced.applies(batch):
-            return traced.step(batch, inputs, self.kv_caches, lambda: self._eager(batch, inputs))
+            return traced.step(batch, inputs, self.kv_caches, self._eager)
         return self._eager(batch, inputs)
 
     def _eager(self, batch: ForwardBatch, inputs: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ from torch import nn
 
 from mohawk_common.model_store.quantized import GroupQuantized
 from mohawk_shard.kernels import int8_rows
+from mohawk_shard.model import groupwise_triton
 from mohawk_shard.model.quantized_layers import GroupwiseEmbedding
 
 UNPACK_ELEMENTS = 1 << 18  # weights unpacked at a time on CPU: 1 MiB of fp32, which stays in L2
@@ -68,6 +69,7 @@ class GroupwiseLinear(nn.Module):
         the file's blocks, `kernels/repack.py`), whose GGUF type is `source_format`."""
         super().__init__()
         self.bias = nn.Parameter(bias.to(device), requires_grad=False) if bias is not None else None
+        self.triton = False
         self.kernel_weight: int8_rows.PackedInt8 | None = None
         if isinstance(weight, int8_rows.PackedInt8):
             self.out_features, self.in_features = weight.out_features, weight.codes.shape[1] * 4
@@ -108,6 +110,8 @@ class GroupwiseLinear(nn.Module):
         self.register_buffer("mins", mins)
         elements = UNPACK_ELEMENTS if device.type == "cpu" else UNPACK_ELEMENTS_GPU
         self.chunk_rows = max(1, elements // self.in_features)
+        # on a GPU, bf16/fp16 rows through the Triton kernel: the codes as held, no unpacked copy
+        self.triton = device.type == "cuda" and kernel != "torch" and groupwise_triton.available()
 
     def _hold_kernel_weight(self, packed: int8_rows.PackedInt8) -> None:
         self.kernel_weight = packed
@@ -118,10 +122,24 @@ class GroupwiseLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if self.kernel_weight is not None:
             y = int8_rows.matmul(flat.float(), self.kernel_weight).to(x.dtype)
+        elif self.triton and flat.dtype in groupwise_triton.DTYPES:
+            y = self._triton_matmul(flat)
         else:
             y = self._unpacked_matmul(flat)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def _triton_matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        factored = self.scales is None
+        return groupwise_triton.groupwise_matmul(
+            flat,
+            self.codes,
+            self.sub_scales if factored else self.scales,
+            self.group_size,
+            self.mins,
+            self.super_scales if factored else None,
+            self.group_size * self.groups_per_super,
+        )
 
     def _unpacked_matmul(self, flat: torch.Tensor) -> torch.Tensor:
         """flat [M, in] through the codes unpacked `chunk_rows` output rows at a time -> [M, out]."""
@@ -166,6 +184,7 @@ class GroupwiseLinear(nn.Module):
     def extra_repr(self) -> str:
         shape = f"in={self.in_features}, out={self.out_features}, group={self.group_size}"
         held = "int8_rows kernel" if self.kernel_weight is not None else "int8 codes"
+        held += ", Triton" if self.triton else ""
         return f"{shape} ({self.source_format}, {held})"
 
 

@@ -62,7 +62,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("mohawk.shard.model")
 
-TRACE_AFTER = 16  # eager batch-1 steps of a bucket before it is traced
+TRACE_AFTER = 16  # eager steps of a (batch size, bucket) before it is traced
+# decoders a CUDA step is recorded for (vLLM's capture sizes are alike): n runs padded to the next
+CUDA_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 Replay = Callable[..., torch.Tensor]  # a bucket's recorded step: a TorchScript trace or a CUDA graph
 Tensors = list[torch.Tensor]
@@ -91,9 +93,9 @@ def traceable(model: nn.Module, device: torch.device) -> bool:
 
 
 class _DecodeStep(nn.Module):
-    """The stage's forward for one decode token, metadata rebuilt from tensors given as inputs:
-    per KV group (`windows`, in order) its slot, padded context and mask; `groups[i]` is the KV
-    group of the stage's cache `i`."""
+    """The stage's forward for `batch_size` sequences decoding one token each, metadata rebuilt from
+    tensors given as inputs: per KV group (`windows`, in order) its slots, padded contexts and
+    masks; `groups[i]` is the KV group of the stage's cache `i`."""
 
     def __init__(
         self,
@@ -101,6 +103,7 @@ class _DecodeStep(nn.Module):
         windows: Mapping[int, int | None],
         buckets: Sequence[int],
         groups: Sequence[int],
+        batch_size: int = 1,
     ) -> None:
         super().__init__()
         self.model, self.windows, self.buckets, self.groups = (
@@ -109,6 +112,7 @@ class _DecodeStep(nn.Module):
             list(buckets),
             list(groups),
         )
+        self.batch_size = batch_size
 
     def forward(
         self,
@@ -121,14 +125,21 @@ class _DecodeStep(nn.Module):
         values: list[torch.Tensor],
     ) -> torch.Tensor:
         steps = {}
+        size = self.batch_size
         for (group, window), bucket, slot, context, mask in zip(
             self.windows.items(), self.buckets, slots, contexts, masks, strict=True
         ):
-            lengths = np.array([bucket])
+            lengths = np.full(size, bucket)
             part = AttentionPart(
-                1, 1, False, context_slots=context, query_lens=np.ones(1, np.int64), context_lens=lengths
+                size,
+                1,
+                False,
+                context_slots=context,
+                query_lens=np.ones(size, np.int64),
+                context_lens=lengths,
             )
-            part.fixed_masks[f"fixed{window}"] = (mask, lengths)  # what `fixed_chunk_mask` would build
+            # what `fixed_chunk_mask` would build: the mask, and every query reaching the whole bucket
+            part.fixed_masks[f"fixed{window}"] = (mask, np.array([bucket]))
             steps[group] = GroupStep(slot, [part])
         local = (rotary[2], rotary[3]) if len(rotary) == 4 else None
         meta = AttentionMetadata(rotary[0], rotary[1], steps, local, fixed_chunks=True)
@@ -136,8 +147,43 @@ class _DecodeStep(nn.Module):
         return self.model(inputs, meta, caches, None)
 
 
+def padded_size(num_seqs: int, sizes: Sequence[int]) -> int | None:
+    """The smallest of `sizes` (ascending) that holds `num_seqs` sequences; None past the largest."""
+    return next((size for size in sizes if size >= num_seqs), None)
+
+
+def pad_batch(
+    batch: ForwardBatch, inputs: torch.Tensor, size: int, pad_block: int
+) -> tuple[ForwardBatch, torch.Tensor]:
+    """`batch` of decoders grown to `size` sequences: each added one decodes token 0 (or a zero hidden
+    state) at position 0 into `pad_block`, a block no sequence owns, and attends to that key alone,
+    so it writes nowhere another sequence reads and no real row sees it; its output is dropped."""
+    extra = size - batch.num_seqs
+    if extra == 0:
+        return batch, inputs
+
+    def grown(array: np.ndarray, value: int) -> np.ndarray:
+        return np.concatenate([array, np.full((extra, *array.shape[1:]), value, dtype=array.dtype)])
+
+    padded = ForwardBatch(
+        token_ids=grown(batch.token_ids, 0),
+        positions=grown(batch.positions, 0),
+        query_lens=grown(batch.query_lens, 1),
+        context_lens=grown(batch.context_lens, 1),
+        block_tables=grown(batch.block_tables, pad_block),
+        logits_rows=np.arange(size, dtype=np.int64),
+        block_size=batch.block_size,
+        group_tables=tuple(grown(table, pad_block) for table in batch.group_tables),
+    )
+    return padded, torch.cat([inputs, inputs.new_zeros((extra, *inputs.shape[1:]))])
+
+
 class TracedDecode:
-    """Batch-1 decode steps of one stage, by context bucket: eager until traced, then the trace."""
+    """Decode steps of one stage, by batch size and context bucket: eager until traced, then the
+    trace. `batch_sizes` (ascending) are the sizes recorded: a step of n decoders runs as the
+    smallest that holds n, the rest padding sequences (`pad_batch`) in a block of their own that
+    the stage's caches reserve past the block manager's (`pad_block`); (1,) records batch-1 steps
+    only, as on CPU, where padding rows would cost as much as real ones."""
 
     def __init__(
         self,
@@ -145,19 +191,31 @@ class TracedDecode:
         rotary: RotaryTable,
         trace_after: int = TRACE_AFTER,
         windows: Mapping[int, int | None] | None = None,
+        batch_sizes: Sequence[int] = (1,),
     ) -> None:
         """`windows`: the stage's KV groups and their windows (default one full-attention group 0)."""
         self.model, self.rotary, self.trace_after = model, rotary, trace_after
         self.windows = dict(windows or {0: None})
-        self._traces: dict[tuple[int, ...], Replay | None] = {}  # by each group's bucket
-        self._eager_steps: dict[tuple[int, ...], int] = {}
+        self.batch_sizes = tuple(sorted(batch_sizes))
+        self.pad_block: int | None = None  # the caches' spare block, set when they are allocated
+        # by (batch size, each group's bucket)
+        self._traces: dict[tuple[int, tuple[int, ...]], Replay | None] = {}
+        self._eager_steps: dict[tuple[int, tuple[int, ...]], int] = {}
         self._graph_pool: GraphPool | None = None  # the CUDA graphs' shared memory pool
 
-    @staticmethod
-    def applies(batch: ForwardBatch) -> bool:
-        """One sequence decoding one token after at least one before it, its logits wanted."""
-        one = batch.num_seqs == 1 and batch.num_tokens == 1 and batch.logits_rows.shape[0] == 1
-        return one and int(batch.context_lens[0]) > 1
+    @property
+    def pads_batches(self) -> bool:
+        """Whether steps of several sequences are recorded (and so the caches need a spare block)."""
+        return self.batch_sizes != (1,)
+
+    def applies(self, batch: ForwardBatch) -> bool:
+        """Sequences each decoding one token after at least one before it, every row's output wanted,
+        no more of them than the largest size recorded."""
+        n = batch.num_seqs
+        if n > self.batch_sizes[-1] or batch.num_tokens != n or (n > 1 and self.pad_block is None):
+            return False
+        every_row = batch.logits_rows.shape[0] == n and bool((batch.logits_rows == np.arange(n)).all())
+        return every_row and bool((batch.context_lens > 1).all())
 
     def forget(self) -> None:
         """Drop every trace (they hold the caches' shapes, a graph their addresses: called when the
@@ -171,26 +229,33 @@ class TracedDecode:
         batch: ForwardBatch,
         inputs: torch.Tensor,
         caches: list[KVCache],
-        eager: Callable[[], torch.Tensor],
+        eager: Callable[[ForwardBatch, torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        """The step's output: from the bucket's trace, or from `eager()` (tracing the bucket once
-        it has run `trace_after` eager steps)."""
+        """The step's output: from the key's trace, or from `eager(batch, inputs)` (tracing the key
+        once it has run `trace_after` eager steps); a batch is padded to its recorded size first."""
+        num_seqs = batch.num_seqs
+        size = padded_size(num_seqs, self.batch_sizes) or num_seqs
+        if size > num_seqs:
+            if self.pad_block is None:
+                raise RuntimeError("a padded decode step before the caches reserved their spare block")
+            batch, inputs = pad_batch(batch, inputs, size, self.pad_block)
         align = window_align(batch.block_size, fixed_chunks=True)
         views = [group_view(batch, group, window, align) for group, window in self.windows.items()]
-        bucket = tuple(
-            group_bucket(int(view.context_lens[0]), w)
+        buckets = tuple(
+            group_bucket(int(view.context_lens.max()), w)
             for view, w in zip(views, self.windows.values(), strict=True)
         )
-        if bucket in self._traces:
-            trace = self._traces[bucket]
+        key = (size, buckets)
+        if key in self._traces:
+            trace = self._traces[key]
             if trace is None:
-                return eager()
-            return trace(*self._trace_inputs(batch, views, inputs, caches, bucket))
-        out = eager()
-        seen = self._eager_steps[bucket] = self._eager_steps.get(bucket, 0) + 1
+                return eager(batch, inputs)[:num_seqs]
+            return trace(*self._trace_inputs(batch, views, inputs, caches, buckets))[:num_seqs]
+        out = eager(batch, inputs)
+        seen = self._eager_steps[key] = self._eager_steps.get(key, 0) + 1
         if seen >= self.trace_after:
-            self._traces[bucket] = self._trace(batch, views, inputs, caches, bucket, out)
-        return out
+            self._traces[key] = self._trace(batch, views, inputs, caches, buckets, out)
+        return out[:num_seqs]
 
     def _trace_inputs(
         self,
@@ -207,13 +272,15 @@ class TracedDecode:
         rotary += self.rotary.lookup_local(positions) or ()
         slots, contexts, masks = [], [], []
         for view, window, bucket in zip(views, self.windows.values(), buckets, strict=True):
-            context_len = int(view.context_lens[0])
-            context = view.context_slots()[0]
-            padded = np.full(bucket, context[-1], dtype=np.int64)  # masked keys: any slot of the context
-            padded[:context_len] = context
-            allowed = allowed_keys(np.ones(1, np.int64), view.context_lens, window, bucket)
+            context, lengths = view.context_slots(), view.context_lens
+            rows, width = context.shape
+            last = context[np.arange(rows), lengths - 1][:, None]
+            padded = np.repeat(last, bucket, axis=1)  # masked keys: any slot of the row's context
+            inside = np.arange(width)[None, :] < lengths[:, None]
+            padded[:, :width] = np.where(inside, context, last)
+            allowed = allowed_keys(np.ones(rows, np.int64), lengths, window, bucket)
             slots.append(torch.from_numpy(view.slot_mapping).to(device))
-            contexts.append(torch.from_numpy(padded).to(device))
+            contexts.append(torch.from_numpy(padded.astype(np.int64, copy=False)).to(device))
             masks.append(additive_mask(torch.from_numpy(allowed).to(device), torch.float32))
         keys = [c.key for c in caches]
         values = [c.value for c in caches]
@@ -225,20 +292,25 @@ class TracedDecode:
         views: Sequence[ForwardBatch],
         inputs: torch.Tensor,
         caches: list[KVCache],
-        bucket: tuple[int, ...],
+        buckets: tuple[int, ...],
         eager_out: torch.Tensor,
     ) -> Replay | None:
-        """The bucket's trace (a CUDA graph on a GPU), recorded on this step (whose K/V it writes
+        """The key's trace (a CUDA graph on a GPU), recorded on this step (whose K/V it writes
         again, the same values) and kept only if it gives eager's output bit for bit."""
-        args = self._trace_inputs(batch, views, inputs, caches, bucket)
-        step = _DecodeStep(self.model, self.windows, bucket, [c.group for c in caches]).eval()
+        args = self._trace_inputs(batch, views, inputs, caches, buckets)
+        groups = [c.group for c in caches]
+        step = _DecodeStep(self.model, self.windows, buckets, groups, batch.num_seqs).eval()
         try:
             replay = self._record(step, args)
         except RuntimeError as error:  # a capture that met an op a graph cannot hold
-            log.warning("decode step not recorded: the bucket stays eager", bucket=bucket, error=error)
+            log.warning("decode step not recorded: it stays eager", buckets=buckets, error=error)
             return None
         if not torch.equal(replay(*args), eager_out):
-            log.warning("decode trace differs from eager: the bucket stays eager", context_buckets=bucket)
+            log.warning(
+                "decode trace differs from eager: it stays eager",
+                seqs=batch.num_seqs,
+                context_buckets=buckets,
+            )
             return None
         return replay
 

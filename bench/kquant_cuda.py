@@ -1,6 +1,7 @@
 """K-quants on CUDA: Q4_K through `Int4Linear` and Q6_K/Q5_K/Q5_0/Q5_1 through `GroupwiseLinear` with
-bf16 activations, against the decoded weights in fp64; then one 5632 × 2048 matmul timed (1 and
-512 rows) as dense bf16, Q4_K and Q6_K. Random valid blocks, no model file.
+bf16 activations, against the decoded weights in fp64; then one 5632 × 2048 matmul timed (1, 32 and
+512 rows) as dense bf16, Q4_K, and Q8_0/Q6_K/Q5_K/Q5_0 through the Triton kernel
+(`model/groupwise_triton.py`) and through the unpacking path. Random valid blocks, no model file.
 
 Runs on a GPU machine's bare torch image, without the project's dependencies: the two packages'
 `__init__` files (which import pydantic, transformers, …) are skipped by registering the packages
@@ -16,6 +17,7 @@ import types
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 
 def stub(name: str, path: str) -> None:
@@ -29,17 +31,16 @@ stub("mohawk_common.model_store", "libs/common/mohawk_common/model_store")
 stub("mohawk_shard", "services/shard-node/mohawk_shard")
 stub("mohawk_shard.model", "services/shard-node/mohawk_shard/model")
 from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks  # noqa: E402
-from mohawk_common.model_store.kquants import BLOCK_LAYOUTS  # noqa: E402
 from mohawk_shard.model.groupwise_linear import GroupwiseLinear  # noqa: E402
 from mohawk_shard.model.quantized_layers import Int4Linear  # noqa: E402
 
-FP16 = {"Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+FP16 = {"Q8_0": (0,), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 device = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cuda")
 
 
 def blocks(type_name, rows, cols, seed=0):
     rng = np.random.default_rng(seed)
-    per, size = BLOCK_LAYOUTS[type_name]
+    per, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
     n = rows * cols // per
     raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
     for off in FP16[type_name]:
@@ -75,12 +76,21 @@ with torch.inference_mode():
             times.append((time.perf_counter() - start) * 1e3)
         return f"{statistics.median(times):.3f} ms ({min(times):.3f}-{max(times):.3f})"
 
-    q4k, q6k = blocks("Q4_K", 5632, 2048), blocks("Q6_K", 5632, 2048, seed=1)
-    int4, grouped = layer_for(q4k), layer_for(q6k)
-    dense = torch.from_numpy(q6k.dequantize()).to(device=device, dtype=torch.bfloat16)
-    for rows in (1, 512):
+    q4k = blocks("Q4_K", 5632, 2048)
+    int4 = layer_for(q4k)
+    dense = torch.from_numpy(q4k.dequantize()).to(device=device, dtype=torch.bfloat16)
+    kernels = {}  # each type through GroupwiseLinear's default (Triton on CUDA) and its unpacking path
+    for fmt in ("Q8_0", "Q6_K", "Q5_K", "Q5_0"):
+        w = blocks(fmt, 5632, 2048, seed=len(fmt) + 1)
+        kernels[fmt] = (GroupwiseLinear(w, device), GroupwiseLinear(w, device, kernel="torch"))
+    for rows in (1, 32, 512):
         x = torch.randn(rows, 2048, device=device, dtype=torch.bfloat16)
         print(f"[5632 x 2048], {rows} row(s), bf16, median (min-max) of 50:")
         print(f"  dense bf16 (2 B/w)                  {timed(lambda x=x: F.linear(x, dense))}")
         print(f"  Int4Linear Q4_K (0.625 B/w)         {timed(lambda x=x: int4(x))}")
-        print(f"  GroupwiseLinear Q6_K g16 (1.07 B/w) {timed(lambda x=x: grouped(x))}")
+        for fmt, (kernel, unpacked) in kernels.items():
+            held = (
+                "Triton" if kernel.triton else "int8_rows" if kernel.kernel_weight is not None else "unpacked"
+            )
+            print(f"  GroupwiseLinear {fmt}, {held:8}       {timed(lambda x=x, k=kernel: k(x))}")
+            print(f"  GroupwiseLinear {fmt}, unpacked       {timed(lambda x=x, k=unpacked: k(x))}")

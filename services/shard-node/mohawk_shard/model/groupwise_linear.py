@@ -130,15 +130,14 @@ class GroupwiseLinear(nn.Module):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _triton_matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        factored = self.scales is None
+        scales, supers = (
+            (self.scales, None) if self.scales is not None else (self.sub_scales, self.super_scales)
+        )
+        if scales is None:
+            raise RuntimeError("a groupwise layer holds neither scales nor scale factors")
+        group, per_super = self.group_size, self.groups_per_super
         return groupwise_triton.groupwise_matmul(
-            flat,
-            self.codes,
-            self.sub_scales if factored else self.scales,
-            self.group_size,
-            self.mins,
-            self.super_scales if factored else None,
-            self.group_size * self.groups_per_super,
+            flat, self.codes, scales, group, self.mins, supers, group * per_super
         )
 
     def _unpacked_matmul(self, flat: torch.Tensor) -> torch.Tensor:

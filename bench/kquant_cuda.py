@@ -63,10 +63,25 @@ with torch.inference_mode():
         print(f"{fmt}: max |y - ref| / max |ref| = {((y - ref).abs().max() / ref.abs().max()).item():.2e}")
 
     def timed(fn, runs=50):
+        """Per call: on CUDA the GPU's time, from a CUDA graph of 10 calls replayed `runs` times
+        (launch costs left out, as in a replayed decode step); on CPU the wall clock."""
         for _ in range(5):
             fn()
         if device.type == "cuda":
             torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(10):
+                    fn()
+            times = []
+            for _ in range(runs):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 10)
+            return f"{statistics.median(times):.4f} ms ({min(times):.4f}-{max(times):.4f})"
         times = []
         for _ in range(runs):
             start = time.perf_counter()
@@ -85,7 +100,7 @@ with torch.inference_mode():
         kernels[fmt] = (GroupwiseLinear(w, device), GroupwiseLinear(w, device, kernel="torch"))
     for rows in (1, 32, 512):
         x = torch.randn(rows, 2048, device=device, dtype=torch.bfloat16)
-        print(f"[5632 x 2048], {rows} row(s), bf16, median (min-max) of 50:")
+        print(f"[5632 x 2048], {rows} row(s), bf16, median (min-max) of 50 (CUDA: GPU time a call):")
         print(f"  dense bf16 (2 B/w)                  {timed(lambda x=x: F.linear(x, dense))}")
         print(f"  Int4Linear Q4_K (0.625 B/w)         {timed(lambda x=x: int4(x))}")
         for fmt, (kernel, unpacked) in kernels.items():
@@ -94,3 +109,16 @@ with torch.inference_mode():
             )
             print(f"  GroupwiseLinear {fmt}, {held:8}       {timed(lambda x=x, k=kernel: k(x))}")
             print(f"  GroupwiseLinear {fmt}, unpacked       {timed(lambda x=x, k=unpacked: k(x))}")
+
+if device.type == "cuda":  # the Triton kernel's tile sizes, on Q6_K and Q8_0
+    from mohawk_shard.model import groupwise_triton
+
+    for fmt in ("Q6_K", "Q8_0"):
+        kernel = kernels[fmt][0]
+        for block_n, block_k in ((32, 128), (16, 128), (64, 128), (32, 256), (16, 256), (64, 64)):
+            groupwise_triton.BLOCK_N, groupwise_triton.BLOCK_K = block_n, block_k
+            cells = []
+            for rows in (1, 8, 32, 64):
+                x = torch.randn(rows, 2048, device=device, dtype=torch.bfloat16)
+                cells.append(f"{rows}: {timed(lambda x=x, k=kernel: k(x), runs=20).split()[0]}")
+            print(f"  {fmt} BLOCK_N {block_n:3} BLOCK_K {block_k:3}  " + "  ".join(cells))

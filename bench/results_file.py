@@ -34,7 +34,13 @@ def _git(*args: str) -> str | None:
 
 
 def commit() -> dict[str, Any]:
-    """The checkout's short commit hash, and whether tracked files differ from it (`dirty`)."""
+    """The checkout's short commit hash, and whether tracked files differ from it (`dirty`). A copy
+    of a commit's files under an older git history (a lent GPU machine's) is named by
+    `MOHAWK_RESULTS_COMMIT`, which its runner sets only after the files' git tree hash matched that
+    commit's (`.whl/device.sh` does so)."""
+    copied = os.environ.get("MOHAWK_RESULTS_COMMIT")
+    if copied:
+        return {"hash": copied, "dirty": False, "matched": "tree hash"}
     short = _git("rev-parse", "--short", "HEAD")
     changes = _git("status", "--porcelain", "--untracked-files=no")
     return {"hash": short or "unknown", "dirty": bool(changes) if changes is not None else None}

@@ -86,18 +86,20 @@ def test_reallocated_caches_drop_the_graphs_and_new_ones_read_the_new_caches(
 
 
 class _Affine(nn.Module):
-    def forward(self, x: torch.Tensor, shift: torch.Tensor, out: list[torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, shifts: list[torch.Tensor], out: list[torch.Tensor]) -> torch.Tensor:
         out[0].add_(x.sum())  # a tensor handed in by reference: written in place, as a cache is
-        return x * 2 + shift
+        return x * 2 + shifts[0] + shifts[1]
 
 
-def test_a_graph_copies_each_calls_inputs_in_and_hands_back_its_own_output() -> None:
-    x, shift = torch.ones(4, device="cuda"), torch.zeros(4, device="cuda")
+def test_a_graph_copies_each_calls_inputs_and_lists_in_and_hands_back_its_own_output() -> None:
+    def ones(value: float) -> torch.Tensor:
+        return torch.full((4,), value, device="cuda")
+
     total = [torch.zeros((), device="cuda")]
-    step = CudaGraphStep(_Affine(), (x, shift, total))
-    first = step(torch.full((4,), 3.0, device="cuda"), torch.ones(4, device="cuda"), total)
-    second = step(torch.full((4,), 5.0, device="cuda"), torch.zeros(4, device="cuda"), total)
-    assert first.tolist() == [7.0] * 4 and second.tolist() == [10.0] * 4  # the first not overwritten
+    step = CudaGraphStep(_Affine(), (ones(1), [ones(0), ones(0)], total), in_place=(2,))
+    first = step(ones(3), [ones(1), ones(0)], total)
+    second = step(ones(5), [ones(0), ones(2)], total)  # a list's tensors are new each call, as per step
+    assert first.tolist() == [7.0] * 4 and second.tolist() == [12.0] * 4  # the first not overwritten
     # two warm-up runs and the capture add nothing (the capture only records); the replays 12 and 20
     assert float(total[0]) == 4 * 2 + 12 + 20
 

@@ -142,7 +142,9 @@ class Int4Linear(nn.Module):
         elif self.row_kernel:
             y = int4_rows.matmul(flat.float(), self.packed, self.row_scales, self.row_mins, self.out_features)
         else:
-            y = self._matmul(flat.to(KERNEL_DTYPE), self.packed, self.group_size, self.scales_and_zeros)
+            # tinygemm wants contiguous rows (a multi-sequence step's attention output is a view)
+            rows = flat.to(KERNEL_DTYPE).contiguous()
+            y = self._matmul(rows, self.packed, self.group_size, self.scales_and_zeros)
         y = y.to(x.dtype) if x.dim() == 2 else y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 

@@ -31,6 +31,7 @@ stub("mohawk_common.model_store", "libs/common/mohawk_common/model_store")
 stub("mohawk_shard", "services/shard-node/mohawk_shard")
 stub("mohawk_shard.model", "services/shard-node/mohawk_shard/model")
 from mohawk_common.model_store.gguf_blocks import decode_gguf_blocks  # noqa: E402
+from mohawk_shard.model import groupwise_triton  # noqa: E402
 from mohawk_shard.model.groupwise_linear import GroupwiseLinear  # noqa: E402
 from mohawk_shard.model.quantized_layers import Int4Linear  # noqa: E402
 
@@ -98,7 +99,7 @@ with torch.inference_mode():
     for fmt in ("Q8_0", "Q6_K", "Q5_K", "Q5_0"):
         w = blocks(fmt, 5632, 2048, seed=len(fmt) + 1)
         kernels[fmt] = (GroupwiseLinear(w, device), GroupwiseLinear(w, device, kernel="torch"))
-    for rows in (1, 32, 512):
+    for rows in (1, 16, 32, 512):
         x = torch.randn(rows, 2048, device=device, dtype=torch.bfloat16)
         print(f"[5632 x 2048], {rows} row(s), bf16, median (min-max) of 50 (CUDA: GPU time a call):")
         print(f"  dense bf16 (2 B/w)                  {timed(lambda x=x: F.linear(x, dense))}")
@@ -111,14 +112,24 @@ with torch.inference_mode():
             print(f"  GroupwiseLinear {fmt}, unpacked       {timed(lambda x=x, k=unpacked: k(x))}")
 
 if device.type == "cuda":  # the Triton kernel's tile sizes, on Q6_K and Q8_0
-    from mohawk_shard.model import groupwise_triton
-
     for fmt in ("Q6_K", "Q8_0"):
         kernel = kernels[fmt][0]
-        for block_n, block_k in ((32, 128), (16, 128), (64, 128), (32, 256), (16, 256), (64, 64)):
-            groupwise_triton.BLOCK_N, groupwise_triton.BLOCK_K = block_n, block_k
+        for block_n, block_k, warps in (
+            (16, 128, 4),
+            (16, 128, 2),
+            (16, 128, 1),
+            (16, 256, 2),
+            (16, 64, 4),
+            (16, 64, 2),
+            (32, 64, 2),
+        ):
+            groupwise_triton.BLOCK_N, groupwise_triton.BLOCK_K, groupwise_triton.NUM_WARPS = (
+                block_n,
+                block_k,
+                warps,
+            )
             cells = []
-            for rows in (1, 8, 32, 64):
+            for rows in (1, 8, 16):
                 x = torch.randn(rows, 2048, device=device, dtype=torch.bfloat16)
                 cells.append(f"{rows}: {timed(lambda x=x, k=kernel: k(x), runs=20).split()[0]}")
-            print(f"  {fmt} BLOCK_N {block_n:3} BLOCK_K {block_k:3}  " + "  ".join(cells))
+            print(f"  {fmt} BLOCK_N {block_n:3} BLOCK_K {block_k:3} warps {warps}  " + "  ".join(cells))

@@ -122,7 +122,11 @@ class GroupwiseLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if self.kernel_weight is not None:
             y = int8_rows.matmul(flat.float(), self.kernel_weight).to(x.dtype)
-        elif self.triton and flat.dtype in groupwise_triton.DTYPES:
+        elif (
+            self.triton
+            and flat.dtype in groupwise_triton.DTYPES
+            and flat.shape[0] <= groupwise_triton.MAX_ROWS
+        ):
             y = self._triton_matmul(flat)
         else:
             y = self._unpacked_matmul(flat)

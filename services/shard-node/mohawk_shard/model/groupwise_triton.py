@@ -12,9 +12,15 @@ forms `scale · code + minimum` in fp32, rounds it once to the activations' dtyp
 `tl.dot` with an fp32 accumulator. The weights stay 1.07-1.25 bytes each in memory and are read
 once per `BLOCK_M` rows. The tile sizes are fixed, never chosen by the number of rows, and the K
 slices are summed in one order without splitting K: every output element is reduced in the same
-order whatever the batch, so the kernel is batch invariant by construction, as the CPU kernels
-are. Used for bf16 and fp16 activations on CUDA where Triton imports; fp32 activations keep the
-unpacking path (tl.dot would round them to tf32).
+order whatever the batch, so up to `MAX_ROWS` rows the kernel is batch invariant by construction.
+It is a decode kernel: past `MAX_ROWS` rows (prompt chunks, big batches) unpacking into cuBLAS is
+faster, as llama.cpp's CUDA backend also switches from its vector kernels to dequantize-and-GEMM,
+so a CUDA step mixing a long prompt chunk with decoders is not invariant (nor is cuBLAS or
+tinygemm). Measured on an H200 (torch 2.11, Triton 3.6, `bench/kquant_cuda.py`, GPU time a call
+from graph replays, 5632 × 2048): at 1 row Q6_K 0.051 ms against 0.093 unpacked, Q8_0 0.047
+against 0.083; still 7x dense bf16's 0.007 ms and tinygemm Q4_K's 0.006, so the kernel is far from
+the memory's speed yet (its loads are not pipelined). Used for bf16 and fp16 activations on CUDA
+where Triton imports; fp32 activations keep the unpacking path (tl.dot would round them to tf32).
 """
 
 from __future__ import annotations
@@ -25,8 +31,13 @@ from typing import Any
 import torch
 
 BLOCK_M = 16  # activation rows a program owns: the smallest `tl.dot` tile
-BLOCK_N = 32  # output columns a program owns (small, so a batch-1 call spreads over the GPU)
+BLOCK_N = 16  # output columns a program owns (small, so a batch-1 call spreads over the GPU)
 BLOCK_K = 128  # inputs per step: a multiple of every group (16, 32) and a divisor of Q6_K's 256
+NUM_WARPS = 4
+# rows up to which the kernel beats unpacking (H200, torch 2.11, `bench/kquant_cuda.py`, GPU time
+# of a 5632 x 2048 call from graph replays): Q6_K 0.051 against 0.093 ms at 1 and 8 rows, even at
+# 32 (0.097, 0.096), behind at 64 (0.173)
+MAX_ROWS = 16
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -132,5 +143,6 @@ def groupwise_matmul(
         BM=BLOCK_M,
         BN=BLOCK_N,
         BK=BLOCK_K,
+        num_warps=NUM_WARPS,
     )
     return out

@@ -19,11 +19,13 @@ out a slice at a time), 1.125 (Q5_0, Q8_0: an fp32 scale per 32) or 1.25 (Q5_1/Q
 minimum per 32) against 4 for dense fp32 and the file's 0.69
 (Q5_x) to 1.06 (Q8_0). So decode pays two to three times a dense fp32 matmul on these tensors
 (five at SmolLM2's 1536 × 576) for under a third of the memory, and prefill 0.7–1.4 times; in a
-Q4_K_M file they are the minority (attn_v and ffn_down of some layers, the LM head). On an H200
-(torch 2.11, bf16, `bench/kquant_cuda.py`) a Q6_K call takes 0.141 ms at batch 1 against
-0.025 ms dense bf16. `ConcatLinear` runs a fused matmul whose parts the file stores in different
-formats (q/k Q4_K with v Q6_K): each run of parts sharing a format is one module, and the outputs
-are concatenated, so every part is held at its own format rather than the widest. A tied model's
+Q4_K_M file they are the minority (attn_v and ffn_down of some layers, the LM head). On a GPU,
+bf16 rows of up to `groupwise_triton.MAX_ROWS` go through a Triton kernel that forms the weights in
+registers instead (`groupwise_triton.py`; on an H200, Q6_K at batch 1 0.051 ms against 0.093
+unpacked), and longer calls unpack as above. `ConcatLinear` runs a fused matmul whose parts the
+file stores in different formats (q/k Q4_K with v Q6_K): each run of parts sharing a format is one
+module, and the outputs are concatenated, so every part is held at its own format rather than the
+widest. A tied model's
 table (Q4_K_M makes it Q6_K when there is no output.weight) is held once: `SharedTableEmbedding`
 looks rows up in the head's codes.
 """

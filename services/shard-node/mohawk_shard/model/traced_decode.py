@@ -1,5 +1,5 @@
-"""A batch-1 decode step replayed from a TorchScript trace: eager's own kernels, without Python between
-them.
+"""Decode steps replayed from a TorchScript trace (CPU, batch 1) or a CUDA graph (CUDA, 1 to 64
+sequences): eager's own kernels, without Python between them.
 
 Design. On CPU a batch-1 decode step of a small model is a few hundred small ops (norms, rotary,
 fixed-chunk attention, casts around each 4-bit matmul) whose Python dispatch costs about as much as
@@ -26,9 +26,15 @@ window still holds, so its context never passes the window plus a chunk, and its
 there (`group_bucket`): a long answer still needs only a few traces, keyed by every group's bucket.
 Sliding layers' own rotary base comes in as two more inputs. On CUDA the same step, with the same
 inputs, is recorded as a CUDA graph instead (`cuda_graph_step.py`): there the host's launches, not
-Python's dispatch, are what a small step waits on, and a graph replays them all in one call. Only
-stages whose forward has no data-dependent Python take this path: batch invariant attention, no int8
-tier, no routed experts, on CPU or CUDA.
+Python's dispatch, are what a small step waits on, and a graph replays them all in one call. On
+CUDA, steps of several decoding sequences are recorded as well, keyed by batch size as vLLM's
+captures are: n decoders run as the smallest of `CUDA_BATCH_SIZES` that holds them, the rest
+padding sequences (`pad_batch`) that decode token 0 at position 0 into a spare block the caches
+keep past the block manager's, so they write nowhere a real row reads and no real row attends to
+them; eager runs the same padded batch, so the bit-for-bit check compares like with like. On CPU a
+padding row costs as much as a real one and only batch-1 steps are traced. Only stages whose
+forward has no data-dependent Python take this path: batch invariant attention, no int8 tier, no
+routed experts, on CPU or CUDA.
 """
 
 from __future__ import annotations

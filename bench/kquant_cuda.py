@@ -111,25 +111,26 @@ with torch.inference_mode():
             print(f"  GroupwiseLinear {fmt}, {held:8}       {timed(lambda x=x, k=kernel: k(x))}")
             print(f"  GroupwiseLinear {fmt}, unpacked       {timed(lambda x=x, k=unpacked: k(x))}")
 
-if device.type == "cuda":  # the Triton kernel's tile sizes, on Q6_K and Q8_0
+if device.type == "cuda":  # the Triton kernel's tiles: decode (up to MAX_ROWS), and longer calls
+    Tiles = groupwise_triton.Tiles
     for fmt in ("Q6_K", "Q8_0"):
-        kernel = kernels[fmt][0]
-        for block_n, block_k, warps in (
-            (16, 128, 4),
-            (16, 128, 2),
-            (16, 128, 1),
-            (16, 256, 2),
-            (16, 64, 4),
-            (16, 64, 2),
-            (32, 64, 2),
-        ):
-            groupwise_triton.BLOCK_N, groupwise_triton.BLOCK_K, groupwise_triton.NUM_WARPS = (
-                block_n,
-                block_k,
-                warps,
-            )
+        kernel, unpacked = kernels[fmt]
+        for tiles in (Tiles(16, 16, 128, 4, s) for s in (1, 2, 3, 4)):
+            groupwise_triton.DECODE = tiles
             cells = []
-            for rows in (1, 8, 16):
+            for rows in (1, 16):
                 x = torch.randn(rows, 2048, device=device, dtype=torch.bfloat16)
                 cells.append(f"{rows}: {timed(lambda x=x, k=kernel: k(x), runs=20).split()[0]}")
-            print(f"  {fmt} BLOCK_N {block_n:3} BLOCK_K {block_k:3} warps {warps}  " + "  ".join(cells))
+            print(f"  {fmt} decode {tiles}  " + "  ".join(cells))
+        groupwise_triton.DECODE = Tiles(16, 16, 128)
+        prefill = [(64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (64, 64, 128, 4, 4)]
+        prefill += [(32, 64, 128, 4, 3), (128, 64, 64, 4, 3), (32, 32, 128, 4, 3), (64, 32, 128, 4, 3)]
+        for tiles in (Tiles(*t) for t in prefill):
+            groupwise_triton.PREFILL = tiles
+            cells = []
+            for rows in (17, 32, 64, 512):
+                x = torch.randn(rows, 2048, device=device, dtype=torch.bfloat16)
+                error = ((kernel(x) - unpacked(x)).abs().max() / unpacked(x).abs().max()).item()
+                cells.append(f"{rows}: {timed(lambda x=x, k=kernel: k(x), runs=20).split()[0]} ({error:.0e})")
+            print(f"  {fmt} longer {tiles}  " + "  ".join(cells))
+        groupwise_triton.PREFILL = None

@@ -6,11 +6,11 @@ fp16 scale per 256. Its torch path unpacks 16M weights at a time to bf16 and mul
 GPU that is the whole matrix of most layers written and read again every call (an H200, torch 2.11,
 `bench/kquant_cuda.py`: a 5632 × 2048 Q6_K call took 0.141 ms at batch 1 against 0.025 ms dense
 bf16). Here one kernel does a tiled matmul whose weight tile is made in registers: each program
-owns `BLOCK_M` rows of activations and `BLOCK_N` output columns, and for each `BLOCK_K` slice of
-the inputs loads the codes (int8), their group scales (and minimums, or Q6_K's two factors),
+owns a tile of activation rows and output columns, and for each slice of the inputs loads the
+codes (int8), their group scales (and minimums, or Q6_K's two factors),
 forms `scale · code + minimum` in fp32, rounds it once to the activations' dtype and hands it to
 `tl.dot` with an fp32 accumulator. The weights stay 1.07-1.25 bytes each in memory and are read
-once per `BLOCK_M` rows. The tile sizes are fixed, never chosen by the number of rows, and the K
+once per tile of rows. The tile sizes are fixed, never chosen by the number of rows, and the K
 slices are summed in one order without splitting K: every output element is reduced in the same
 order whatever the batch, so up to `MAX_ROWS` rows the kernel is batch invariant by construction.
 It is a decode kernel: past `MAX_ROWS` rows (prompt chunks, big batches) unpacking into cuBLAS is
@@ -25,20 +25,38 @@ where Triton imports; fp32 activations keep the unpacking path (tl.dot would rou
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import torch
 
-BLOCK_M = 16  # activation rows a program owns: the smallest `tl.dot` tile
-BLOCK_N = 16  # output columns a program owns (small, so a batch-1 call spreads over the GPU)
-BLOCK_K = 128  # inputs per step: a multiple of every group (16, 32) and a divisor of Q6_K's 256
-NUM_WARPS = 4
+
+@dataclass(frozen=True, slots=True)
+class Tiles:
+    """A launch's tile: activation rows and output columns a program owns, inputs a step (a
+    multiple of every group, 16 and 32, and a divisor of Q6_K's 256), warps and pipeline stages."""
+
+    rows: int
+    cols: int
+    depth: int
+    warps: int = 4
+    stages: int = 3
+
+
+# up to MAX_ROWS rows: 16 columns a program, so a batch-1 call spreads over the GPU
+DECODE = Tiles(16, 16, 128)
+PREFILL: Tiles | None = None  # past MAX_ROWS: None leaves those calls to unpacking into cuBLAS
 # rows up to which the kernel beats unpacking (H200, torch 2.11, `bench/kquant_cuda.py`, GPU time
 # of a 5632 x 2048 call from graph replays): Q6_K 0.051 against 0.093 ms at 1 and 8 rows, even at
 # 32 (0.097, 0.096), behind at 64 (0.173)
 MAX_ROWS = 16
 DTYPES = (torch.bfloat16, torch.float16)
+
+
+def takes(rows: int) -> bool:
+    """Whether a call of `rows` activation rows runs here (else it unpacks)."""
+    return rows <= MAX_ROWS or PREFILL is not None
 
 
 @cache
@@ -122,10 +140,13 @@ def groupwise_matmul(
         raise ValueError(f"groupwise_matmul takes bf16 or fp16 CUDA activations, not {x.dtype} on {x.device}")
     x = x.contiguous()
     (m, k), n = x.shape, codes.shape[0]
-    if codes.shape[1] != k or k % group_size or BLOCK_K % group_size:
+    if codes.shape[1] != k or k % group_size or 128 % group_size:
         raise ValueError(f"codes {tuple(codes.shape)} and groups of {group_size} do not fit inputs of {k}")
+    tiles = DECODE if m <= MAX_ROWS else PREFILL
+    if tiles is None:
+        raise ValueError(f"{m} rows are past the kernel's {MAX_ROWS}: unpack them")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    grid = (-(-m // BLOCK_M), -(-n // BLOCK_N))
+    grid = (-(-m // tiles.rows), -(-n // tiles.cols))
     _kernel()[grid](
         x,
         codes,
@@ -140,9 +161,10 @@ def groupwise_matmul(
         SUPER=super_block,
         HAS_MINS=mins is not None,
         FACTORED=super_scales is not None,
-        BM=BLOCK_M,
-        BN=BLOCK_N,
-        BK=BLOCK_K,
-        num_warps=NUM_WARPS,
+        BM=tiles.rows,
+        BN=tiles.cols,
+        BK=tiles.depth,
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
     )
     return out

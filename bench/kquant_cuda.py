@@ -105,13 +105,12 @@ with torch.inference_mode():
         print(f"  dense bf16 (2 B/w)                  {timed(lambda x=x: F.linear(x, dense))}")
         print(f"  Int4Linear Q4_K (0.625 B/w)         {timed(lambda x=x: int4(x))}")
         for fmt, (kernel, unpacked) in kernels.items():
-            held = (
-                "Triton" if kernel.triton else "int8_rows" if kernel.kernel_weight is not None else "unpacked"
-            )
+            triton = kernel.triton and rows <= groupwise_triton.MAX_ROWS
+            held = "Triton" if triton else "int8_rows" if kernel.kernel_weight is not None else "unpacked"
             print(f"  GroupwiseLinear {fmt}, {held:8}       {timed(lambda x=x, k=kernel: k(x))}")
             print(f"  GroupwiseLinear {fmt}, unpacked       {timed(lambda x=x, k=unpacked: k(x))}")
 
-if device.type == "cuda":  # the Triton kernel's tiles: decode (up to MAX_ROWS), and longer calls
+if device.type == "cuda":  # the Triton kernel's pipeline stages
     Tiles = groupwise_triton.Tiles
     for fmt in ("Q6_K", "Q8_0"):
         kernel, unpacked = kernels[fmt]
@@ -123,14 +122,3 @@ if device.type == "cuda":  # the Triton kernel's tiles: decode (up to MAX_ROWS),
                 cells.append(f"{rows}: {timed(lambda x=x, k=kernel: k(x), runs=20).split()[0]}")
             print(f"  {fmt} decode {tiles}  " + "  ".join(cells))
         groupwise_triton.DECODE = Tiles(16, 16, 128)
-        prefill = [(64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (64, 64, 128, 4, 4)]
-        prefill += [(32, 64, 128, 4, 3), (128, 64, 64, 4, 3), (32, 32, 128, 4, 3), (64, 32, 128, 4, 3)]
-        for tiles in (Tiles(*t) for t in prefill):
-            groupwise_triton.PREFILL = tiles
-            cells = []
-            for rows in (17, 32, 64, 512):
-                x = torch.randn(rows, 2048, device=device, dtype=torch.bfloat16)
-                error = ((kernel(x) - unpacked(x)).abs().max() / unpacked(x).abs().max()).item()
-                cells.append(f"{rows}: {timed(lambda x=x, k=kernel: k(x), runs=20).split()[0]} ({error:.0e})")
-            print(f"  {fmt} longer {tiles}  " + "  ".join(cells))
-        groupwise_triton.PREFILL = None

@@ -46,8 +46,15 @@ def test_the_kernel_multiplies_by_the_stored_weights(type_name: str) -> None:
 
 
 @pytest.mark.parametrize("type_name", ["Q6_K", "Q8_0"])
-def test_a_row_gets_the_same_bits_alone_and_in_any_batch(type_name: str) -> None:
+def test_a_row_gets_the_same_bits_alone_and_in_any_batch(
+    type_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     module, _ = layer(type_name, rows=1024, cols=2048)
+
+    def unpacked(*_: object) -> None:
+        raise AssertionError("a call of up to MAX_ROWS rows unpacked")
+
+    monkeypatch.setattr(module, "_unpacked_matmul", unpacked)
     x = torch.randn(64, 2048, device=CUDA, dtype=torch.bfloat16)
     alone = torch.cat([module(x[i : i + 1]) for i in range(64)])
     for batch in (3, 8, 16):  # up to MAX_ROWS: past it a call unpacks into cuBLAS
@@ -71,17 +78,3 @@ def test_bad_activations_are_a_clear_error() -> None:
         groupwise_triton.groupwise_matmul(torch.randn(2, 768, device=CUDA), codes, scales, 32)
     with pytest.raises(ValueError, match="do not fit"):
         groupwise_triton.groupwise_matmul(torch.randn(2, 512, device=CUDA).bfloat16(), codes, scales, 32)
-
-
-@pytest.mark.parametrize("tiles", [(64, 64, 64), (32, 64, 128), (128, 128, 64, 8)], ids=str)
-def test_longer_calls_through_prefill_tiles(tiles: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past MAX_ROWS, with `PREFILL` tiles set, the kernel takes the call: 40 and 100 rows (neither a
-    multiple of a tile) within bf16's rounding of fp64, for the factored Q6_K and Q5_1's minimums."""
-    monkeypatch.setattr(groupwise_triton, "PREFILL", groupwise_triton.Tiles(*tiles))
-    for type_name in ("Q6_K", "Q5_1"):
-        module, stored = layer(type_name)
-        for rows in (40, 100):
-            x = torch.randn(rows, 768).bfloat16()
-            expected = x.double() @ stored.t()
-            error = ((module(x.to(CUDA)).double().cpu() - expected).abs().max() / expected.abs().max()).item()
-            assert error < 0.01, f"{type_name}, {rows} rows: {error:.2e}"

@@ -4,8 +4,8 @@ Design. `GroupwiseLinear` holds a Q5_0, Q5_1, Q5_K, Q6_K or Q8_0 tensor as int8 
 weight) with per-group scales (and minimums), or for Q6_K the file's own int8 scale per 16 and
 fp16 scale per 256. Its torch path unpacks 16M weights at a time to bf16 and multiplies them: on a
 GPU that is the whole matrix of most layers written and read again every call (an H200, torch 2.11,
-`bench/kquant_cuda.py`: a 5632 × 2048 Q6_K call took 0.141 ms at batch 1 against 0.025 ms dense
-bf16). Here one kernel does a tiled matmul whose weight tile is made in registers: each program
+`bench/kquant_cuda.py`, GPU time from graph replays: a 5632 × 2048 Q6_K call took 0.093 ms at
+batch 1 against 0.007 ms dense bf16). Here one kernel does a tiled matmul whose weight tile is made in registers: each program
 owns a tile of activation rows and output columns, and for each slice of the inputs loads the
 codes (int8), their group scales (and minimums, or Q6_K's two factors),
 forms `scale · code + minimum` in fp32, rounds it once to the activations' dtype and hands it to
@@ -19,7 +19,7 @@ so a CUDA step mixing a long prompt chunk with decoders is not invariant (nor is
 tinygemm). Measured on an H200 (torch 2.11, Triton 3.6, `bench/kquant_cuda.py`, GPU time a call
 from graph replays, 5632 × 2048): at 1 row Q6_K 0.051 ms against 0.093 unpacked, Q8_0 0.047
 against 0.083; still 7x dense bf16's 0.007 ms and tinygemm Q4_K's 0.006, so the kernel is far from
-the memory's speed yet (its loads are not pipelined). Used for bf16 and fp16 activations on CUDA
+the memory's speed yet (1 to 4 pipeline stages changed it by under 10%). Used for bf16 and fp16 activations on CUDA
 where Triton imports; fp32 activations keep the unpacking path (tl.dot would round them to tf32).
 """
 
@@ -44,19 +44,13 @@ class Tiles:
     stages: int = 3
 
 
-# up to MAX_ROWS rows: 16 columns a program, so a batch-1 call spreads over the GPU
+# 16 columns a program, so a batch-1 call spreads over the GPU
 DECODE = Tiles(16, 16, 128)
-PREFILL: Tiles | None = None  # past MAX_ROWS: None leaves those calls to unpacking into cuBLAS
 # rows up to which the kernel beats unpacking (H200, torch 2.11, `bench/kquant_cuda.py`, GPU time
 # of a 5632 x 2048 call from graph replays): Q6_K 0.051 against 0.093 ms at 1 and 8 rows, even at
 # 32 (0.097, 0.096), behind at 64 (0.173)
 MAX_ROWS = 16
 DTYPES = (torch.bfloat16, torch.float16)
-
-
-def takes(rows: int) -> bool:
-    """Whether a call of `rows` activation rows runs here (else it unpacks)."""
-    return rows <= MAX_ROWS or PREFILL is not None
 
 
 @cache
@@ -142,9 +136,7 @@ def groupwise_matmul(
     (m, k), n = x.shape, codes.shape[0]
     if codes.shape[1] != k or k % group_size or 128 % group_size:
         raise ValueError(f"codes {tuple(codes.shape)} and groups of {group_size} do not fit inputs of {k}")
-    tiles = DECODE if m <= MAX_ROWS else PREFILL
-    if tiles is None:
-        raise ValueError(f"{m} rows are past the kernel's {MAX_ROWS}: unpack them")
+    tiles = DECODE  # any number of rows, but past MAX_ROWS unpacking is faster (`GroupwiseLinear`)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     grid = (-(-m // tiles.rows), -(-n // tiles.cols))
     _kernel()[grid](

@@ -1,26 +1,26 @@
 """GGUF's 5-, 6- and 8-bit codes multiplied on a GPU as held, without a dense copy: a Triton kernel.
 
 Design. `GroupwiseLinear` holds a Q5_0, Q5_1, Q5_K, Q6_K or Q8_0 tensor as int8 codes (a byte a
-weight) with per-group scales (and minimums), or for Q6_K the file's own int8 scale per 16 and
-fp16 scale per 256. Its torch path unpacks 16M weights at a time to bf16 and multiplies them: on a
-GPU that is the whole matrix of most layers written and read again every call (an H200, torch 2.11,
-`bench/kquant_cuda.py`, GPU time from graph replays: a 5632 × 2048 Q6_K call took 0.093 ms at
-batch 1 against 0.007 ms dense bf16). Here one kernel does a tiled matmul whose weight tile is made in registers: each program
-owns a tile of activation rows and output columns, and for each slice of the inputs loads the
-codes (int8), their group scales (and minimums, or Q6_K's two factors),
-forms `scale · code + minimum` in fp32, rounds it once to the activations' dtype and hands it to
-`tl.dot` with an fp32 accumulator. The weights stay 1.07-1.25 bytes each in memory and are read
-once per tile of rows. The tile sizes are fixed, never chosen by the number of rows, and the K
-slices are summed in one order without splitting K: every output element is reduced in the same
-order whatever the batch, so up to `MAX_ROWS` rows the kernel is batch invariant by construction.
-It is a decode kernel: past `MAX_ROWS` rows (prompt chunks, big batches) unpacking into cuBLAS is
-faster, as llama.cpp's CUDA backend also switches from its vector kernels to dequantize-and-GEMM,
-so a CUDA step mixing a long prompt chunk with decoders is not invariant (nor is cuBLAS or
-tinygemm). Measured on an H200 (torch 2.11, Triton 3.6, `bench/kquant_cuda.py`, GPU time a call
-from graph replays, 5632 × 2048): at 1 row Q6_K 0.051 ms against 0.093 unpacked, Q8_0 0.047
-against 0.083; still 7x dense bf16's 0.007 ms and tinygemm Q4_K's 0.006, so the kernel is far from
-the memory's speed yet (1 to 4 pipeline stages changed it by under 10%). Used for bf16 and fp16 activations on CUDA
-where Triton imports; fp32 activations keep the unpacking path (tl.dot would round them to tf32).
+weight) with per-group scales (and minimums), or for Q6_K the file's own int8 scale per 16 and fp16
+scale per 256. Its torch path unpacks 16M weights at a time to bf16 and multiplies them: on a GPU
+that is the whole matrix of most layers written and read again every call (an H200, torch 2.11,
+`bench/kquant_cuda.py`, GPU time from graph replays: a 5632 × 2048 Q6_K call took 0.093 ms at batch
+1 against 0.007 ms dense bf16). Here one kernel does a tiled matmul whose weight tile is made in
+registers: each program owns a tile of activation rows and output columns, and for each slice of the
+inputs loads the codes (int8), their group scales (and minimums, or Q6_K's two factors), forms
+`scale · code + minimum` in fp32, rounds it once to the activations' dtype and hands it to `tl.dot`
+with an fp32 accumulator. The weights stay 1.07-1.25 bytes each in memory and are read once per tile
+of rows. The tile sizes are fixed, never chosen by the number of rows, and the K slices are summed
+in one order without splitting K: every output element is reduced in the same order whatever the
+batch, so up to `MAX_ROWS` rows the kernel is batch invariant by construction. It is a decode
+kernel: past `MAX_ROWS` rows (prompt chunks, big batches) unpacking into cuBLAS is faster, as
+llama.cpp's CUDA backend also switches from its vector kernels to dequantize-and-GEMM, so a CUDA
+step mixing a long prompt chunk with decoders is not invariant (nor is cuBLAS or tinygemm). Measured
+on an H200 (torch 2.11, Triton 3.6, `bench/kquant_cuda.py`, GPU time a call from graph replays, 5632
+× 2048): at 1 row Q6_K 0.051 ms against 0.093 unpacked, Q8_0 0.047 against 0.083; still 7x dense
+bf16's 0.007 ms and tinygemm Q4_K's 0.006, so the kernel is far from the memory's speed yet (1 to 4
+pipeline stages changed it by under 10%). Used for bf16 and fp16 activations on CUDA where Triton
+imports; fp32 activations keep the unpacking path (tl.dot would round them to tf32).
 """
 
 from __future__ import annotations

@@ -97,7 +97,8 @@ class TorchBackend:
         self.kv_tiers: KVTiers | None = None
         self.config = config
         self.sampler = Sampler(config.eos_token_ids) if self.has_head else None
-        # batch-1 decodes replayed from a trace (`traced_decode.py`); None: always eager
+        # decodes replayed from a trace (`traced_decode.py`): batch 1 on CPU, 1-64 sequences as CUDA
+        # graphs; None: always eager
         self.traced_decode: TracedDecode | None = None
         if trace_decode_after is not None and traceable(self.model, self.torch_device):
             sizes = CUDA_BATCH_SIZES if self.torch_device.type == "cuda" else (1,)

@@ -25,9 +25,8 @@ registers instead (`groupwise_triton.py`; on an H200, Q6_K at batch 1 0.051 ms a
 unpacked), and longer calls unpack as above. `ConcatLinear` runs a fused matmul whose parts the
 file stores in different formats (q/k Q4_K with v Q6_K): each run of parts sharing a format is one
 module, and the outputs are concatenated, so every part is held at its own format rather than the
-widest. A tied model's
-table (Q4_K_M makes it Q6_K when there is no output.weight) is held once: `SharedTableEmbedding`
-looks rows up in the head's codes.
+widest. A tied model's table (Q4_K_M makes it Q6_K when there is no output.weight) is held once:
+`SharedTableEmbedding` looks rows up in the head's codes.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def commit() -> dict[str, Any]:
     """The checkout's short commit hash, and whether tracked files differ from it (`dirty`). A copy
     of a commit's files under an older git history (a lent GPU machine's) is named by
     `MOHAWK_RESULTS_COMMIT`, which its runner sets only after the files' git tree hash matched that
-    commit's (`.whl/device.sh` does so)."""
+    commit's (`bench/gpu_check.sh` does so)."""
     copied = os.environ.get("MOHAWK_RESULTS_COMMIT")
     if copied:
         return {"hash": copied, "dirty": False, "matched": "tree hash"}

@@ -39,3 +39,16 @@ def test_without_a_gpu_it_says_so_and_exits_cleanly(
         pytest.skip("a GPU is here: the bench would run")
     assert script.main([]) == 0
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_the_streams_are_distinct_prompts_and_run_concurrently(
+    bench: tuple[ModuleType, ModuleType], tmp_path: Path
+) -> None:
+    script, runners = bench
+    prompts = script.stream_prompts(32)
+    assert len({tuple(p) for p in prompts}) == 32 and {len(p) for p in prompts} == set(range(9, 17))
+    tiny = {**script.SMOLLM2_135M, "num_hidden_layers": 2, "hidden_size": 72, "intermediate_size": 96}
+    runner = runners.MohawkRunner(
+        EngineSettings(device="cpu", weights="bf16", num_kv_blocks=64), script.random_model(tmp_path, tiny)
+    )
+    assert runner.concurrent(prompts[:4], 4) > 0

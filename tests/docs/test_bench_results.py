@@ -64,3 +64,14 @@ def test_a_missing_or_unstamped_result_fails_the_build(results_dir: Path) -> Non
 def test_the_site_runs_the_hook() -> None:
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     assert "docs_hooks/bench_results.py" in config["hooks"]
+
+
+def test_a_copy_checked_against_a_commits_tree_is_stamped_with_that_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU machine runs a copy of the files under an older git history; its runner names the commit
+    (after the files' tree hash matched it), and the stamp says so instead of 'uncommitted changes'."""
+    monkeypatch.setenv("MOHAWK_RESULTS_COMMIT", "a632e38")
+    write_results(tmp_path / "copied.json", {"x": 1})
+    commit = json.loads((tmp_path / "copied.json").read_text())["stamp"]["commit"]
+    assert commit == {"hash": "a632e38", "dirty": False, "matched": "tree hash"}

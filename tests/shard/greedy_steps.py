@@ -46,21 +46,35 @@ def greedy(stage: TorchBackend, prompt: Sequence[int], steps: int, block_size: i
 def greedy_together(
     stage: TorchBackend, prompts: Sequence[Sequence[int]], steps: int, block_size: int
 ) -> Iterator[torch.Tensor]:
-    """Several sequences of one KV group decoding greedily in one batch a step: each prompt is
-    prefilled on its own, then every step decodes all of them together. Yields the logits [n, vocab]
-    of each decode step's input tokens (a copy). Sequence i takes blocks i·count, i·count + 1, ..."""
+    """Several sequences decoding greedily in one batch a step: each prompt is prefilled on its own,
+    then every step decodes all of them together. Yields the logits [n, vocab] of each decode step's
+    input tokens (a copy). Sequence i takes, for KV group g, the run of blocks number i·G + g (G
+    groups), and a sliding group gives back the blocks behind its window, as `greedy` does."""
     count = -(-(max(map(len, prompts)) + steps) // block_size)
-    tables = [list(range(i * count, (i + 1) * count)) for i in range(len(prompts))]
+    groups = stage.kv_groups
 
-    def forward(chunks: list[tuple[list[int], int, list[int], bool]]) -> torch.Tensor:
+    def chunk(i: int, tokens: list[int], position: int) -> tuple[list[int], int, list[int], bool]:
+        return tokens, position, tables(i, position)[0], True
+
+    def tables(i: int, position: int) -> list[list[int]]:
+        out = []
+        for g, group in enumerate(groups):
+            first = group.first_needed_block(position, block_size)
+            base = (i * len(groups) + g) * count
+            out.append([NULL_BLOCK if b < first else base + b for b in range(count)])
+        return out
+
+    def forward(chunks: list[tuple[list[int], int, list[int], bool]], seqs: list[int]) -> torch.Tensor:
+        more = [tables(i, c[1])[1:] for i, c in zip(seqs, chunks, strict=True)] if len(groups) > 1 else ()
         with torch.inference_mode():
-            return stage.forward(ForwardBatch.build(chunks, block_size), None)
+            return stage.forward(ForwardBatch.build(chunks, block_size, group_tables=more), None)
 
-    last = [forward([(list(p), 0, tables[i], True)])[-1] for i, p in enumerate(prompts)]
+    last = [forward([chunk(i, list(p), 0)], [i])[-1] for i, p in enumerate(prompts)]
     logits = torch.stack(last)
     positions = [len(p) for p in prompts]
+    seqs = list(range(len(prompts)))
     for _ in range(steps):
         yield logits.clone()
         tokens = logits.argmax(-1).tolist()
-        logits = forward([([t], positions[i], tables[i], True) for i, t in enumerate(tokens)])
+        logits = forward([chunk(i, [t], positions[i]) for i, t in enumerate(tokens)], seqs)
         positions = [p + 1 for p in positions]

@@ -6,14 +6,18 @@ the default mode (native quantized weights, batch invariant)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from mohawk_common.kv_groups import model_kv_groups
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.backends.torch_backend import TorchBackend
 from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.traced_decode import TracedDecode, pad_batch, padded_size
+from tests.shard.engine.test_gguf_architectures import write_tiny_gguf
 from tests.shard.greedy_steps import greedy_together
 
 BLOCK = 16
@@ -25,16 +29,19 @@ def bundled() -> ModelSource:
     return open_model(None)
 
 
-def stage(source: ModelSource, sizes: tuple[int, ...] | None, blocks: int = 24) -> TorchBackend:
-    """The bundled model on CPU recording steps of `sizes` sequences after one eager step (None: never
+def stage(
+    source: ModelSource, sizes: tuple[int, ...] | None, blocks: int = 24, block_size: int = BLOCK
+) -> TorchBackend:
+    """`source` on CPU recording steps of `sizes` sequences after one eager step (None: never
     traced)."""
     backend = TorchBackend(source, 0, source.config.num_layers, device="cpu", trace_decode_after=1)
     if sizes is None:
         backend.traced_decode = None
     else:
         assert backend.traced_decode is not None
-        backend.traced_decode = TracedDecode(backend.model, backend.rotary, 1, batch_sizes=sizes)
-    backend.allocate_kv_cache(blocks, BLOCK)
+        windows = backend.traced_decode.windows
+        backend.traced_decode = TracedDecode(backend.model, backend.rotary, 1, windows, sizes)
+    backend.allocate_kv_cache(blocks, block_size)
     return backend
 
 
@@ -108,3 +115,24 @@ def test_batches_past_the_largest_size_or_with_a_prompt_chunk_run_eager(bundled:
     mixed = ForwardBatch.build([([7], 9, [0], True), ([9, 4], 9, [1], True)], BLOCK)
     assert traced.applies(ForwardBatch.build([([7], 9, [0], True), ([9], 9, [1], True)], BLOCK))
     assert not traced.applies(three) and not traced.applies(mixed)
+
+
+def test_sliding_layers_replayed_several_at_a_time_bit_for_bit(tmp_path: Path) -> None:
+    """Gemma 3 (five sliding layers of window 4 and one full, six KV groups): three sequences padded
+    to four decode together over contexts up to 84, the sliding groups' views moving along their
+    windows, and every step's logits are unpadded eager's."""
+    source, _ = write_tiny_gguf("gemma3", tmp_path, native=True)
+    prompts, steps, block = [list(range(3, 17)), list(range(5, 12)), [9, 8, 7]], 70, 4
+    blocks = len(model_kv_groups(source.config)) * len(prompts) * -(-(14 + steps) // block)
+    traced, eager = stage(source, (1, 2, 4), blocks, block), stage(source, None, blocks, block)
+    for step, (a, b) in enumerate(
+        zip(
+            greedy_together(traced, prompts, steps, block),
+            greedy_together(eager, prompts, steps, block),
+            strict=True,
+        )
+    ):
+        assert torch.equal(a, b), f"step {step}"
+    assert traced.traced_decode is not None
+    kept = traced.traced_decode._traces
+    assert kept and {size for size, _ in kept} == {4} and all(t is not None for t in kept.values())

@@ -45,6 +45,20 @@ def stage(
     return backend
 
 
+def assert_same_logits(
+    traced: TorchBackend, eager: TorchBackend, prompts: list[list[int]], steps: int, block_size: int
+) -> None:
+    """Both stages decode `prompts` together greedily; every step's logits are equal bit for bit."""
+    for step, (a, b) in enumerate(
+        zip(
+            greedy_together(traced, prompts, steps, block_size),
+            greedy_together(eager, prompts, steps, block_size),
+            strict=True,
+        )
+    ):
+        assert torch.equal(a, b), f"step {step}"
+
+
 def test_a_batch_is_padded_to_the_next_size_recorded() -> None:
     sizes = (1, 2, 4, 8, 16, 24, 32)
     assert [padded_size(n, sizes) for n in (1, 2, 3, 5, 9, 17, 25, 32, 33)] == [
@@ -81,14 +95,7 @@ def test_several_decoders_replayed_give_eager_logits_bit_for_bit(
     traced, eager = stage(bundled, sizes), stage(bundled, None)
     assert traced.traced_decode is not None and traced.traced_decode.pad_block == 24
     assert traced.kv_caches[0].key.shape[1] == 25 * BLOCK and eager.kv_caches[0].key.shape[1] == 24 * BLOCK
-    for step, (a, b) in enumerate(
-        zip(
-            greedy_together(traced, PROMPTS, steps, BLOCK),
-            greedy_together(eager, PROMPTS, steps, BLOCK),
-            strict=True,
-        )
-    ):
-        assert torch.equal(a, b), f"step {step}"
+    assert_same_logits(traced, eager, PROMPTS, steps, BLOCK)
     kept = traced.traced_decode._traces
     size = sizes[-1]
     assert set(kept) == {(size, (64,)), (size, (128,))} and all(t is not None for t in kept.values())
@@ -125,14 +132,7 @@ def test_sliding_layers_replayed_several_at_a_time_bit_for_bit(tmp_path: Path) -
     prompts, steps, block = [list(range(3, 17)), list(range(5, 12)), [9, 8, 7]], 70, 4
     blocks = len(model_kv_groups(source.config)) * len(prompts) * -(-(14 + steps) // block)
     traced, eager = stage(source, (1, 2, 4), blocks, block), stage(source, None, blocks, block)
-    for step, (a, b) in enumerate(
-        zip(
-            greedy_together(traced, prompts, steps, block),
-            greedy_together(eager, prompts, steps, block),
-            strict=True,
-        )
-    ):
-        assert torch.equal(a, b), f"step {step}"
+    assert_same_logits(traced, eager, prompts, steps, block)
     assert traced.traced_decode is not None
     kept = traced.traced_decode._traces
     assert kept and {size for size, _ in kept} == {4} and all(t is not None for t in kept.values())

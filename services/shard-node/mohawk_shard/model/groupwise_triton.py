@@ -134,9 +134,9 @@ def groupwise_matmul(
         raise ValueError(f"groupwise_matmul takes bf16 or fp16 CUDA activations, not {x.dtype} on {x.device}")
     x = x.contiguous()
     (m, k), n = x.shape, codes.shape[0]
-    if codes.shape[1] != k or k % group_size or 128 % group_size:
-        raise ValueError(f"codes {tuple(codes.shape)} and groups of {group_size} do not fit inputs of {k}")
     tiles = DECODE  # any number of rows, but past MAX_ROWS unpacking is faster (`GroupwiseLinear`)
+    if codes.shape[1] != k or k % group_size or tiles.depth % group_size:
+        raise ValueError(f"codes {tuple(codes.shape)} and groups of {group_size} do not fit inputs of {k}")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     grid = (-(-m // tiles.rows), -(-n // tiles.cols))
     _kernel()[grid](

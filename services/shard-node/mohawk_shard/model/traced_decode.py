@@ -287,7 +287,7 @@ class TracedDecode:
             padded[:, :width] = np.where(inside, context, last)
             allowed = allowed_keys(np.ones(rows, np.int64), lengths, window, bucket)
             slots.append(torch.from_numpy(view.slot_mapping).to(device))
-            contexts.append(torch.from_numpy(padded.astype(np.int64, copy=False)).to(device))
+            contexts.append(torch.from_numpy(padded).to(device))
             masks.append(additive_mask(torch.from_numpy(allowed).to(device), torch.float32))
         keys = [c.key for c in caches]
         values = [c.value for c in caches]

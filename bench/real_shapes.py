@@ -116,47 +116,54 @@ def write_f16(path: Path, shape: Shape) -> None:
         writer.add_expert_feed_forward_length(shape.intermediate)
     writer.add_file_type(1)  # F16
     _copy_tokenizer(writer, source, shape.vocab)
+    # tensors are named first and made one at a time as they are written: an 8B's 16 GB of F16
+    # never sits in memory at once (the same random draws, in the same order, as making them all)
     rng = np.random.default_rng(0)
+    tensors: list[tuple[str, tuple[int, ...], type]] = []
 
-    def matrix(*dims: int) -> np.ndarray:
-        return (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float16)
+    def matrix(name: str, *dims: int) -> None:
+        tensors.append((name, dims, np.float16))
 
-    ones = np.ones(shape.hidden, dtype=np.float32)  # Gemma's files store 1 + w: w = 0 there
-    writer.add_tensor("token_embd.weight", matrix(shape.vocab, shape.hidden))
-    writer.add_tensor("output_norm.weight", ones)
+    def ones(name: str, width: int = shape.hidden) -> None:  # Gemma's files store 1 + w: w = 0 there
+        tensors.append((name, (width,), np.float32))
+
+    matrix("token_embd.weight", shape.vocab, shape.hidden)
+    ones("output_norm.weight")
     if not shape.tied:
-        writer.add_tensor("output.weight", matrix(shape.vocab, shape.hidden))
+        matrix("output.weight", shape.vocab, shape.hidden)
     for layer in range(shape.layers):
         prefix = f"blk.{layer}."
-        writer.add_tensor(prefix + "attn_norm.weight", ones)
-        writer.add_tensor(prefix + "attn_q.weight", matrix(shape.heads * head_dim, shape.hidden))
-        writer.add_tensor(prefix + "attn_k.weight", matrix(shape.kv_heads * head_dim, shape.hidden))
-        writer.add_tensor(prefix + "attn_v.weight", matrix(shape.kv_heads * head_dim, shape.hidden))
-        writer.add_tensor(prefix + "attn_output.weight", matrix(shape.hidden, shape.heads * head_dim))
-        writer.add_tensor(prefix + "ffn_norm.weight", ones)
+        ones(prefix + "attn_norm.weight")
+        matrix(prefix + "attn_q.weight", shape.heads * head_dim, shape.hidden)
+        matrix(prefix + "attn_k.weight", shape.kv_heads * head_dim, shape.hidden)
+        matrix(prefix + "attn_v.weight", shape.kv_heads * head_dim, shape.hidden)
+        matrix(prefix + "attn_output.weight", shape.hidden, shape.heads * head_dim)
+        ones(prefix + "ffn_norm.weight")
         if shape.experts:  # llama.cpp's stacked experts: [experts, out, in]
-            writer.add_tensor(prefix + "ffn_gate_inp.weight", matrix(shape.experts, shape.hidden))
+            matrix(prefix + "ffn_gate_inp.weight", shape.experts, shape.hidden)
             for part in ("ffn_gate_exps", "ffn_up_exps"):
-                writer.add_tensor(
-                    prefix + part + ".weight", matrix(shape.experts, shape.intermediate, shape.hidden)
-                )
-            writer.add_tensor(
-                prefix + "ffn_down_exps.weight", matrix(shape.experts, shape.hidden, shape.intermediate)
-            )
+                matrix(prefix + part + ".weight", shape.experts, shape.intermediate, shape.hidden)
+            matrix(prefix + "ffn_down_exps.weight", shape.experts, shape.hidden, shape.intermediate)
         else:
-            writer.add_tensor(prefix + "ffn_gate.weight", matrix(shape.intermediate, shape.hidden))
-            writer.add_tensor(prefix + "ffn_up.weight", matrix(shape.intermediate, shape.hidden))
-            writer.add_tensor(prefix + "ffn_down.weight", matrix(shape.hidden, shape.intermediate))
+            matrix(prefix + "ffn_gate.weight", shape.intermediate, shape.hidden)
+            matrix(prefix + "ffn_up.weight", shape.intermediate, shape.hidden)
+            matrix(prefix + "ffn_down.weight", shape.hidden, shape.intermediate)
         if shape.arch in ("gemma3", "qwen3moe"):
-            head_ones = np.ones(head_dim, dtype=np.float32)
-            writer.add_tensor(prefix + "attn_q_norm.weight", head_ones)
-            writer.add_tensor(prefix + "attn_k_norm.weight", head_ones)
+            ones(prefix + "attn_q_norm.weight", head_dim)
+            ones(prefix + "attn_k_norm.weight", head_dim)
         if shape.arch == "gemma3":
-            writer.add_tensor(prefix + "post_attention_norm.weight", ones)
-            writer.add_tensor(prefix + "post_ffw_norm.weight", ones)
+            ones(prefix + "post_attention_norm.weight")
+            ones(prefix + "post_ffw_norm.weight")
+    for name, dims, dtype in tensors:
+        writer.add_tensor_info(name, dims, np.dtype(dtype), int(np.prod(dims)) * np.dtype(dtype).itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for _, dims, dtype in tensors:
+        if dtype is np.float32:
+            writer.write_tensor_data(np.ones(dims, dtype=np.float32))
+        else:
+            writer.write_tensor_data((rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float16))
     writer.close()
     temporary.rename(path)
     print(f"wrote {path} in {time.perf_counter() - started:.0f} s", flush=True)

@@ -5,6 +5,7 @@ turns it into the benchmark's files, is the bench extra's and is not run here.""
 from __future__ import annotations
 
 import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,34 @@ def test_a_shape_is_written_as_a_gguf_mohawk_opens(tmp_path: Path) -> None:
     assert down.shape == (128, 256) and 0.015 < float(np.std(down)) < 0.025
     tokenizer = source.load_tokenizer()
     assert tokenizer.decode(tokenizer.encode("Hello there", add_special_tokens=False)) == "Hello there"
+
+
+@pytest.mark.full_form  # make bench, before it writes an 8B's 16 GB of F16
+def test_the_writer_holds_one_tensor_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 8B's F16 file is 16 GB: the writer makes each tensor as it writes it. What Python holds
+    as each tensor is written (gguf's own write, watched) does not grow with the tensors written."""
+    import gguf
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from real_shapes import Shape, write_f16
+
+    held: list[int] = []
+    write = gguf.GGUFWriter.write_tensor_data
+
+    def watched(self: gguf.GGUFWriter, tensor: np.ndarray, *args: object, **kwargs: object) -> None:
+        held.append(tracemalloc.get_traced_memory()[0])
+        write(self, tensor, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", watched)
+    tracemalloc.start()
+    try:
+        write_f16(tmp_path / "deep-random-F16.gguf", Shape(40, 64, 1024, 4, 2, 49152, True, 1e4))
+    finally:
+        tracemalloc.stop()
+    assert len(held) == 2 + 40 * 9  # the table and the final norm, then 9 tensors a layer
+    table = 49152 * 64 * 2  # the largest tensor's F16 bytes; a layer's are 0.43 MB
+    assert max(held) - min(held) < 2 * table  # holding every tensor would add 40 layers' 17 MB
+    assert open_model(tmp_path / "deep-random-F16.gguf").config.num_layers == 40
 
 
 @pytest.mark.full_form  # make bench, before it writes the real shapes; make test runs the llama one

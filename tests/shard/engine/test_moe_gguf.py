@@ -122,3 +122,27 @@ def test_gguf_quantized_experts_read_per_expert(tiny: tuple[ModelSource, Any], t
     # through the int8_rows kernel (int8 activations a group of 32, as llama.cpp's): measured 0.0100
     # of logits up to 1.2 in magnitude
     assert (native - dense).abs().max().item() < 0.02 * dense.abs().max().item()
+
+
+def test_a_token_routed_alone_or_among_many_gets_the_same_bits(
+    tiny: tuple[ModelSource, Any], tmp_path: Path
+) -> None:
+    """The default (native) experts: each token's output of a MoE layer is the same, bit for bit,
+    whether it is the only row of the step or one of 24 routed over every expert (its k outputs
+    are added in expert order whatever the other rows pick)."""
+    import torch
+
+    from mohawk_shard.backends import make_backend
+    from mohawk_shard.model.moe import SparseMoE
+
+    write_moe_gguf(tmp_path / "q8.gguf", tiny[0], experts_type=GGMLQuantizationType.Q8_0)
+    source = open_model(tmp_path / "q8.gguf")
+    backend = make_backend("torch", source, 0, source.config.num_layers, device="cpu", dtype="auto")
+    moe = next(module for module in backend.model.modules() if isinstance(module, SparseMoE))  # type: ignore[attr-defined]
+    rows = torch.randn(24, source.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        together = moe(rows)
+        routed = moe.route(rows)[0]
+        assert len(routed.unique()) == source.config.num_experts  # the batch reaches every expert
+        for i in range(rows.shape[0]):
+            assert torch.equal(moe(rows[i : i + 1])[0], together[i]), i

@@ -4,10 +4,12 @@ Design. A router (one [experts, hidden] matmul) scores each token; the softmax o
 is taken in fp32, the top k kept, and, where the model renormalises (Mixtral always, Qwen3-MoE
 when `norm_topk_prob`), divided by their sum. Each token's output is the weighted sum of its k
 experts' SwiGLU MLPs. Rather than a Python loop over tokens, the (token, expert) pairs are sorted
-by expert once: each expert then runs one batched SwiGLU over the rows it was picked for
-(`index_select`), scaled by their routing weights and scattered back with `index_add_`. The loop
-is over the experts a step routes to (at most `num_experts`, usually all of them in a prefill,
-k of them at batch 1); one host sync reads the per-expert counts. Each expert is a `GatedMLP`
+by expert once and every pair's row picked at once (`index_select`): each expert then runs one
+batched SwiGLU over its run of rows, and the outputs, scaled by their routing weights, are added
+back to their tokens in one `index_add_`, pair by pair in expert order, so a token's k outputs are
+summed in the same order whatever else the step holds. The loop is over the experts a step routes
+to (at most `num_experts`, usually all of them in a prefill, k of them at batch 1); one host sync
+reads the per-expert counts. Each expert is a `GatedMLP`
 under `experts.E` with its gate and up fused (`gate_up_proj`) and its `down_proj`, the module paths
 `weight_formats.layer_matmuls` names, so the loader holds an expert's matmuls as it holds a dense
 layer's: a GGUF's Q4_K experts as `Int4Linear`s over the file's codes, Q6_K/Q8_0 ones as
@@ -52,17 +54,14 @@ class SparseMoE(nn.Module):
         tokens = order // self.top_k  # the token of each (token, expert) pair, grouped by expert
         scales = weights.flatten()[order].to(x.dtype).unsqueeze(1)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        out = torch.zeros_like(x)
+        picked = x.index_select(0, tokens)  # every pair's row, each expert's rows together
+        outputs = torch.empty_like(picked)
         start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            rows = tokens[start : start + count]
-            mlp: GatedMLP = self.experts[expert]  # type: ignore[assignment]
-            y = mlp.forward(x.index_select(0, rows))
-            out.index_add_(0, rows, y * scales[start : start + count])
-            start += count
-        return out
+        for mlp, count in zip(self.experts, counts, strict=True):
+            if count:
+                outputs[start : start + count] = mlp.forward(picked[start : start + count])
+                start += count
+        return torch.zeros_like(x).index_add_(0, tokens, outputs * scales)
 
     def load_weights(self, take: Take, prefix: str) -> None:
         """Copy in the router and every dense expert matmul under `prefix` (`layers.N.mlp.`); an

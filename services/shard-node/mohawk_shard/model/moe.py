@@ -5,9 +5,10 @@ is taken in fp32, the top k kept, and, where the model renormalises (Mixtral alw
 when `norm_topk_prob`), divided by their sum. Each token's output is the weighted sum of its k
 experts' SwiGLU MLPs. Rather than a Python loop over tokens, the (token, expert) pairs are sorted
 by expert once and every pair's row picked at once (`index_select`): each expert then runs one
-batched SwiGLU over its run of rows, and the outputs, scaled by their routing weights, are added
-back to their tokens in one `index_add_`, pair by pair in expert order, so a token's k outputs are
-summed in the same order whatever else the step holds. The loop is over the experts a step routes
+batched SwiGLU over its run of rows, and the outputs, scaled by their routing weights, are put
+back in (token, expert) order and summed in k adds, each token's experts in ascending order: the
+same bits whatever else the step holds, and no add whose indices repeat (CUDA's `index_add_`
+would sum a token's k outputs by atomics, in no fixed order). The loop is over the experts a step routes
 to (at most `num_experts`, usually all of them in a prefill, k of them at batch 1); one host sync
 reads the per-expert counts. Each expert is a `GatedMLP`
 under `experts.E` with its gate and up fused (`gate_up_proj`) and its `down_proj`, the module paths
@@ -49,6 +50,8 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts, weights = self.route(x)
+        experts, rank = experts.sort(dim=-1)  # each token's experts in ascending order
+        weights = weights.gather(-1, rank)
         flat = experts.flatten()
         order = flat.argsort(stable=True)
         tokens = order // self.top_k  # the token of each (token, expert) pair, grouped by expert
@@ -61,7 +64,13 @@ class SparseMoE(nn.Module):
             if count:
                 outputs[start : start + count] = mlp.forward(picked[start : start + count])
                 start += count
-        return torch.zeros_like(x).index_add_(0, tokens, outputs * scales)
+        by_token = torch.empty_like(outputs)
+        by_token[order] = outputs * scales  # back in (token, k-th expert) order: no index repeats
+        by_token = by_token.view(-1, self.top_k, x.shape[-1])
+        out = torch.zeros_like(x)
+        for k in range(self.top_k):
+            out += by_token[:, k]
+        return out
 
     def load_weights(self, take: Take, prefix: str) -> None:
         """Copy in the router and every dense expert matmul under `prefix` (`layers.N.mlp.`); an

@@ -8,10 +8,10 @@ by expert once and every pair's row picked at once (`index_select`): each expert
 batched SwiGLU over its run of rows, and the outputs, scaled by their routing weights, are put
 back in (token, expert) order and summed in k adds, each token's experts in ascending order: the
 same bits whatever else the step holds, and no add whose indices repeat (CUDA's `index_add_`
-would sum a token's k outputs by atomics, in no fixed order). The loop is over the experts a step routes
-to (at most `num_experts`, usually all of them in a prefill, k of them at batch 1); one host sync
-reads the per-expert counts. Each expert is a `GatedMLP`
-under `experts.E` with its gate and up fused (`gate_up_proj`) and its `down_proj`, the module paths
+would sum a token's k outputs by atomics, in no fixed order). The loop is over the experts a step
+routes to (at most `num_experts`, usually all of them in a prefill, k of them at batch 1); one
+host sync reads the per-expert counts. Each expert is a `GatedMLP` under `experts.E` with its
+gate and up fused (`gate_up_proj`) and its `down_proj`, the module paths
 `weight_formats.layer_matmuls` names, so the loader holds an expert's matmuls as it holds a dense
 layer's: a GGUF's Q4_K experts as `Int4Linear`s over the file's codes, Q6_K/Q8_0 ones as
 `GroupwiseLinear`s, each expert built from its own rows of the file's 3-D tensor (no expert is

@@ -1,7 +1,8 @@
 // A CPU groupwise matmul over GGUF's 5-, 6- and 8-bit codes (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0), the
 // 4-bit kernel's sibling: fp32 activations in, quantized per row and group of 32 to int8
 // (int8_activations.h), integer dot products against the file's codes held a byte each (AVX-512
-// VNNI's vpdpbusd; vpmaddubsw + vpmaddwd without VNNI), an fp32 epilogue a group; fp32 out.
+// VNNI's vpdpbusd; without VNNI, vpmaddubsw's pairs summed in int16 lanes for as many words as
+// cannot saturate, `Format::run`, then widened by vpmaddwd), an fp32 epilogue a group; fp32 out.
 // Built and loaded by library.py, packed and called by int8_rows.py.
 //
 // The codes are held unsigned, as stored or shifted up by `offset` (Q8_0's signed codes + 128,
@@ -48,41 +49,30 @@ constexpr int SB = 4;  // column blocks (of 16) per superblock: a thread's unit 
 constexpr int kWordsPerGroup = GS / 4;
 constexpr int kGroupsPerSuper = 8;  // Q6_K: 256 inputs a super-block scale
 
-// acc + per 32-bit lane, the sum of its four u8 codes times the four s8 activations, exact.
-// kWide: codes up to 255 (Q8_0's), whose pairs would saturate vpmaddubsw's int16: split in nibbles.
-template <bool kWide>
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+
+// acc + per 32-bit lane, the sum of its four u8 codes times the four s8 activations, exact (VNNI).
 inline Int dot4(Int acc, Int codes, Int q) {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
   return _mm512_dpbusd_epi32(acc, codes, q);
-#elif defined(__AVX512F__)
-  const Int ones = _mm512_set1_epi16(1);
-  if constexpr (kWide) {
-    const Int mask = _mm512_set1_epi8(0x0F);
-    const Int lo = _mm512_and_si512(codes, mask), hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), mask);
-    const Int sums = _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(lo, q), ones),
-                                      _mm512_madd_epi16(_mm512_maddubs_epi16(hi, q), _mm512_set1_epi16(16)));
-    return _mm512_add_epi32(acc, sums);
-  } else {
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(codes, q), ones));
-  }
 #else
-  const Int ones = _mm256_set1_epi16(1);
-  if constexpr (kWide) {
-    const Int mask = _mm256_set1_epi8(0x0F);
-    const Int lo = _mm256_and_si256(codes, mask), hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), mask);
-    const Int sums = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, q), ones),
-                                      _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q), _mm256_set1_epi16(16)));
-    return _mm256_add_epi32(acc, sums);
-  } else {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, q), ones));
-  }
+  return acc;  // not reached: without VNNI the tile adds pairs (pair_products) instead
 #endif
 }
 
 // What a format asks of the tile: Q6_K's sub-block scales, Q5_1/Q5_K's minimums, Q8_0's 8 bits.
+// Without VNNI, `run` is how many code words' pairs an int16 lane sums before it is widened: 2 a
+// word's lane, so 2 * run products of a code and an activation (|q| <= 127) that must stay within
+// 32767: Q6_K's codes reach 63 (2 words: 32004), Q5's 31 (4 words: 31496), and Q8_0's, split in
+// nibbles of at most 15 (the high ones widened times 16), a whole group of 8 words (30480).
 template <bool kSub, bool kMin, bool kWide>
 struct Format {
   static constexpr bool sub = kSub, min = kMin, wide = kWide;
+  static constexpr int run = kWide ? 8 : kSub ? 2 : 4;
 };
 
 struct Weight {  // one column block's tables; strides between column blocks
@@ -125,23 +115,35 @@ inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy) {
     for (int v = 0; v < V; ++v) out[r][v] = zero_float();
   for (int64_t g = 0; g < rows.G; ++g) {
     Int acc[R][V], second[R][V];  // second: the half group's, with sub-block scales
+    Int pairs[R][V], high[R][V];  // without VNNI: int16 sums of a run's pairs (high: Q8_0's high nibbles)
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-      for (int v = 0; v < V; ++v) acc[r][v] = second[r][v] = zero_int();
+      for (int v = 0; v < V; ++v) acc[r][v] = second[r][v] = pairs[r][v] = high[r][v] = zero_int();
 #pragma GCC unroll 8
     for (int kw = 0; kw < kWordsPerGroup; ++kw) {
       const int64_t word = (g * kWordsPerGroup + kw) * 16;
+      const bool later = F::sub && kw >= kWordsPerGroup / 2, opens = kw % F::run == 0,
+                 closes = kw % F::run == F::run - 1;
 #pragma GCC unroll 16
       for (int v = 0; v < V; ++v) {
         const Int codes = load_codes(w.codes + (v / kPerBlock) * w.code_stride + word + (v % kPerBlock) * kLanes);
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
           const Int q = broadcast4(rows.q + r * rows.K + g * GS + kw * 4);
-          if (F::sub && kw >= kWordsPerGroup / 2)
-            second[r][v] = dot4<F::wide>(second[r][v], codes, q);
-          else
-            acc[r][v] = dot4<F::wide>(acc[r][v], codes, q);
+          Int& target = later ? second[r][v] : acc[r][v];
+          if constexpr (kVnni) {
+            target = dot4(target, codes, q);
+          } else if constexpr (F::wide) {
+            const Int lo = pair_products(low_nibbles(codes), q), hi = pair_products(high_nibbles(codes), q);
+            pairs[r][v] = kept(opens ? lo : add_int16(pairs[r][v], lo));
+            high[r][v] = kept(opens ? hi : add_int16(high[r][v], hi));
+            if (closes) target = add_int(target, add_int(widen_pairs(pairs[r][v], 1), widen_pairs(high[r][v], 16)));
+          } else {
+            const Int products = pair_products(codes, q);
+            pairs[r][v] = kept(opens ? products : add_int16(pairs[r][v], products));
+            if (closes) target = add_int(target, widen_pairs(pairs[r][v], 1));
+          }
         }
       }
     }
@@ -182,13 +184,21 @@ inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy) {
 }
 
 // rows a tall tile takes, and column blocks a tile of R rows takes at once (index R): integer
-// accumulators (two sets with sub-block scales) and fp32 outputs within the register file
+// accumulators (two sets with sub-block scales) and fp32 outputs within the register file. On
+// AVX2 (16 registers) four rows spill a little yet ran faster than two at 32 rows on a Zen 3
+// (Q6_K 96-106 against 85-93 GMAC/s, Q5_K 113-128 against 97-108, a scratch timing of the 1.7B's
+// shapes); Q8_0's nibble pairs take twice the registers and two rows ran faster there (82 against
+// 59-75).
 #ifdef __AVX512F__
-constexpr int kTallRows = 4, kTallBlocks = 2;
+template <class F>
+constexpr int kTallRows = 4;
+constexpr int kTallBlocks = 2;
 constexpr int kBlocksOf[4] = {0, 4, 2, 2};
 #else
-constexpr int kTallRows = 2, kTallBlocks = 1;
-constexpr int kBlocksOf[2] = {0, 2};
+template <class F>
+constexpr int kTallRows = F::wide ? 2 : 4;
+constexpr int kTallBlocks = 1;
+constexpr int kBlocksOf[4] = {0, 2, 1, 1};
 #endif
 
 // One superblock (`blocks` column blocks of 16: SB, or fewer at the end of N) for R rows.
@@ -211,14 +221,12 @@ void matmul(const Rows& all, const Weight& weight, int64_t M, int64_t N, float* 
     float* ys = y + b * SB * 16;
     const int64_t blocks = NB - b * SB < SB ? NB - b * SB : SB;
     int64_t m = 0;
-    for (; m + kTallRows <= M; m += kTallRows)
-      superblock<F, kTallRows, kTallBlocks>(all.at(m), w, ys + m * N, N, blocks);
+    for (; m + kTallRows<F> <= M; m += kTallRows<F>)
+      superblock<F, kTallRows<F>, kTallBlocks>(all.at(m), w, ys + m * N, N, blocks);
     switch (M - m) {
       case 1: superblock<F, 1, kBlocksOf[1]>(all.at(m), w, ys + m * N, N, blocks); break;
-#ifdef __AVX512F__
       case 2: superblock<F, 2, kBlocksOf[2]>(all.at(m), w, ys + m * N, N, blocks); break;
       case 3: superblock<F, 3, kBlocksOf[3]>(all.at(m), w, ys + m * N, N, blocks); break;
-#endif
       default: break;
     }
   }

@@ -65,4 +65,32 @@ inline void store(float* p, Float v) { _mm256_storeu_ps(p, v); }
 
 constexpr int kPerBlock = 16 / kLanes;  // registers a column block of 16 takes
 
+// Integer products without VNNI: vpmaddubsw gives an int16 lane the sum of two products of an
+// unsigned code and a signed activation; the kernels add such pairs in int16 lanes for as many
+// inputs as cannot saturate, then widen them once (vpmaddwd) rather than every 4 inputs.
+#ifdef __AVX512F__
+inline Int pair_products(Int codes, Int q) { return _mm512_maddubs_epi16(codes, q); }
+inline Int add_int16(Int a, Int b) { return _mm512_add_epi16(a, b); }
+// per int32 lane, the sum of its two int16 lanes times `weight`
+inline Int widen_pairs(Int pairs, int16_t weight) { return _mm512_madd_epi16(pairs, _mm512_set1_epi16(weight)); }
+inline Int low_nibbles(Int w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0F)); }
+inline Int high_nibbles(Int w) { return _mm512_and_si512(_mm512_srli_epi32(w, 4), _mm512_set1_epi8(0x0F)); }
+// A register the compiler must hold as it is here: without it GCC reassociates a run of int16 adds,
+// computes all of a group's products first and spills them (measured slower than widening each).
+inline Int kept(Int v) {
+  asm("" : "+v"(v));
+  return v;
+}
+#else
+inline Int pair_products(Int codes, Int q) { return _mm256_maddubs_epi16(codes, q); }
+inline Int add_int16(Int a, Int b) { return _mm256_add_epi16(a, b); }
+inline Int widen_pairs(Int pairs, int16_t weight) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(weight)); }
+inline Int low_nibbles(Int w) { return _mm256_and_si256(w, _mm256_set1_epi8(0x0F)); }
+inline Int high_nibbles(Int w) { return _mm256_and_si256(_mm256_srli_epi32(w, 4), _mm256_set1_epi8(0x0F)); }
+inline Int kept(Int v) {
+  asm("" : "+x"(v));
+  return v;
+}
+#endif
+
 }  // namespace mohawk::lanes

@@ -92,6 +92,19 @@ def test_the_arithmetic_is_int8_activations_a_group(out_features: int, in_featur
     assert error.max().item() < 2e-2, error.max().item()
 
 
+def test_the_largest_codes_and_activations_do_not_saturate() -> None:
+    """Without VNNI a group's products are summed in int16 lanes (16 of at most 15 * 127 each): the
+    top code against ±127 in every input must still give the exact integer dot product."""
+    codes, scales, mins = weight(64, 512, seed=7)
+    codes = np.full_like(codes, 15)
+    packed = int4_rows.pack(codes, scales, mins, CPU)
+    x = torch.ones(5, 512)  # every activation quantizes to 127 (-127 in the negated rows)
+    x[1::2] = -1.0
+    y = int4_rows.matmul(x, packed.codes, packed.scales, packed.mins, 64)
+    expected = int8_reference(x, codes, scales, mins)
+    assert ((y.double() - expected).abs().max() / expected.abs().max()).item() < 2e-6
+
+
 @pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 def test_a_rows_bits_do_not_depend_on_its_call(out_features: int, in_features: int) -> None:
     codes, scales, mins = weight(out_features, in_features, seed=4)

@@ -5,6 +5,7 @@ their number and order, thread count, instruction set, a trace)."""
 
 from __future__ import annotations
 
+import dataclasses
 from ctypes import CDLL
 
 import numpy as np
@@ -93,6 +94,23 @@ def test_the_arithmetic_is_int8_activations_and_integer_dots(fmt: str) -> None:
     # about half a percent of a row's largest output; 2.2% at most, Q8_0's row with the outlier
     assert error.max().item() < 3e-2, error.max().item()
     assert error.median().item() < 1e-2, error.median().item()
+
+
+TOP_CODES = {"Q8_0": 127, "Q5_0": 15, "Q5_1": 31, "Q5_K": 31, "Q6_K": 31}  # held as 255, 31, 31, 31, 63
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_largest_codes_and_activations_do_not_saturate(fmt: str) -> None:
+    """Without VNNI the pairs of a run of code words are summed in int16 lanes (`Format::run`):
+    the top code against ±127 in every input must still give the exact integer dot products."""
+    w = weight(fmt, 64, 512, seed=8)
+    w = dataclasses.replace(w, codes=np.full_like(w.codes, TOP_CODES[fmt]))
+    packed = int8_rows.pack(w, CPU)
+    x = torch.ones(5, 512)  # every activation quantizes to 127 (-127 in the negated rows)
+    x[1::2] = -1.0
+    expected = int8_reference(x, w)
+    y = int8_rows.matmul(x, packed)
+    assert ((y.double() - expected).abs().max() / expected.abs().max()).item() < 2e-6
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

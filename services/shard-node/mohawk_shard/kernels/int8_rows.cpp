@@ -49,21 +49,6 @@ constexpr int SB = 4;  // column blocks (of 16) per superblock: a thread's unit 
 constexpr int kWordsPerGroup = GS / 4;
 constexpr int kGroupsPerSuper = 8;  // Q6_K: 256 inputs a super-block scale
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
-constexpr bool kVnni = true;
-#else
-constexpr bool kVnni = false;
-#endif
-
-// acc + per 32-bit lane, the sum of its four u8 codes times the four s8 activations, exact (VNNI).
-inline Int dot4(Int acc, Int codes, Int q) {
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(acc, codes, q);
-#else
-  return acc;  // not reached: without VNNI the tile adds pairs (pair_products) instead
-#endif
-}
-
 // What a format asks of the tile: Q6_K's sub-block scales, Q5_1/Q5_K's minimums, Q8_0's 8 bits.
 // Without VNNI, `run` is how many code words' pairs an int16 lane sums before it is widened: 2 a
 // word's lane, so 2 * run products of a code and an activation (|q| <= 127) that must stay within
@@ -128,14 +113,19 @@ inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy) {
 #pragma GCC unroll 16
       for (int v = 0; v < V; ++v) {
         const Int codes = load_codes(w.codes + (v / kPerBlock) * w.code_stride + word + (v % kPerBlock) * kLanes);
+#if !(defined(__AVX512F__) && defined(__AVX512VNNI__))
+        const Int low = low_nibbles(codes), upper = high_nibbles(codes);  // Q8_0's, once for every row
+#endif
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
           const Int q = broadcast4(rows.q + r * rows.K + g * GS + kw * 4);
           Int& target = later ? second[r][v] : acc[r][v];
-          if constexpr (kVnni) {
-            target = dot4(target, codes, q);
-          } else if constexpr (F::wide) {
-            const Int lo = pair_products(low_nibbles(codes), q), hi = pair_products(high_nibbles(codes), q);
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+          // per 32-bit lane, the sum of its four u8 codes times the four s8 activations, exact
+          target = _mm512_dpbusd_epi32(target, codes, q);
+#else
+          if constexpr (F::wide) {
+            const Int lo = pair_products(low, q), hi = pair_products(upper, q);
             pairs[r][v] = kept(opens ? lo : add_int16(pairs[r][v], lo));
             high[r][v] = kept(opens ? hi : add_int16(high[r][v], hi));
             if (closes) target = add_int(target, add_int(widen_pairs(pairs[r][v], 1), widen_pairs(high[r][v], 16)));
@@ -144,6 +134,7 @@ inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy) {
             pairs[r][v] = kept(opens ? products : add_int16(pairs[r][v], products));
             if (closes) target = add_int(target, widen_pairs(pairs[r][v], 1));
           }
+#endif
         }
       }
     }

@@ -75,22 +75,19 @@ inline Int add_int16(Int a, Int b) { return _mm512_add_epi16(a, b); }
 inline Int widen_pairs(Int pairs, int16_t weight) { return _mm512_madd_epi16(pairs, _mm512_set1_epi16(weight)); }
 inline Int low_nibbles(Int w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0F)); }
 inline Int high_nibbles(Int w) { return _mm512_and_si512(_mm512_srli_epi32(w, 4), _mm512_set1_epi8(0x0F)); }
-// A register the compiler must hold as it is here: without it GCC reassociates a run of int16 adds,
-// computes all of a group's products first and spills them (measured slower than widening each).
-inline Int kept(Int v) {
-  asm("" : "+v"(v));
-  return v;
-}
 #else
 inline Int pair_products(Int codes, Int q) { return _mm256_maddubs_epi16(codes, q); }
 inline Int add_int16(Int a, Int b) { return _mm256_add_epi16(a, b); }
 inline Int widen_pairs(Int pairs, int16_t weight) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(weight)); }
 inline Int low_nibbles(Int w) { return _mm256_and_si256(w, _mm256_set1_epi8(0x0F)); }
 inline Int high_nibbles(Int w) { return _mm256_and_si256(_mm256_srli_epi32(w, 4), _mm256_set1_epi8(0x0F)); }
+#endif
+
+// A register the compiler must hold as it is here: without it GCC reassociates a run of int16 adds,
+// computes all of a group's products first and spills them (measured slower than widening each).
 inline Int kept(Int v) {
-  asm("" : "+x"(v));
+  asm("" : "+v"(v));  // any vector register: ymm on AVX2, zmm on AVX-512
   return v;
 }
-#endif
 
 }  // namespace mohawk::lanes

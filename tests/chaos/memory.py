@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
 import psutil
 
 from mohawk_cli.cluster import LocalCluster
@@ -10,6 +14,11 @@ from mohawk_cli.cluster import LocalCluster
 # caches); a fault may add buffers the allocator keeps, which is not a leak, hence the slack.
 GROWTH = 1.10
 SLACK_BYTES = 32 << 20
+# an idle process gives its freed heap back once it has been idle 2 s (`memory_trim`): a level is
+# come back to when it is within this long of the load's end
+SETTLE_S = 10.0
+
+Growth = TypeVar("Growth")
 
 
 def resident_bytes(cluster: LocalCluster) -> dict[str, int]:
@@ -36,3 +45,13 @@ def total_grown(before: dict[str, int], after: dict[str, int]) -> tuple[int, int
     if total_after > total_before * GROWTH + SLACK_BYTES:
         return total_before >> 20, total_after >> 20
     return None
+
+
+def settled(growth: Callable[[], Growth], within_s: float = SETTLE_S) -> Growth:
+    """`growth()` once it reports none (falsy), or its last report after `within_s`."""
+    deadline = time.monotonic() + within_s
+    found = growth()
+    while found and time.monotonic() < deadline:
+        time.sleep(0.5)
+        found = growth()
+    return found

@@ -23,7 +23,7 @@ from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.server import free_port
 from tests.chaos.clusters import chaos_spec
-from tests.chaos.memory import grown, resident_bytes
+from tests.chaos.memory import grown, resident_bytes, settled
 from tests.integration.cluster_helpers import (
     PROMPTS,
     REFERENCE_TOKENS,
@@ -100,4 +100,6 @@ def test_a_killed_gateways_requests_are_cancelled(
         assert finish in ("stop", "length") and text == reference[prompt], prompt
     shard_logs = "".join(p.read_text() for p in running.log_dir.glob("shard-*.log"))
     assert shard_logs.count("orphaned request cancelled") == 8
-    assert not grown(before, resident_bytes(running)), "memory did not come back to its level"
+    assert not settled(lambda: grown(before, resident_bytes(running))), (
+        "memory did not come back to its level"
+    )

@@ -17,7 +17,7 @@ import pytest
 
 from mohawk_cli.cluster import LocalCluster
 from tests.chaos.clusters import assert_identical, chaos_spec, streams_through
-from tests.chaos.memory import grown, resident_bytes
+from tests.chaos.memory import grown, resident_bytes, settled
 from tests.integration.cluster_helpers import current_leader, current_plan
 
 NUM_STREAMS = 16
@@ -51,4 +51,6 @@ def test_a_killed_leader_coordinator_loses_no_request(
     after = current_plan(cluster.nats.url)
     assert after is not None and after.version == plan.version  # adopted, not re-planned
     del before[leader]
-    assert not grown(before, resident_bytes(cluster)), "memory did not come back to its level"
+    assert not settled(lambda: grown(before, resident_bytes(cluster))), (
+        "memory did not come back to its level"
+    )

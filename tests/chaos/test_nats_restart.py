@@ -20,7 +20,7 @@ import pytest
 
 from mohawk_cli.cluster import LocalCluster
 from tests.chaos.clusters import assert_identical, chaos_spec, streams_through
-from tests.chaos.memory import grown, resident_bytes
+from tests.chaos.memory import grown, resident_bytes, settled
 
 NUM_STREAMS = 16
 BOUND_S = 60.0  # every stream done within this long after nats-server is back
@@ -48,7 +48,9 @@ def _check(cluster: LocalCluster, reference: dict[str, str], down_s: float) -> N
     assert_identical(done, reference)
     for name, proc in cluster.processes.items():
         assert proc.poll() is None, f"{name} exited"
-    assert not grown(before, resident_bytes(cluster)), "memory did not come back to its level"
+    assert not settled(lambda: grown(before, resident_bytes(cluster))), (
+        "memory did not come back to its level"
+    )
 
 
 def test_nats_restart_loses_no_request(cluster: LocalCluster, reference: dict[str, str]) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from mohawk_cli.cluster import LocalCluster
 from tests.chaos.clusters import assert_identical, chaos_spec, streams_through
-from tests.chaos.memory import resident_bytes, total_grown
+from tests.chaos.memory import resident_bytes, settled, total_grown
 from tests.integration.cluster_helpers import wait_for_stages
 
 NUM_STREAMS = 16
@@ -51,4 +51,6 @@ def test_a_killed_shard_node_loses_no_request(
     print(f"\n{victim} (stage {stage}) killed: all {len(done)} streams done {took:.1f} s later")
     assert_identical(done, reference)
     # the survivors now hold the dead node's layers too: the cluster's sum must not grow
-    assert total_grown(before, resident_bytes(cluster)) is None, "memory did not come back to its level"
+    assert settled(lambda: total_grown(before, resident_bytes(cluster))) is None, (
+        "memory did not come back to its level"
+    )

@@ -2,11 +2,13 @@
 stage 0 starts only once its pipeline is active, a later stage at once; a stage loaded beside
 the running one takes over (and the old one stops) when its pipeline turns active; a node left
 out serves on until a pipeline of the new plan is active, then stops; counters of stopped roles
-are kept."""
+are kept; a backend let go is freed at once, even where reference cycles hold it."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Set
 from types import SimpleNamespace
 
@@ -42,6 +44,14 @@ class FakeRole:
         self.events.append("stop")
 
 
+class FakeBackend:
+    """Stands in for weights and a KV pool; it refers to itself as a real role's objects do (its
+    tasks call back into it), so only a collection frees it."""
+
+    def __init__(self) -> None:
+        self.cycle = self
+
+
 class Harness(StageFollower):
     """A follower whose loads build stand-in roles, and whose memory always has room beside."""
 
@@ -53,14 +63,14 @@ class Harness(StageFollower):
     async def load_stage(self, asked: Placement, *, beside: bool) -> None:
         self.loads.append((asked.view.epoch, asked.index, beside))
         self.stage_index, self.loaded = asked.index, False
-        serving = Serving(FakeRole(asked), backend=SimpleNamespace())  # type: ignore[arg-type]
+        serving = Serving(FakeRole(asked), backend=FakeBackend())  # type: ignore[arg-type]
         if not serving.role.waits_for_active:
             await serving.role.start()
             serving.started = True
         if beside:
             self.next = serving
         else:
-            self.current = serving
+            self.current, self._backend = serving, serving.backend
         self.loaded = True
 
     def _room_beside(self, asked: Placement) -> bool:
@@ -139,3 +149,25 @@ def test_left_out_the_node_serves_on_until_a_pipeline_of_the_plan_is_active() ->
     assert follower.fake is old and old.events == ["start"] and follower.following() == Following(0, -1, True)
     asyncio.run(follower.follow(plan(2, "n2", state=ACTIVE, spares=("n1",))))
     assert follower.current is None and old.events == ["start", "stop"]
+
+
+def test_a_stage_let_go_is_freed_at_once_though_cycles_hold_it() -> None:
+    follower = Harness()
+    gc.disable()  # the cycle collector would free it some time; the follower must do it now
+    try:
+        asyncio.run(follower.follow(plan(1, "n2", "n1")))
+        assert follower.current is not None
+        first = weakref.ref(follower.current.backend)
+        asyncio.run(follower.follow(plan(2, "n1", "n2", state=LOADING)))  # loads beside it
+        assert first() is not None and follower.next is not None
+        beside = weakref.ref(follower.next.backend)
+        asyncio.run(follower.follow(plan(3, "n2", "n1", state=LOADING)))  # the one beside is let go
+        assert beside() is None and first() is not None  # the running stage serves on
+        asyncio.run(follower.follow(plan(4, "n1", "n2", state=LOADING)))
+        asyncio.run(follower.follow(plan(4, "n1", "n2", state=ACTIVE)))  # switched
+        assert first() is None and follower.current is not None
+        second = weakref.ref(follower.current.backend)
+        asyncio.run(follower.follow(plan(5, "n2", state=ACTIVE, spares=("n1",))))  # left out
+        assert follower.current is None and second() is None
+    finally:
+        gc.enable()

@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "fetch_ahead.h"
 #include "int8_activations.h"
 #include "simd_lanes.h"
 
@@ -69,7 +70,7 @@ inline Int group_dot(Int partial) {
 template <int R, int CB>
 inline void tile(const int8_t* __restrict q, const float* __restrict d, const float* __restrict s, int64_t K,
                  int64_t G, const uint32_t* __restrict codes, const uint16_t* __restrict sc,
-                 const uint16_t* __restrict mn, float* y, int64_t ldy) {
+                 const uint16_t* __restrict mn, float* y, int64_t ldy, mohawk::Spread ahead) {
   constexpr int V = CB * kPerBlock;
   const int64_t cstride = (K / 8) * 16, sstride = G * 16;
   Float out[R][V];
@@ -78,6 +79,16 @@ inline void tile(const int8_t* __restrict q, const float* __restrict d, const fl
 #pragma GCC unroll 16
     for (int v = 0; v < V; ++v) out[r][v] = zero_float();
   for (int64_t g = 0; g < G; ++g) {
+    if (ahead.fetches(g)) {  // these columns' group g in the next superblock (fetch_ahead.h)
+#pragma GCC unroll 4
+      for (int b = SB; b < SB + CB; ++b) {
+        mohawk::fetch_lines(codes + b * cstride + g * 64, 256);
+        if (g % 2 == 0) {  // a line holds two groups' scales (or mins)
+          mohawk::fetch_lines(sc + b * sstride + g * 16, 64);
+          mohawk::fetch_lines(mn + b * sstride + g * 16, 64);
+        }
+      }
+    }
     Int acc[R][V];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
@@ -128,17 +139,19 @@ constexpr int kBlocksOf[4] = {0, 2, 1, 1};
 #endif
 
 // One superblock (`blocks` column blocks of 16, SB of them but at the end of N) for R rows, CB
-// blocks at a time where it is whole, one at a time where it is not.
+// blocks at a time where it is whole, one at a time where it is not; `ahead`: which of the next
+// superblock's groups its tiles fetch (fetch_ahead.h).
 template <int R, int CB>
 inline void superblock(const int8_t* q, const float* d, const float* s, int64_t K, int64_t G, const uint32_t* codes,
-                       const uint16_t* sc, const uint16_t* mn, float* y, int64_t ldy, int64_t blocks) {
+                       const uint16_t* sc, const uint16_t* mn, float* y, int64_t ldy, int64_t blocks,
+                       mohawk::Spread ahead) {
   const int64_t cstride = (K / 8) * 16, sstride = G * 16;
   if (blocks == SB) {
     for (int b = 0; b < SB; b += CB)
-      tile<R, CB>(q, d, s, K, G, codes + b * cstride, sc + b * sstride, mn + b * sstride, y + b * 16, ldy);
+      tile<R, CB>(q, d, s, K, G, codes + b * cstride, sc + b * sstride, mn + b * sstride, y + b * 16, ldy, ahead);
   } else {
     for (int64_t b = 0; b < blocks; ++b)
-      tile<R, 1>(q, d, s, K, G, codes + b * cstride, sc + b * sstride, mn + b * sstride, y + b * 16, ldy);
+      tile<R, 1>(q, d, s, K, G, codes + b * cstride, sc + b * sstride, mn + b * sstride, y + b * 16, ldy, ahead);
   }
 }
 
@@ -167,19 +180,22 @@ void mohawk_int4_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* c
     const uint16_t* mn = mins + b * SB * sstride;
     float* ys = y + b * SB * 16;
     const int64_t blocks = NB - b * SB < SB ? NB - b * SB : SB;
+    const int64_t passes = (M + kTallRows - 1) / kTallRows;
     int64_t m = 0;
     // tiles of the most rows that fit the registers, then the rest in one smaller tile: the
     // per-row arithmetic of every tile shape is the same (tile())
     for (; m + kTallRows <= M; m += kTallRows)
-      superblock<kTallRows, kTallBlocks>(q + m * K, d + m * G, s + m * G, K, G, c, sc, mn, ys + m * N, N, blocks);
+      superblock<kTallRows, kTallBlocks>(q + m * K, d + m * G, s + m * G, K, G, c, sc, mn, ys + m * N, N, blocks,
+                                         mohawk::Spread::of(m / kTallRows, passes, b + 1 < NS));
     const int8_t* qr = q + m * K;
     const float* dr = d + m * G;
     const float* sr = s + m * G;
     float* yr = ys + m * N;
+    const mohawk::Spread last = mohawk::Spread::of(m / kTallRows, passes, b + 1 < NS);
     switch (M - m) {
-      case 1: superblock<1, kBlocksOf[1]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks); break;
-      case 2: superblock<2, kBlocksOf[2]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks); break;
-      case 3: superblock<3, kBlocksOf[3]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks); break;
+      case 1: superblock<1, kBlocksOf[1]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks, last); break;
+      case 2: superblock<2, kBlocksOf[2]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks, last); break;
+      case 3: superblock<3, kBlocksOf[3]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks, last); break;
       default: break;
     }
   }

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "fetch_ahead.h"
 #include "int8_activations.h"
 #include "simd_lanes.h"
 
@@ -76,6 +77,16 @@ struct Weight {  // one column block's tables; strides between column blocks
     if (subs != nullptr) w.subs += block * sub_stride;
     return w;
   }
+
+  // this column block's lines of group g into L2: its codes, and every other group (a line
+  // holds two groups' scales, mins or sub-block scales) the tables'
+  void fetch(int64_t g) const {
+    mohawk::fetch_lines(codes + g * kWordsPerGroup * 16, kWordsPerGroup * 64);
+    if (g % 2 != 0) return;
+    mohawk::fetch_lines(scales + (subs != nullptr ? (g / kGroupsPerSuper) * 16 : g * 16), 64);
+    if (mins != nullptr) mohawk::fetch_lines(mins + g * 16, 64);
+    if (subs != nullptr) mohawk::fetch_lines(subs + 2 * g * 16, 64);
+  }
 };
 
 struct Rows {  // quantized activations of the tile's first row
@@ -91,7 +102,7 @@ struct Rows {  // quantized activations of the tile's first row
 // R rows x CB column blocks of 16: V = CB * kPerBlock registers a row, each holding its integer
 // dot products (a group, or a half group each with sub-block scales) and its fp32 outputs.
 template <class F, int R, int CB>
-inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy) {
+inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy, mohawk::Spread ahead) {
   constexpr int V = CB * kPerBlock;
   Float out[R][V];
 #pragma GCC unroll 16
@@ -99,6 +110,10 @@ inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy) {
 #pragma GCC unroll 16
     for (int v = 0; v < V; ++v) out[r][v] = zero_float();
   for (int64_t g = 0; g < rows.G; ++g) {
+    if (ahead.fetches(g)) {  // these columns' group g in the next superblock (fetch_ahead.h)
+#pragma GCC unroll 4
+      for (int b = SB; b < SB + CB; ++b) w.at(b).fetch(g);
+    }
     Int acc[R][V], second[R][V];  // second: the half group's, with sub-block scales
     Int pairs[R][V], high[R][V];  // without VNNI: int16 sums of a run's pairs (high: Q8_0's high nibbles)
 #pragma GCC unroll 16
@@ -192,13 +207,15 @@ constexpr int kTallBlocks = 1;
 constexpr int kBlocksOf[4] = {0, 2, 1, 1};
 #endif
 
-// One superblock (`blocks` column blocks of 16: SB, or fewer at the end of N) for R rows.
+// One superblock (`blocks` column blocks of 16: SB, or fewer at the end of N) for R rows;
+// `ahead`: which of the next superblock's groups its tiles fetch.
 template <class F, int R, int CB>
-inline void superblock(const Rows& rows, const Weight& w, float* y, int64_t ldy, int64_t blocks) {
+inline void superblock(const Rows& rows, const Weight& w, float* y, int64_t ldy, int64_t blocks,
+                       mohawk::Spread ahead) {
   if (blocks == SB) {
-    for (int b = 0; b < SB; b += CB) tile<F, R, CB>(rows, w.at(b), y + b * 16, ldy);
+    for (int b = 0; b < SB; b += CB) tile<F, R, CB>(rows, w.at(b), y + b * 16, ldy, ahead);
   } else {
-    for (int64_t b = 0; b < blocks; ++b) tile<F, R, 1>(rows, w.at(b), y + b * 16, ldy);
+    for (int64_t b = 0; b < blocks; ++b) tile<F, R, 1>(rows, w.at(b), y + b * 16, ldy, ahead);
   }
 }
 
@@ -211,13 +228,16 @@ void matmul(const Rows& all, const Weight& weight, int64_t M, int64_t N, float* 
     const Weight w = weight.at(b * SB);
     float* ys = y + b * SB * 16;
     const int64_t blocks = NB - b * SB < SB ? NB - b * SB : SB;
+    const int64_t passes = (M + kTallRows<F> - 1) / kTallRows<F>;
     int64_t m = 0;
     for (; m + kTallRows<F> <= M; m += kTallRows<F>)
-      superblock<F, kTallRows<F>, kTallBlocks>(all.at(m), w, ys + m * N, N, blocks);
+      superblock<F, kTallRows<F>, kTallBlocks>(all.at(m), w, ys + m * N, N, blocks,
+                                               mohawk::Spread::of(m / kTallRows<F>, passes, b + 1 < NS));
+    const mohawk::Spread last = mohawk::Spread::of(m / kTallRows<F>, passes, b + 1 < NS);
     switch (M - m) {
-      case 1: superblock<F, 1, kBlocksOf[1]>(all.at(m), w, ys + m * N, N, blocks); break;
-      case 2: superblock<F, 2, kBlocksOf[2]>(all.at(m), w, ys + m * N, N, blocks); break;
-      case 3: superblock<F, 3, kBlocksOf[3]>(all.at(m), w, ys + m * N, N, blocks); break;
+      case 1: superblock<F, 1, kBlocksOf[1]>(all.at(m), w, ys + m * N, N, blocks, last); break;
+      case 2: superblock<F, 2, kBlocksOf[2]>(all.at(m), w, ys + m * N, N, blocks, last); break;
+      case 3: superblock<F, 3, kBlocksOf[3]>(all.at(m), w, ys + m * N, N, blocks, last); break;
       default: break;
     }
   }

@@ -392,8 +392,19 @@ void attend_unit_tile(const Call& c, int64_t b, int64_t g, int64_t row0, const i
   if (n > 0) attend_tile(rows, n, c.v + g * c.sh, c.slots + b * c.L, c.sl, c.D, kt, scores, c.ldsc);
 }
 
-// (sequence b, KV head g)'s keys transposed in blocks of 16 into kt.
+// (sequence b, KV head g)'s keys transposed in blocks of 16 into kt. Its keys and values are
+// first asked for into L2, all at once: a block of 16 keys is a page of its own in the pool, too
+// short a run for the hardware prefetchers to keep ahead of the reads.
 void transpose_unit(const Call& c, int64_t b, int64_t g, float* kt) {
+  const int64_t* slots = c.slots + b * c.L;
+  for (int64_t j = 0; j < c.L; ++j) {
+    const float* key = c.k + g * c.sh + slots[j] * c.sl;
+    const float* value = c.v + g * c.sh + slots[j] * c.sl;
+    for (int64_t d = 0; d < c.D; d += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(key + d), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(value + d), _MM_HINT_T1);
+    }
+  }
   for (int64_t block = 0; block < c.blocks; ++block) {
     const int64_t first = block * LANES, count = c.L - first < LANES ? c.L - first : LANES;
     transpose_block(c.k + g * c.sh, c.slots + b * c.L + first, c.sl, count, c.D, kt + block * c.D * LANES);

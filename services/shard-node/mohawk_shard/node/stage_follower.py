@@ -13,8 +13,8 @@ node loads where it computes: MLX arrays belong to the thread that made them). A
 freed then and there, before a new one loads (`free_now`): a stopped role's objects refer to each
 other (its tasks call back into it), so without a collection its weights and KV pool waited for
 the cycle collector, and a survivor of a killed node held its old pool beside the new one (2.6 GB
-against 1.5 when CI measured it). What the heartbeat reports of the plan (`following`): the version it
-follows, the stage it was given, whether it is loaded.
+against 1.5 when CI measured it). What the heartbeat reports of the plan (`following`): the
+version it follows, the stage it was given, whether it is loaded.
 """
 
 from __future__ import annotations

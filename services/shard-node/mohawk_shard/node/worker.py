@@ -92,6 +92,10 @@ class StageWorker:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
         await cancel_and_wait(self._task)
+        # the subscription calls back into this worker and the ended task's CancelledError holds
+        # its frame, which holds this worker: let go of both, so that the stage (its weights and
+        # KV pool) is freed as soon as the node lets go of it, not at the next cycle collection
+        self._sub = self._task = None
         self.traces.end_all()
         await self.link.stop()
 

@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "fetch_ahead.h"
+
 namespace {
 
 constexpr int LANES = 16;
@@ -397,13 +399,10 @@ void attend_unit_tile(const Call& c, int64_t b, int64_t g, int64_t row0, const i
 // short a run for the hardware prefetchers to keep ahead of the reads.
 void transpose_unit(const Call& c, int64_t b, int64_t g, float* kt) {
   const int64_t* slots = c.slots + b * c.L;
+  const int bytes = static_cast<int>(c.D * sizeof(float));
   for (int64_t j = 0; j < c.L; ++j) {
-    const float* key = c.k + g * c.sh + slots[j] * c.sl;
-    const float* value = c.v + g * c.sh + slots[j] * c.sl;
-    for (int64_t d = 0; d < c.D; d += 16) {
-      _mm_prefetch(reinterpret_cast<const char*>(key + d), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(value + d), _MM_HINT_T1);
-    }
+    mohawk::fetch_lines(c.k + g * c.sh + slots[j] * c.sl, bytes);
+    mohawk::fetch_lines(c.v + g * c.sh + slots[j] * c.sl, bytes);
   }
   for (int64_t block = 0; block < c.blocks; ++block) {
     const int64_t first = block * LANES, count = c.L - first < LANES ? c.L - first : LANES;

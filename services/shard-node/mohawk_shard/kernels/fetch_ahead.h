@@ -24,7 +24,7 @@ struct Spread {
   bool fetches(int64_t g) const { return parts != 0 && g % parts == part; }
 };
 
-// every 64-byte line of [p, p + bytes), into L2
+// every 64-byte line of [p, p + bytes), into L2 (also attention's keys and values: attend_rows.cpp)
 inline void fetch_lines(const void* p, int bytes) {
   const char* at = static_cast<const char*>(p);
 #pragma GCC unroll 8

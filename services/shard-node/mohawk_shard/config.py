@@ -10,7 +10,7 @@ from pydantic import Field
 from mohawk_common.settings import KVBlockSettings
 
 WeightsMode = Literal["native", "int4", "bf16", "fp32"]
-KVCacheDtype = Literal["auto", "int8"]
+KVCacheDtype = Literal["auto", "float32", "int8"]
 
 
 def add_format_flags(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +23,8 @@ def add_format_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-cache-dtype",
         choices=get_args(KVCacheDtype),
-        help="KV cache: auto (compute dtype) or int8 (older full blocks int8: two tiers)",
+        help="KV cache: auto (fp16 on an fp32 CPU stage, else the compute dtype), float32, or int8 "
+        "(older full blocks int8: two tiers)",
     )
 
 
@@ -46,7 +47,9 @@ class EngineSettings(KVBlockSettings):
     max_num_batched_tokens: int = Field(512, ge=1, description="token budget of one step (chunked prefill)")
     max_model_len: int | None = Field(None, ge=2, description="context cap; none = the model's own")
     kv_cache_dtype: KVCacheDtype = Field(
-        "auto", description="auto: KV in the compute dtype; int8: older full blocks int8 (two tiers)"
+        "auto",
+        description="auto: KV stored fp16 where the compute dtype is fp32 (CPU), else in the compute "
+        "dtype; float32: fp32; int8: older full blocks int8 (two tiers)",
     )
     enable_prefix_caching: bool = True
     batch_invariant: bool = Field(

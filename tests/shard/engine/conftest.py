@@ -56,7 +56,8 @@ def full_logits(
 ) -> torch.Tensor:
     """Logits at every position of one prompt, through stages built from `split` (on `backends`,
     default torch; hidden states cross between backends as raw bytes, as on the wire). `weights`
-    fp32 (default) is the dequantized path transformers computes too."""
+    fp32 (default) is the dequantized path transformers computes too, and the KV cache is held in
+    fp32 as transformers holds it (a CPU stage's default is fp16)."""
     ranges = layer_ranges(source.config.num_layers, split)
     num_blocks = -(-len(token_ids) // block_size)
     num_groups = len(model_kv_groups(source.config))  # a table per KV group, each its own ids
@@ -67,7 +68,9 @@ def full_logits(
     hidden: Any = None
     previous: Backend | None = None
     for (start, end), name in zip(ranges, backends or ["torch"] * len(ranges), strict=True):
-        backend = make_backend(name, source, start, end, device="cpu", dtype="float32", weights=weights)
+        backend = make_backend(
+            name, source, start, end, device="cpu", dtype="float32", weights=weights, kv_cache_dtype="float32"
+        )
         backend.allocate_kv_cache(num_groups * num_blocks, block_size)
         if previous is not None and previous.name != backend.name:
             hidden = backend.decode_hidden(*previous.encode_hidden(hidden))

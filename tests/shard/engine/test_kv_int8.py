@@ -158,18 +158,23 @@ def test_engine_counts_int8_blocks_like_its_backend(engine_factory: Callable[...
     assert int8[0].token_ids[:8] == auto[0].token_ids[:8]  # nonsense prompt: later near-ties may flip
 
 
-def test_int8_fits_more_blocks_in_the_same_budget(bundled: ModelSource) -> None:
+def test_fp16_and_int8_fit_more_blocks_in_the_same_budget(bundled: ModelSource) -> None:
+    """An fp32 CPU stage stores KV fp16 by default (twice fp32's blocks); int8 holds older blocks
+    int8 beside an fp16 recent tier."""
     from mohawk_shard.config import EngineSettings
     from mohawk_shard.local import kv_block_count
 
     backends = {
         kv: make_backend("torch", bundled, 0, 30, device="cpu", dtype="float32", kv_cache_dtype=kv)
-        for kv in ("auto", "int8")
+        for kv in ("float32", "auto", "int8")
     }
     counts = {
         kv: kv_block_count(EngineSettings(kv_cache_memory_mb=256, kv_cache_dtype=kv), [b])
         for kv, b in backends.items()
     }
-    assert counts["auto"] == (256 << 20) // 737_280
-    assert counts["int8"] == (256 << 20) // (185_040 + 92_160)
-    assert counts["int8"] / counts["auto"] > 2.5
+    assert counts["float32"] == (256 << 20) // 737_280
+    assert counts["auto"] == (256 << 20) // 368_640
+    assert counts["int8"] == (256 << 20) // (185_040 + 46_080)
+    assert counts["int8"] / counts["auto"] > 1.5
+    backends["auto"].allocate_kv_cache(8, 16)
+    assert {c.key.dtype for c in backends["auto"].kv_caches} == {torch.float16}

@@ -95,7 +95,9 @@ def _decode_past_the_window(source: ModelSource, backend_name: str, block_size: 
     reused by the next blocks, so a stage that read them would read another position's KV."""
     config = source.config
     groups = model_kv_groups(config)
-    backend = make_backend(backend_name, source, 0, config.num_layers, device="cpu", dtype="float32")
+    backend = make_backend(
+        backend_name, source, 0, config.num_layers, device="cpu", dtype="float32", kv_cache_dtype="float32"
+    )
     backend.allocate_kv_cache(64, block_size)
     tables: list[list[int]] = [[] for _ in groups]
     free = list(range(64))

@@ -53,6 +53,7 @@ def stage_logits(
             device="cpu",
             dtype="float32",
             weights=weights if name == "mlx" else "fp32",
+            kv_cache_dtype="float32",  # as MLX holds it at fp32
         )
         backend.allocate_kv_cache(1, 64)
         if previous is not None and previous.name != backend.name:

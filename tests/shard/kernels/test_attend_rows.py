@@ -116,6 +116,39 @@ def test_every_instruction_sets_build_gives_the_same_bits(isa_builds: dict[str, 
     assert all(torch.equal(first, other) for other in others), list(isa_builds)
 
 
+@pytest.mark.parametrize("dim", [DIM, 72])  # 72: a head dimension past whole chunks of 64 and blocks of 16
+def test_fp16_keys_and_values_give_the_bits_of_their_widened_copy(dim: int) -> None:
+    """A cache stored fp16 (the CPU default) attends as an fp32 cache holding the same numbers."""
+    gen = torch.Generator().manual_seed(6)
+    half_k, half_v = (torch.randn(KV_HEADS, 300, dim, generator=gen).half() for _ in range(2))
+    slots = torch.randperm(300, generator=gen)[:160].view(2, 80)
+    for lens in ((1, 1), (7, 30)):  # decodes; prompt chunks beside each other
+        q = torch.randn(2, max(lens), HEADS, dim, generator=gen)
+        mask = additive(allowed_keys(np.array(lens), np.array([70, 45]), None, 80))
+        widened = attend_rows.attend(q, half_k.float(), half_v.float(), slots, mask, dim**-0.5)
+        assert torch.equal(attend_rows.attend(q, half_k, half_v, slots, mask, dim**-0.5), widened)
+    with pytest.raises(ValueError, match="both float32 or both float16"):
+        attend_rows.attend(q, half_k, half_v.float(), slots, mask, dim**-0.5)
+
+
+def test_every_instruction_sets_build_reads_fp16_alike(isa_builds: dict[str, CDLL]) -> None:
+    seq = sequence(90, seed=7)
+    k, v = (t.half() for t in seq[1:])
+    q = seq[0].unsqueeze(0)
+    mask = additive(allowed_keys(np.array([90]), np.array([90]), None, 96))
+    slots = torch.arange(96).clamp_max(89).view(1, 96)
+    outs = []
+    for build in isa_builds.values():
+        out = torch.empty(1, 90, HEADS * DIM)
+        build.mohawk_attend_rows_f16(
+            q.data_ptr(), 1, 90, HEADS, DIM, k.data_ptr(), v.data_ptr(), KV_HEADS, 96, *k.stride()[:2],
+            slots.data_ptr(), mask.data_ptr(), SCALE, out.data_ptr(), 2,
+        )  # fmt: skip
+        outs.append(out)
+    assert all(torch.equal(outs[0], other) for other in outs[1:]), list(isa_builds)
+    assert torch.equal(outs[0], attend_rows.attend(q, k.float(), v.float(), slots, mask, SCALE))
+
+
 def test_a_trace_records_one_call_with_the_same_bits() -> None:
     seq = sequence(40, seed=4)
     mask = additive(allowed_keys(np.array([1]), np.array([40]), None, 64))

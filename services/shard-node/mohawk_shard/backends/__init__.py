@@ -57,7 +57,8 @@ def make_backend(
 ) -> Backend:
     """Layers [start, end) of `source` on backend `name` (torch: CPU or CUDA; mlx: Apple Silicon, or
     a Linux CPU through the mlx-cpu wheel). `weights` is the settings' weight format (native, int4,
-    bf16, fp32); `kv_cache_dtype` auto (the compute dtype) or int8 (two tiers, torch only);
+    bf16, fp32); `kv_cache_dtype` auto, float32 (on mlx only where it computes in fp32) or int8 (two
+    tiers, torch only);
     `batch_invariant` off lets a torch stage pick its 4-bit matmul by the step's size and attend
     through fused kernels (faster, but a row's numbers then depend on its step)."""
     if name == "torch":
@@ -74,10 +75,9 @@ def make_backend(
             batch_invariant=batch_invariant,
         )
     if name == "mlx":
-        if kv_cache_dtype != "auto":
+        if kv_cache_dtype == "int8":
             raise ConfigError(
-                f"kv_cache_dtype={kv_cache_dtype!r} is torch only: the mlx backend keeps its KV cache "
-                "in the compute dtype"
+                "kv_cache_dtype='int8' is torch only: the mlx backend keeps its KV cache in the compute dtype"
             )
         try:
             from mohawk_shard.backends.mlx_backend import MlxBackend
@@ -85,5 +85,13 @@ def make_backend(
             raise ConfigError(
                 f"the mlx backend needs MLX and mlx-lm: pip install 'mohawk[mlx]' ({exc})"
             ) from exc
+        from mohawk_shard.model.weight_formats import weights_dtype
+
+        computes = weights_dtype(weights, dtype).replace("auto", "float32")  # MLX's auto: fp32
+        if kv_cache_dtype == "float32" and computes != "float32":
+            raise ConfigError(
+                f"kv_cache_dtype='float32' on an mlx stage computing in {computes}: it keeps its KV "
+                "cache in the compute dtype"
+            )
         return MlxBackend(source, start, end, device=device, dtype=dtype, weights=weights)
     raise ConfigError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")

@@ -22,7 +22,7 @@ from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.attention_metadata import AttentionMetadata
 from mohawk_shard.model.forward_batch import ForwardBatch
-from mohawk_shard.model.kv_cache import Int8Store, KVCache
+from mohawk_shard.model.kv_cache import Int8Store, KVCache, kv_storage_dtype
 from mohawk_shard.model.kv_quant import KVTiers
 from mohawk_shard.model.quantized_layers import DENSE_MIN_ROWS, dense_rows
 from mohawk_shard.model.rope import RotaryTable
@@ -83,6 +83,7 @@ class TorchBackend:
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         self.kv_cache_dtype = kv_cache_dtype
+        self.kv_dtype = kv_storage_dtype(kv_cache_dtype, self.dtype)
         self.kv_groups = model_kv_groups(config)
         owner = group_of_layer(self.kv_groups, config.num_layers)
         self.layer_groups = owner[start:end]
@@ -114,14 +115,14 @@ class TorchBackend:
         return sum(t.numel() * t.element_size() for t in unique.values())
 
     def kv_tier_bytes(self, block_size: int) -> TierBytes:
-        element = torch.empty((), dtype=self.dtype).element_size()
+        element = torch.empty((), dtype=self.kv_dtype).element_size()
         c = self.config
         return TierBytes.of(self.page_layers, c.num_kv_heads, c.head_dim, block_size, element)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
-        """Compute-dtype bytes of a block, or with an int8 tier the two-tier average (kv_tiers.py)."""
+        """Bytes of a block as stored, or with an int8 tier the two-tier average (kv_tiers.py)."""
         tiers = self.kv_tier_bytes(block_size)
-        return tiers.hot if self.kv_cache_dtype == "auto" else tiers.average
+        return tiers.average if self.kv_cache_dtype == "int8" else tiers.hot
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
         two_tier = self.kv_cache_dtype == "int8"
@@ -144,8 +145,8 @@ class TorchBackend:
         spare = int(traced is not None and traced.pads_batches and not two_tier)
         pages = [
             KVCache(
-                zeros((num_hot + spare) * block_size, self.dtype),
-                zeros((num_hot + spare) * block_size, self.dtype),
+                zeros((num_hot + spare) * block_size, self.kv_dtype),
+                zeros((num_hot + spare) * block_size, self.kv_dtype),
                 int8_home(),
                 int8_home(),
             )

@@ -98,7 +98,7 @@ class BlockManager:
 
     @property
     def bytes_saved(self) -> int:
-        """KV bytes the int8 tier saves now, against holding the same blocks in the compute dtype."""
+        """KV bytes the int8 tier saves now, against holding the same blocks in the hot tier's dtype."""
         return self.num_quantized_blocks * (self.int8_saving_per_block or 0)
 
     def num_blocks_for(self, num_tokens: int) -> int:

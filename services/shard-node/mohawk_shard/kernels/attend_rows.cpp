@@ -96,6 +96,20 @@ inline uint32_t finite_bits(const float* p) {
 }
 #endif
 
+// Keys and values as the cache stores them: fp32, or fp16 (half the bytes a decode step reads;
+// the widening is exact, so the arithmetic below sees the same floats either way).
+using Half = uint16_t;
+inline float to_float(float x) { return x; }
+inline float to_float(Half h) { return _cvtsh_ss(h); }
+inline V load(const Half* p) {
+#ifdef __AVX512F__
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+#else
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+#endif
+}
+
 // The first and last key a mask row [L] leaves visible (first = L where it leaves none), 16 keys
 // at a time: a prompt chunk's row is mostly masked past its query.
 inline void visible_range(const float* mask, int64_t L, int64_t* first, int64_t* last) {
@@ -147,9 +161,10 @@ struct Row {
 #ifdef __AVX512F__
 // dst[c * 16 + r] = src[r][c] for a 16 x 16 block (src[r] null: a row of zeros): unpacking pairs
 // of 32-bit, then of 64-bit elements, then a 4 x 4 transpose of 128-bit lanes. Moves, no arithmetic.
-inline void transpose16(const float* const* src, float* dst) {
+template <typename KV>
+inline void transpose16(const KV* const* src, float* dst) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = src[i] != nullptr ? _mm512_loadu_ps(src[i]) : _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i) r[i] = src[i] != nullptr ? load(src[i]).r : _mm512_setzero_ps();
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -176,19 +191,20 @@ inline void transpose16(const float* const* src, float* dst) {
 
 // `count` keys, key l at pool + slots[l] * stride -> kt [D][16] (zero past `count`): data moves
 // only, so the scores computed from it are the same bits however it is done.
-void transpose_block(const float* pool, const int64_t* slots, int64_t stride, int64_t count, int64_t D, float* kt) {
-  const float* keys[LANES];
+template <typename KV>
+void transpose_block(const KV* pool, const int64_t* slots, int64_t stride, int64_t count, int64_t D, float* kt) {
+  const KV* keys[LANES];
   for (int l = 0; l < LANES; ++l) keys[l] = l < count ? pool + slots[l] * stride : nullptr;
   int64_t d0 = 0;
 #ifdef __AVX512F__
   for (; d0 + LANES <= D; d0 += LANES) {
-    const float* rows[LANES];
+    const KV* rows[LANES];
     for (int l = 0; l < LANES; ++l) rows[l] = keys[l] != nullptr ? keys[l] + d0 : nullptr;
     transpose16(rows, kt + d0 * LANES);
   }
 #endif
   for (int64_t d = d0; d < D; ++d)
-    for (int l = 0; l < LANES; ++l) kt[d * LANES + l] = keys[l] != nullptr ? keys[l][d] : 0.0f;
+    for (int l = 0; l < LANES; ++l) kt[d * LANES + l] = keys[l] != nullptr ? to_float(keys[l][d]) : 0.0f;
 }
 
 constexpr int CHUNKS = 4;  // blocks of 16 of d a pass over the values takes
@@ -196,8 +212,8 @@ constexpr int CHUNKS = 4;  // blocks of 16 of d a pass over the values takes
 // out[d0 .. d0 + 64) of N rows: for each row the fma chain over j = lo..hi of p_j * v_jd (p_j its
 // scores' exp, 0 outside its range), divided by its sum; N known at compile time, so the N x 4
 // accumulators stay in registers. The same operations per row as the general loop below.
-template <int N>
-inline void weigh_values(Row* rows, const float* values, const int64_t* slots, int64_t stride, int64_t d0,
+template <int N, typename KV>
+inline void weigh_values(Row* rows, const KV* values, const int64_t* slots, int64_t stride, int64_t d0,
                          int64_t lo, int64_t hi, const float* scores, int64_t ldsc) {
   V acc[N][CHUNKS];
 #pragma GCC unroll 16
@@ -205,7 +221,7 @@ inline void weigh_values(Row* rows, const float* values, const int64_t* slots, i
 #pragma GCC unroll 4
     for (int c = 0; c < CHUNKS; ++c) acc[r][c] = splat(0.0f);
   for (int64_t j = lo; j <= hi; ++j) {
-    const float* vrow = values + slots[j] * stride + d0;
+    const KV* vrow = values + slots[j] * stride + d0;
     V v[CHUNKS];
 #pragma GCC unroll 4
     for (int c = 0; c < CHUNKS; ++c) v[c] = load(vrow + c * LANES);
@@ -259,7 +275,8 @@ inline void score_blocks(const Row* rows, int64_t lo, int64_t hi, int64_t D, con
 
 // One tile of rows sharing a sequence's KV head: value j at values + slots[j] * stride, `kt` its
 // keys transposed in blocks of 16; `scores` TILE rows of scratch, each the row's scores then its sum.
-void attend_tile(Row* rows, int n, const float* values, const int64_t* slots, int64_t stride, int64_t D,
+template <typename KV>
+void attend_tile(Row* rows, int n, const KV* values, const int64_t* slots, int64_t stride, int64_t D,
                  const float* kt, float* scores, int64_t ldsc) {
   int64_t lo = rows[0].first, hi = rows[0].last;
   for (int r = 1; r < n; ++r) {
@@ -329,13 +346,13 @@ void attend_tile(Row* rows, int n, const float* values, const int64_t* slots, in
       for (int c = 0; c < CHUNKS; ++c) acc[r][c] = splat(0.0f);
     float tail[LANES] = {};
     for (int64_t j = lo; j <= hi; ++j) {
-      const float* vrow = values + slots[j] * stride + d0;
+      const KV* vrow = values + slots[j] * stride + d0;
       V v[CHUNKS];
       for (int c = 0; c < chunks; ++c) {
         if (d0 + (c + 1) * LANES <= D) {
           v[c] = load(vrow + c * LANES);
         } else {
-          for (int64_t l = 0; l < D - d0 - c * LANES; ++l) tail[l] = vrow[c * LANES + l];
+          for (int64_t l = 0; l < D - d0 - c * LANES; ++l) tail[l] = to_float(vrow[c * LANES + l]);
           v[c] = load(tail);
         }
       }
@@ -356,8 +373,11 @@ void attend_tile(Row* rows, int n, const float* values, const int64_t* slots, in
 }
 
 // One call's shapes and tensors (mohawk_attend_rows's arguments, and what follows from them).
+template <typename KV>
 struct Call {
-  const float *q, *k, *v, *mask;
+  const float* q;
+  const KV *k, *v;
+  const float* mask;
   const int64_t* slots;
   float* out;
   float scale;
@@ -367,7 +387,8 @@ struct Call {
 
 // Rows row0 .. row0 + TILE - 1 of (sequence b, KV head g) against `kt`, its keys transposed;
 // `visible` each query's first and last visible key, or null to find them here.
-void attend_unit_tile(const Call& c, int64_t b, int64_t g, int64_t row0, const int64_t* visible, const float* kt,
+template <typename KV>
+void attend_unit_tile(const Call<KV>& c, int64_t b, int64_t g, int64_t row0, const int64_t* visible, const float* kt,
                       float* qs, float* scores) {
   Row rows[TILE];
   int n = 0;
@@ -397,9 +418,10 @@ void attend_unit_tile(const Call& c, int64_t b, int64_t g, int64_t row0, const i
 // (sequence b, KV head g)'s keys transposed in blocks of 16 into kt. Its keys and values are
 // first asked for into L2, all at once: a block of 16 keys is a page of its own in the pool, too
 // short a run for the hardware prefetchers to keep ahead of the reads.
-void transpose_unit(const Call& c, int64_t b, int64_t g, float* kt) {
+template <typename KV>
+void transpose_unit(const Call<KV>& c, int64_t b, int64_t g, float* kt) {
   const int64_t* slots = c.slots + b * c.L;
-  const int bytes = static_cast<int>(c.D * sizeof(float));
+  const int bytes = static_cast<int>(c.D * sizeof(KV));
   for (int64_t j = 0; j < c.L; ++j) {
     mohawk::fetch_lines(c.k + g * c.sh + slots[j] * c.sl, bytes);
     mohawk::fetch_lines(c.v + g * c.sh + slots[j] * c.sl, bytes);
@@ -416,19 +438,12 @@ T* sized(std::vector<T>& scratch, size_t size) {  // scratch kept between calls,
   return scratch.data();
 }
 
-}  // namespace
-
-extern "C" {
-
-// q [B, Q, H, D]; k and v pools [KVH, S, D] with strides (sh, sl) in elements (a key's D values
-// contiguous), read where the cache holds them: key j of sequence b is slot slots[b * L + j];
-// mask [B, Q, L] (0 or -inf) -> out [B, Q, H, D]. A masked key's slot is read too (its score is
-// replaced by -inf, its weight is exactly 0), so it must lie inside the pool like any other.
-void mohawk_attend_rows(const float* q, int64_t B, int64_t Q, int64_t H, int64_t D,
-                        const float* k, const float* v, int64_t KVH, int64_t L, int64_t sh,
-                        int64_t sl, const int64_t* slots, const float* mask, float scale, float* out,
-                        int num_threads) {
-  Call c{q, k, v, mask, slots, out, scale, B, Q, H, D, KVH, L, sh, sl, 0, 0, 0, 0, 0};
+// The call for keys and values stored as KV (float or Half): mohawk_attend_rows's contract.
+template <typename KV>
+void attend_all(const float* q, int64_t B, int64_t Q, int64_t H, int64_t D, const KV* k, const KV* v, int64_t KVH,
+                int64_t L, int64_t sh, int64_t sl, const int64_t* slots, const float* mask, float scale, float* out,
+                int num_threads) {
+  Call<KV> c{q, k, v, mask, slots, out, scale, B, Q, H, D, KVH, L, sh, sl, 0, 0, 0, 0, 0};
   c.group = H / KVH;
   c.per_kv = Q * c.group;  // rows sharing a (sequence, KV head)
   c.tiles_per_kv = (c.per_kv + TILE - 1) / TILE;
@@ -481,6 +496,28 @@ void mohawk_attend_rows(const float* q, int64_t B, int64_t Q, int64_t H, int64_t
                        qbuf, sbuf);
     }
   }
+}
+
+
+}  // namespace
+
+extern "C" {
+
+// q [B, Q, H, D]; k and v pools [KVH, S, D] with strides (sh, sl) in elements (a key's D values
+// contiguous), read where the cache holds them: key j of sequence b is slot slots[b * L + j];
+// mask [B, Q, L] (0 or -inf) -> out [B, Q, H, D]. A masked key's slot is read too (its score is
+// replaced by -inf, its weight is exactly 0), so it must lie inside the pool like any other.
+void mohawk_attend_rows(const float* q, int64_t B, int64_t Q, int64_t H, int64_t D, const float* k, const float* v,
+                        int64_t KVH, int64_t L, int64_t sh, int64_t sl, const int64_t* slots, const float* mask,
+                        float scale, float* out, int num_threads) {
+  attend_all(q, B, Q, H, D, k, v, KVH, L, sh, sl, slots, mask, scale, out, num_threads);
+}
+
+// The same with keys and values stored as fp16 (their bits, uint16): widened exactly as read.
+void mohawk_attend_rows_f16(const float* q, int64_t B, int64_t Q, int64_t H, int64_t D, const uint16_t* k,
+                            const uint16_t* v, int64_t KVH, int64_t L, int64_t sh, int64_t sl, const int64_t* slots,
+                            const float* mask, float scale, float* out, int num_threads) {
+  attend_all(q, B, Q, H, D, k, v, KVH, L, sh, sl, slots, mask, scale, out, num_threads);
 }
 
 }  // extern "C"

@@ -8,9 +8,10 @@ query, head) alone in one loop nest, in an order fixed by the query itself (its 
 visible key, read from its mask row), so neither the other queries of the call nor the keys'
 padding change a bit; threads split the (sequence, query, head) triples. It reads keys and values
 where the cache holds them, through each sequence's slots, so a step gathers no copy of its
-context. It takes fp32 tensors and no softcap; `fixed_chunk_attention` keeps its torch path for
-anything else, which is a stage's whole life (the compute dtype and softcap are fixed per stage),
-so a stage never mixes the two.
+context. It takes an fp32 query, keys and values stored as fp32 or fp16 (widened exactly as they
+are read) and no softcap; `fixed_chunk_attention` keeps its torch path for anything else, which is
+a stage's whole life (the compute dtype and softcap are fixed per stage), so a stage never mixes
+the two.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from mohawk_shard.kernels.library import kernel
 
 
 def supports(query: torch.Tensor, keys: torch.Tensor, softcap: float | None) -> bool:
-    """Whether this call can run the kernel: fp32 on CPU without a softcap, where it builds."""
+    """Whether this call can run the kernel: an fp32 query on CPU against fp32 or fp16 keys, without
+    a softcap, where it builds."""
     return (
         softcap is None
         and query.device.type == "cpu"
-        and query.dtype == keys.dtype == torch.float32
+        and query.dtype == torch.float32
+        and keys.dtype in (torch.float32, torch.float16)
         and kernel() is not None
     )
 

@@ -79,6 +79,10 @@ _SIGNATURES = {
         _POINTER, _SIZE, _SIZE, _SIZE, _SIZE, _POINTER, _POINTER, _SIZE, _SIZE, _SIZE, _SIZE,
         _POINTER, _POINTER, ctypes.c_float, _POINTER, ctypes.c_int,
     ],
+    "mohawk_attend_rows_f16": [
+        _POINTER, _SIZE, _SIZE, _SIZE, _SIZE, _POINTER, _POINTER, _SIZE, _SIZE, _SIZE, _SIZE,
+        _POINTER, _POINTER, ctypes.c_float, _POINTER, ctypes.c_int,
+    ],
 }  # fmt: skip
 
 

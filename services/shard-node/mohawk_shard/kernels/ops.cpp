@@ -27,6 +27,9 @@ void mohawk_rms_norm_rows(const float* x, int64_t M, int64_t N, const float* w, 
 void mohawk_attend_rows(const float* q, int64_t B, int64_t Q, int64_t H, int64_t D, const float* k,
                         const float* v, int64_t KVH, int64_t L, int64_t sh, int64_t sl, const int64_t* slots,
                         const float* mask, float scale, float* out, int num_threads);
+void mohawk_attend_rows_f16(const float* q, int64_t B, int64_t Q, int64_t H, int64_t D, const uint16_t* k,
+                            const uint16_t* v, int64_t KVH, int64_t L, int64_t sh, int64_t sl, const int64_t* slots,
+                            const float* mask, float scale, float* out, int num_threads);
 void mohawk_top_rows(const float* x, int64_t M, int64_t V, int64_t k, int64_t* out, int num_threads);
 }
 
@@ -110,9 +113,10 @@ at::Tensor attend_rows(const at::Tensor& query, const at::Tensor& keys, const at
   TORCH_CHECK_VALUE(keys.size(2) == head_dim && kv_heads > 0 && num_heads % kv_heads == 0 &&
                         values.sizes() == keys.sizes(),
                     "attend_rows: query ", query.sizes(), " against keys ", keys.sizes());
-  TORCH_CHECK_VALUE(query.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat &&
-                        values.scalar_type() == at::kFloat,
-                    "attend_rows: float32 query, keys and values");
+  const bool half = keys.scalar_type() == at::kHalf;
+  TORCH_CHECK_VALUE(query.scalar_type() == at::kFloat && (half || keys.scalar_type() == at::kFloat) &&
+                        values.scalar_type() == keys.scalar_type(),
+                    "attend_rows: a float32 query, keys and values both float32 or both float16");
   TORCH_CHECK_VALUE(slot_table.scalar_type() == at::kLong && slot_table.dim() == 2 && slot_table.size(0) == batch,
                     "attend_rows: int64 slots [", batch, ", L], got ", slot_table.scalar_type(), " ",
                     slot_table.sizes());
@@ -129,7 +133,11 @@ at::Tensor attend_rows(const at::Tensor& query, const at::Tensor& keys, const at
     v = values.contiguous();
   }
   at::Tensor out = at::empty({batch, num_queries, num_heads * head_dim}, q.options());
-  if (out.numel() > 0)
+  if (out.numel() > 0 && half)
+    mohawk_attend_rows_f16(as<float>(q), batch, num_queries, num_heads, head_dim, as<uint16_t>(k), as<uint16_t>(v),
+                           kv_heads, length, k.stride(0), k.stride(1), slot, as<float>(m), static_cast<float>(scale),
+                           out.mutable_data_ptr<float>(), at::get_num_threads());
+  else if (out.numel() > 0)
     mohawk_attend_rows(as<float>(q), batch, num_queries, num_heads, head_dim, as<float>(k), as<float>(v), kv_heads,
                        length, k.stride(0), k.stride(1), slot, as<float>(m), static_cast<float>(scale),
                        out.mutable_data_ptr<float>(), at::get_num_threads());

@@ -66,8 +66,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """query [T, H, D], key/value [T, KVH, D] of this step's tokens -> attention output [T, H·D]."""
     step = meta.groups[cache.group]
-    cache.key.index_copy_(1, step.slot_mapping, key.transpose(0, 1))
-    cache.value.index_copy_(1, step.slot_mapping, value.transpose(0, 1))
+    cache.key.index_copy_(1, step.slot_mapping, key.transpose(0, 1).to(cache.key.dtype))
+    cache.value.index_copy_(1, step.slot_mapping, value.transpose(0, 1).to(cache.value.dtype))
     attend = attend_fixed_chunks if meta.fixed_chunks else attend_fast
     if len(step.parts) == 1:
         return attend(step.parts[0], query, key, value, cache, options)
@@ -103,7 +103,9 @@ def attend_fixed_chunks(
     padded = padded_length(int(part.context_lens.max()))
     slots = None
     if part.fresh_prompt:
-        keys, values = (t.transpose(0, 1).unsqueeze(1) for t in (key, value))  # [KVH, 1, P, D]
+        # as the cache holds them (fp16 on CPU): a later chunk or step reads them from there
+        stored = (t.to(cache.key.dtype) for t in (key, value))
+        keys, values = (t.transpose(0, 1).unsqueeze(1) for t in stored)  # [KVH, 1, P, D]
     elif part.context_slots is not None and part.cold is None:
         # the cache's pools and each sequence's slots: no gathered copy where the kernel reads them
         keys, values, slots = cache.key, cache.value, part.context_slots.view(part.num_seqs, -1)
@@ -141,8 +143,10 @@ def attend_fast(
             )
         return out.squeeze(0).transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
     batch, kv_heads = part.num_seqs, cache.key.shape[0]
-    keys = gather_context(cache.key, cache.key_int8, part, "key").view(kv_heads, batch, -1, head_dim)
-    values = gather_context(cache.value, cache.value_int8, part, "value").view(kv_heads, batch, -1, head_dim)
+    keys, values = (
+        gather_context(pool, home, part, name).view(kv_heads, batch, -1, head_dim).to(query.dtype)
+        for pool, home, name in ((cache.key, cache.key_int8, "key"), (cache.value, cache.value_int8, "value"))
+    )
     if part.max_query_len == 1 and batch > 1:
         return grouped_decode(query, keys, values, mask, options)
     # one sequence (decoding, or a chunk continuing a prompt): torch's fused kernel

@@ -89,6 +89,7 @@ def attend_in_fixed_order(
         return attend_rows.attend(query, keys, values, slots, mask[..., : slots.shape[1]], scale)
     if slots is not None:
         keys, values = (gather_slots(t, slots) for t in (keys, values))
+    keys, values = keys.to(query.dtype), values.to(query.dtype)  # a cache stored narrower: exact
     padded = mask.shape[-1]
     return fixed_chunk_attention(
         query, pad_keys(keys, padded), pad_keys(values, padded), mask, scale, softcap, reach

@@ -2,8 +2,13 @@
 of them is quantized and dequantized. A leaf: it imports torch and nothing of Mohawk, so
 `attention.py` and the tier bookkeeping (`kv_quant.py`) both build on it without importing each other.
 
-Design. The cache is head-major, K and V [kv_heads, slots, head_dim] in the compute dtype, so a
-gathered context is the batched matmuls' layout as it lies (`attention.py`). With an int8 tier every
+Design. The cache is head-major, K and V [kv_heads, slots, head_dim], so a gathered context is
+the batched matmuls' layout as it lies (`attention.py`). It is stored in the compute dtype, except
+that an fp32 stage (a CPU's) stores fp16 by default, as llama.cpp does: half the bytes a decode
+step reads and twice the tokens a KV budget holds, widened exactly wherever it is read. A prompt's
+own keys are rounded to the stored form before it attends to them, so a query sees the same keys
+whether its prompt ran in one step, in chunks or after a prefix hit (`kv_cache_dtype="float32"`
+keeps fp32). With an int8 tier every
 block also has an int8 home, [slots, kv_heads, head_dim] with one fp32 scale per block and KV head:
 absmax per block and head, symmetric, `INT8_LEVELS` levels each side of zero.
 """
@@ -17,6 +22,14 @@ import torch
 INT8_LEVELS = 127.0
 
 
+def kv_storage_dtype(kv_cache_dtype: str, compute: torch.dtype) -> torch.dtype:
+    """The dtype a cache (or an int8 cache's recent tier) is stored in: `kv_cache_dtype` float32
+    keeps fp32; otherwise fp16 for an fp32 stage and the compute dtype for any other."""
+    if kv_cache_dtype == "float32":
+        return torch.float32
+    return torch.float16 if compute == torch.float32 else compute
+
+
 @dataclass(slots=True)
 class Int8Store:
     """The int8 home of every block of one layer, for K or V."""
@@ -27,8 +40,8 @@ class Int8Store:
 
 @dataclass(slots=True)
 class KVCache:
-    """One layer's cache: K and V [kv_heads, slots, head_dim] in the compute dtype, and their int8
-    homes in two-tier mode."""
+    """One layer's cache: K and V [kv_heads, slots, head_dim] as stored (`kv_storage_dtype`), and
+    their int8 homes in two-tier mode."""
 
     key: torch.Tensor
     value: torch.Tensor

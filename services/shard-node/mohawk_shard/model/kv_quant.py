@@ -4,7 +4,7 @@ the cache and its int8 store are `kv_cache.py`'s.
 
 Design. Block ids from the block manager are logical. Each has an int8 home (slot `id × block_size +
 offset` of the int8 tensors, one fp32 scale per block and KV head) and, while it is recent, a
-borrowed block of the smaller compute-dtype pool (`hot_of[id]`). A step's writes always land in the
+borrowed block of the smaller hot pool (`hot_of[id]`). A step's writes always land in the
 hot pool: a block written for the first time borrows a free hot block, and a cold block written
 again (only when it is reused for new content, or after an eviction) is dequantized back first. After
 the step, blocks the rule makes cold are quantized (absmax per block and KV head, symmetric, 127
@@ -105,9 +105,7 @@ class KVTiers:
             return int(free[0])
         candidates = np.flatnonzero(~np.isin(self.owner, written))
         if not candidates.size:
-            raise RuntimeError(
-                f"one step writes more KV blocks than the {self.num_hot}-block compute-dtype tier holds"
-            )
+            raise RuntimeError(f"one step writes more KV blocks than the {self.num_hot}-block hot tier holds")
         victim = int(candidates[np.argmin(self.last_used[candidates])])
         self._freeze(self.owner[victim : victim + 1].copy(), caches)
         return victim

@@ -243,7 +243,9 @@ def stage_memory(source: ModelSource, weights: str, device: str, count: int) -> 
         StageBytes(
             start,
             end,
-            layers=sum(layer_weight_bytes(source, layer, weights, dtype) for layer in range(start, end)),
+            layers=sum(
+                layer_weight_bytes(source, layer, weights, dtype, device) for layer in range(start, end)
+            ),
             ends=ends.held(embedding=start == 0, head=end == num_layers),
         )
         for start, end in ranges
@@ -251,9 +253,9 @@ def stage_memory(source: ModelSource, weights: str, device: str, count: int) -> 
     return StageMemory(f"torch {device}", dtype, stages)
 
 
-def layer_weight_bytes(source: ModelSource, layer: int, weights: str, dtype: str) -> int:
-    """Bytes a torch stage holds for decoder layer `layer`: what a node measures on its one-layer
-    stage and reports as `layer_weight_bytes`."""
+def layer_weight_bytes(source: ModelSource, layer: int, weights: str, dtype: str, device: str = "cpu") -> int:
+    """Bytes a torch stage on `device` holds for decoder layer `layer`: what a node measures on its
+    one-layer stage and reports as `layer_weight_bytes`."""
     config = source.config
     element = ELEMENT_BYTES.get(dtype, 4)
     total, fused = 0, set()
@@ -262,7 +264,9 @@ def layer_weight_bytes(source: ModelSource, layer: int, weights: str, dtype: str
         names = [f"layers.{layer}.{part}.weight" for part in parts[path]]
         fused.update(names)
         part_rows = [expected_shape(config, name)[0] for name in names]
-        total += matmul_bytes(held, part_rows, expected_shape(config, names[0])[1], element)
+        total += matmul_bytes(
+            held, part_rows, expected_shape(config, names[0])[1], element, device.split(":")[0]
+        )
     rest = [name for name in layer_names(config, layer) if name not in fused]
     return total + sum(math.prod(expected_shape(config, name)) * element for name in rest)
 

@@ -1,7 +1,8 @@
-"""The 5-to-8-bit CPU kernel (Q8_0, Q5_0, Q5_1, Q5_K, Q6_K codes a byte each): its layout holds the
-file's codes and weights, its arithmetic is int8 activations and exact integer dot products (Q6_K's
-sub-block scales applied in integers), and a row's bits do not depend on its call (other rows,
-their number and order, thread count, instruction set, a trace)."""
+"""The 5-to-8-bit CPU kernel (Q8_0, Q5_0, Q5_1, Q5_K codes a byte each, Q6_K's in 6 bits): its
+layout holds the file's codes and weights in the bytes it says, its arithmetic is int8 activations
+and exact integer dot products (Q6_K's sub-block scales applied in integers), and a row's bits do
+not depend on its call (other rows, their number and order, thread count, instruction set, a
+trace, Q6_K's bytes rebuilt in registers or once into scratch)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,20 @@ def test_the_layout_holds_the_files_codes_and_weights(fmt: str, out_features: in
     rows = torch.arange(out_features)
     assert torch.equal(int8_rows.row_codes(packed, rows), torch.from_numpy(w.codes.astype(np.int16)))
     assert torch.equal(int8_rows.dense_weight(packed), torch.from_numpy(w.dequantize()))
+    assert packed.in_features == in_features
+    held = sum(
+        t.numel() * t.element_size()
+        for t in (packed.codes, packed.scales, packed.mins, packed.subs)
+        if t is not None
+    )
+    per_weight = {
+        "Q8_0": 1.0625,
+        "Q5_0": 1.0625,
+        "Q5_1": 1.125,
+        "Q5_K": 1.125,
+        "Q6_K": 210 / 256,
+    }  # Q6_K: the file's
+    assert held == out_features * in_features * per_weight[fmt]
 
 
 def int8_reference(x: torch.Tensor, w: GroupQuantized) -> torch.Tensor:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mohawk_shard.kernels.huge_pages import huge_empty
 from mohawk_shard.kernels.library import kernel
 
 GROUP_SIZE = 32
@@ -91,9 +92,10 @@ def pack(codes: np.ndarray, scales: np.ndarray, mins: np.ndarray, device: torch.
 
 
 def aligned(array: np.ndarray) -> torch.Tensor:
-    """A copy in torch's memory, 64-byte aligned (numpy's is not: the kernel's aligned loads need 32)."""
+    """A copy in torch's memory, 64-byte aligned (numpy's is not: the kernel's aligned loads need 32),
+    on huge pages where it can be (`huge_pages.py`)."""
     source = torch.from_numpy(np.ascontiguousarray(array))
-    return torch.empty_like(source).copy_(source)
+    return huge_empty(*source.shape, dtype=source.dtype).copy_(source)
 
 
 def unpack_rows(codes: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,13 @@
 // Weight layout (int8_rows.py `pack`, once at load), N a multiple of 16, K of 32 (256 for Q6_K):
 //   codes  uint32 [NB, K/4, 16]  NB = N/16; byte j of word [b][w][c] is the code of output
 //                                b*16 + c and input w*4 + j
+//          Q6_K: [NB, K/8 + K/16, 16], its codes in 6 bits (0.75 bytes a weight, the file's):
+//                                first K/8 nibble words, byte j of word [b][p][c] holding input
+//                                8p + j's low 4 bits low and 8p + 4 + j's high; then K/16 words
+//                                of top bits, byte j of word [b][K/8 + h][c] holding those of
+//                                inputs 16h + j, 16h + 4 + j, 16h + 8 + j, 16h + 12 + j at bits
+//                                0-1, 2-3, 4-5, 6-7; the tile rebuilds a byte a code in registers
+//                                (six_bit_codes), so the arithmetic is the byte layout's
 //   scales fp16   [NB, G, 16]    G = K/32; Q6_K: [NB, K/256, 16], its super-block scales
 //   mins   fp16   [NB, G, 16]    Q5_1, Q5_K only
 //   subs   int8   [NB, K/16, 16] Q6_K only: the sub-block scales
@@ -55,9 +62,11 @@ constexpr int kGroupsPerSuper = 8;  // Q6_K: 256 inputs a super-block scale
 // word's lane, so 2 * run products of a code and an activation (|q| <= 127) that must stay within
 // 32767: Q6_K's codes reach 63 (2 words: 32004), Q5's 31 (4 words: 31496), and Q8_0's, split in
 // nibbles of at most 15 (the high ones widened times 16), a whole group of 8 words (30480).
-template <bool kSub, bool kMin, bool kWide>
+// kSix: Q6_K's codes read in 6 bits and rebuilt in registers (else a byte a code, as stored or as
+// a first pass wrote them); kStore: that first pass, which also writes the rebuilt bytes out.
+template <bool kSub, bool kMin, bool kWide, bool kSix = false, bool kStore = false>
 struct Format {
-  static constexpr bool sub = kSub, min = kMin, wide = kWide;
+  static constexpr bool sub = kSub, min = kMin, wide = kWide, six = kSix, store = kStore;
   static constexpr int run = kWide ? 8 : kSub ? 2 : 4;
 };
 
@@ -68,6 +77,7 @@ struct Weight {  // one column block's tables; strides between column blocks
   const int8_t* subs;
   int64_t code_stride, scale_stride, table_stride, sub_stride;
   int32_t offset;
+  int64_t highs;  // Q6_K in 6 bits: where a column block's top-bit words start (K/8 * 16); else 0
 
   Weight at(int64_t block) const {
     Weight w = *this;
@@ -81,7 +91,12 @@ struct Weight {  // one column block's tables; strides between column blocks
   // this column block's lines of group g into L2: its codes, and every other group (a line
   // holds two groups' scales, mins or sub-block scales) the tables'
   void fetch(int64_t g) const {
-    mohawk::fetch_lines(codes + g * kWordsPerGroup * 16, kWordsPerGroup * 64);
+    if (highs != 0) {  // Q6_K in 6 bits: a group's nibble words, then its top-bit words
+      mohawk::fetch_lines(codes + g * (kWordsPerGroup / 2) * 16, kWordsPerGroup / 2 * 64);
+      mohawk::fetch_lines(codes + highs + g * (kWordsPerGroup / 4) * 16, kWordsPerGroup / 4 * 64);
+    } else {
+      mohawk::fetch_lines(codes + g * kWordsPerGroup * 16, kWordsPerGroup * 64);
+    }
     if (g % 2 != 0) return;
     mohawk::fetch_lines(scales + (subs != nullptr ? (g / kGroupsPerSuper) * 16 : g * 16), 64);
     if (mins != nullptr) mohawk::fetch_lines(mins + g * 16, 64);
@@ -101,8 +116,11 @@ struct Rows {  // quantized activations of the tile's first row
 
 // R rows x CB column blocks of 16: V = CB * kPerBlock registers a row, each holding its integer
 // dot products (a group, or a half group each with sub-block scales) and its fp32 outputs.
+// `source`: the weight as held, whose next superblock the tile fetches (w itself, or what w's
+// bytes were rebuilt from); `sink`: where a storing pass writes the bytes it rebuilds.
 template <class F, int R, int CB>
-inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy, mohawk::Spread ahead) {
+inline void tile(const Rows& rows, const Weight& w, const Weight& source, const Weight& sink, float* y,
+                 int64_t ldy, mohawk::Spread ahead) {
   constexpr int V = CB * kPerBlock;
   Float out[R][V];
 #pragma GCC unroll 16
@@ -112,7 +130,7 @@ inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy, mohaw
   for (int64_t g = 0; g < rows.G; ++g) {
     if (ahead.fetches(g)) {  // these columns' group g in the next superblock (fetch_ahead.h)
 #pragma GCC unroll 4
-      for (int b = SB; b < SB + CB; ++b) w.at(b).fetch(g);
+      for (int b = SB; b < SB + CB; ++b) source.at(b).fetch(g);
     }
     Int acc[R][V], second[R][V];  // second: the half group's, with sub-block scales
     Int pairs[R][V], high[R][V];  // without VNNI: int16 sums of a run's pairs (high: Q8_0's high nibbles)
@@ -127,7 +145,20 @@ inline void tile(const Rows& rows, const Weight& w, float* y, int64_t ldy, mohaw
                  closes = kw % F::run == F::run - 1;
 #pragma GCC unroll 16
       for (int v = 0; v < V; ++v) {
-        const Int codes = load_codes(w.codes + (v / kPerBlock) * w.code_stride + word + (v % kPerBlock) * kLanes);
+        const uint32_t* column = w.codes + (v / kPerBlock) * w.code_stride + (v % kPerBlock) * kLanes;
+        Int codes;
+        if constexpr (F::six) {  // Q6_K's 6-bit layout: the code word rebuilt, a byte a code
+          const int64_t at = g * kWordsPerGroup + kw;  // the code word's index along K
+          const Int nibbles = load_codes(column + (at / 2) * 16);
+          codes = six_bit_codes(at % 2 == 0 ? low_nibbles(nibbles) : high_nibbles(nibbles),
+                                load_codes(column + w.highs + (at / 4) * 16), static_cast<int>(at % 4));
+          if constexpr (F::store)
+            store_codes(const_cast<uint32_t*>(sink.codes) + (v / kPerBlock) * sink.code_stride + word +
+                            (v % kPerBlock) * kLanes,
+                        codes);
+        } else {
+          codes = load_codes(column + word);
+        }
 #if !(defined(__AVX512F__) && defined(__AVX512VNNI__))
         const Int low = low_nibbles(codes), upper = high_nibbles(codes);  // Q8_0's, once for every row
 #endif
@@ -207,38 +238,70 @@ constexpr int kTallBlocks = 1;
 constexpr int kBlocksOf[4] = {0, 2, 1, 1};
 #endif
 
-// One superblock (`blocks` column blocks of 16: SB, or fewer at the end of N) for R rows;
-// `ahead`: which of the next superblock's groups its tiles fetch.
+// One superblock (`blocks` column blocks of 16: SB, or fewer at the end of N, or a run of CB of
+// them) for R rows; `ahead`: which of the next superblock's groups its tiles fetch.
 template <class F, int R, int CB>
-inline void superblock(const Rows& rows, const Weight& w, float* y, int64_t ldy, int64_t blocks,
-                       mohawk::Spread ahead) {
-  if (blocks == SB) {
-    for (int b = 0; b < SB; b += CB) tile<F, R, CB>(rows, w.at(b), y + b * 16, ldy, ahead);
+inline void superblock(const Rows& rows, const Weight& w, const Weight& source, const Weight& sink, float* y,
+                       int64_t ldy, int64_t blocks, mohawk::Spread ahead) {
+  if (blocks % CB == 0) {
+    for (int b = 0; b < blocks; b += CB)
+      tile<F, R, CB>(rows, w.at(b), source.at(b), sink.at(b), y + b * 16, ldy, ahead);
   } else {
-    for (int64_t b = 0; b < blocks; ++b) tile<F, R, 1>(rows, w.at(b), y + b * 16, ldy, ahead);
+    for (int64_t b = 0; b < blocks; ++b) tile<F, R, 1>(rows, w.at(b), source.at(b), sink.at(b), y + b * 16, ldy, ahead);
+  }
+}
+
+// Rows m0.. of one superblock (`blocks` column blocks from w), tall tiles then the rest.
+template <class F>
+void rows_of_superblock(const Rows& all, const Weight& w, const Weight& source, int64_t m0, int64_t M, int64_t N,
+                        float* ys, int64_t blocks, bool has_next) {
+  const int64_t passes = (M + kTallRows<F> - 1) / kTallRows<F>;
+  int64_t m = m0;
+  for (; m + kTallRows<F> <= M; m += kTallRows<F>)
+    superblock<F, kTallRows<F>, kTallBlocks>(all.at(m), w, source, w, ys + m * N, N, blocks,
+                                             mohawk::Spread::of(m / kTallRows<F>, passes, has_next));
+  const mohawk::Spread last = mohawk::Spread::of(m / kTallRows<F>, passes, has_next);
+  switch (M - m) {
+    case 1: superblock<F, 1, kBlocksOf[1]>(all.at(m), w, source, w, ys + m * N, N, blocks, last); break;
+    case 2: superblock<F, 2, kBlocksOf[2]>(all.at(m), w, source, w, ys + m * N, N, blocks, last); break;
+    case 3: superblock<F, 3, kBlocksOf[3]>(all.at(m), w, source, w, ys + m * N, N, blocks, last); break;
+    default: break;
   }
 }
 
 template <class F>
 void matmul(const Rows& all, const Weight& weight, int64_t M, int64_t N, float* y, int num_threads) {
-  const int64_t NB = N / 16, NS = (NB + SB - 1) / SB;
+  const int64_t NB = N / 16, NS = (NB + SB - 1) / SB, K = all.K;
+  // Q6_K with rows for more than one pass: each superblock's bytes rebuilt once, by its first pass,
+  // into the thread's scratch (L2), rather than in registers in every pass (8% slower at 32 rows)
+  const bool unpack = F::six && M > kTallRows<F>;
   // threads split the columns, never a reduction: the same bits on any number of threads
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-  for (int64_t b = 0; b < NS; ++b) {
-    const Weight w = weight.at(b * SB);
-    float* ys = y + b * SB * 16;
-    const int64_t blocks = NB - b * SB < SB ? NB - b * SB : SB;
-    const int64_t passes = (M + kTallRows<F> - 1) / kTallRows<F>;
-    int64_t m = 0;
-    for (; m + kTallRows<F> <= M; m += kTallRows<F>)
-      superblock<F, kTallRows<F>, kTallBlocks>(all.at(m), w, ys + m * N, N, blocks,
-                                               mohawk::Spread::of(m / kTallRows<F>, passes, b + 1 < NS));
-    const mohawk::Spread last = mohawk::Spread::of(m / kTallRows<F>, passes, b + 1 < NS);
-    switch (M - m) {
-      case 1: superblock<F, 1, kBlocksOf[1]>(all.at(m), w, ys + m * N, N, blocks, last); break;
-      case 2: superblock<F, 2, kBlocksOf[2]>(all.at(m), w, ys + m * N, N, blocks, last); break;
-      case 3: superblock<F, 3, kBlocksOf[3]>(all.at(m), w, ys + m * N, N, blocks, last); break;
-      default: break;
+#pragma omp parallel num_threads(num_threads)
+  {
+    static thread_local uint32_t* scratch = nullptr;
+    static thread_local int64_t scratch_words = 0;
+    if (unpack && scratch_words < SB * 4 * K) {
+      std::free(scratch);
+      scratch_words = SB * 4 * K;
+      scratch = static_cast<uint32_t*>(std::aligned_alloc(64, static_cast<size_t>(scratch_words) * 4));
+    }
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < NS; ++b) {
+      const Weight w = weight.at(b * SB);
+      float* ys = y + b * SB * 16;
+      const int64_t blocks = NB - b * SB < SB ? NB - b * SB : SB;
+      if (unpack) {  // the first pass rebuilds the bytes in registers and writes them; the rest read them
+        Weight bytes = w;
+        bytes.codes = scratch;
+        bytes.code_stride = (K / 4) * 16;
+        bytes.highs = 0;
+        const int64_t passes = (M + kTallRows<F> - 1) / kTallRows<F>;
+        superblock<Format<F::sub, F::min, F::wide, true, true>, kTallRows<F>, kTallBlocks>(
+            all, w, w, bytes, ys, N, blocks, mohawk::Spread::of(0, passes, b + 1 < NS));
+        rows_of_superblock<Format<F::sub, F::min, F::wide>>(all, bytes, w, kTallRows<F>, M, N, ys, blocks, b + 1 < NS);
+      } else {
+        rows_of_superblock<F>(all, w, w, 0, M, N, ys, blocks, b + 1 < NS);
+      }
     }
   }
 }
@@ -263,9 +326,11 @@ int mohawk_int8_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* co
   int8_t* q = reinterpret_cast<int8_t*>(halves + M * G * 2);
   mohawk::quantize_rows<false>(x, M, K, q, d, s, halves, num_threads);
   const Rows rows{q, d, s, halves, K, G};
-  const Weight weight{codes, scales, mins, subs, (K / 4) * 16, (sub ? K / 256 : G) * 16, G * 16, (K / 16) * 16, offset};
+  const int64_t code_words = sub ? K / 8 + K / 16 : K / 4;  // a column's words: Q6_K's 6 bits, or a byte a code
+  const Weight weight{codes,  scales, mins, subs, code_words * 16, (sub ? K / 256 : G) * 16, G * 16, (K / 16) * 16,
+                      offset, sub ? (K / 8) * 16 : 0};
   if (sub)
-    matmul<Format<true, false, false>>(rows, weight, M, N, y, num_threads);
+    matmul<Format<true, false, false, true>>(rows, weight, M, N, y, num_threads);
   else if (with_mins)
     matmul<Format<false, true, false>>(rows, weight, M, N, y, num_threads);
   else if (wide)

@@ -12,8 +12,10 @@ super-block scale is the float scale, so Q6_K, Q8_0, Q5_0 and Q5_1 run on exactl
 weights (Q5_K's `d·sc` and `dmin·m` are rounded to fp16, as the 4-bit kernel does for Q4_K). Each
 output is the same sequence of operations whatever the rows, threads or instruction set: batch
 invariant by construction. Held per weight: a byte of code, plus fp16 scales a group of 32 (Q8_0,
-Q5_0: 1.0625 bytes; Q5_1, Q5_K with minimums: 1.125) or Q6_K's int8 per 16 and fp16 per 256
-(1.0703). Repacked once at load from the codes the file's blocks decode to.
+Q5_0: 1.0625 bytes; Q5_1, Q5_K with minimums: 1.125); Q6_K's codes in 6 bits, as the file holds
+them (a nibble plane and a plane of top bits, rebuilt to a byte a code in registers), with its
+int8 scales per 16 and fp16 per 256: 0.8203 bytes, the file's (a byte a code held 1.0703, and a
+step read 30% more for it). Repacked once at load from the codes the file's blocks decode to.
 """
 
 from __future__ import annotations
@@ -41,12 +43,17 @@ FORMATS = frozenset(OFFSETS)
 class PackedInt8:
     """A weight in the kernel's layout (the header of `int8_rows.cpp`)."""
 
-    codes: torch.Tensor  # int32 [N/16, K/4, 16], four unsigned codes a word
+    codes: torch.Tensor  # int32 [N/16, K/4, 16], four unsigned codes a word; Q6_K [N/16, K/8 + K/16, 16]
     scales: torch.Tensor  # float16 [N/16, K/32, 16]; Q6_K: [N/16, K/256, 16]
     mins: torch.Tensor | None  # float16 [N/16, K/32, 16]
     subs: torch.Tensor | None  # int8 [N/16, K/16, 16]: Q6_K's sub-block scales
     offset: int
     out_features: int
+
+    @property
+    def in_features(self) -> int:
+        words = self.codes.shape[1]  # a column's: K/4, or Q6_K's K/8 + K/16
+        return words * 16 // 3 if self.subs is not None else words * CODES_PER_WORD
 
 
 def supports(weight: GroupQuantized, device: torch.device) -> bool:
@@ -68,8 +75,11 @@ def pack(weight: GroupQuantized, device: torch.device) -> PackedInt8:
     blocks = out_features // COLUMN_BLOCK
     offset = OFFSETS[weight.source_format]
     unsigned = (weight.codes.astype(np.int16) + offset).astype(np.uint8)
-    by_word = unsigned.reshape(blocks, COLUMN_BLOCK, in_features // CODES_PER_WORD, CODES_PER_WORD)
-    words = by_word.transpose(0, 2, 1, 3).reshape(blocks, -1, COLUMN_BLOCK * CODES_PER_WORD)
+    if weight.source_format == "Q6_K":
+        words = six_bit_words(unsigned).reshape(blocks, COLUMN_BLOCK, -1).transpose(0, 2, 1)
+    else:
+        by_word = unsigned.reshape(blocks, COLUMN_BLOCK, in_features // CODES_PER_WORD, CODES_PER_WORD)
+        words = by_word.transpose(0, 2, 1, 3).reshape(blocks, -1, COLUMN_BLOCK * CODES_PER_WORD)
 
     def per_block(values: np.ndarray, dtype: type) -> torch.Tensor:
         table: np.ndarray = values.astype(dtype).reshape(blocks, COLUMN_BLOCK, -1).transpose(0, 2, 1)
@@ -91,6 +101,20 @@ def pack(weight: GroupQuantized, device: torch.device) -> PackedInt8:
     )
 
 
+def six_bit_words(codes: np.ndarray) -> np.ndarray:
+    """uint8 codes [N, K] below 64 -> uint32 words [N, K/8 + K/16]: the 6-bit layout's nibble words,
+    then its top-bit words (the header of `int8_rows.cpp`)."""
+    rows = codes.shape[0]
+    by_eight = codes.reshape(rows, -1, 2, 4).astype(np.uint32)  # [N, K/8, half, j]
+    nibble_bytes = (by_eight[:, :, 0] & 15) | (by_eight[:, :, 1] & 15) << 4  # [N, K/8, j]
+    by_sixteen = (codes.reshape(rows, -1, 4, 4).astype(np.uint32) >> 4) & 3  # [N, K/16, t, j]
+    top_bytes = np.bitwise_or.reduce(by_sixteen << (2 * np.arange(4, dtype=np.uint32))[:, None], axis=2)
+    byte_shifts = 8 * np.arange(4, dtype=np.uint32)
+    nibble_words = np.bitwise_or.reduce(nibble_bytes << byte_shifts, axis=-1)
+    top_words = np.bitwise_or.reduce(top_bytes << byte_shifts, axis=-1)
+    return np.concatenate([nibble_words, top_words], axis=1)
+
+
 def matmul(x: torch.Tensor, packed: PackedInt8) -> torch.Tensor:
     """float32 rows x [M, K] times a packed weight -> float32 [M, N]."""
     return torch.ops.mohawk.int8_rows_mm.default(
@@ -104,6 +128,15 @@ def row_codes(packed: PackedInt8, rows: torch.Tensor) -> torch.Tensor:
     # shifts, not a dtype view: a traced decode step records these (TorchScript cannot alias a
     # dtype view); the mask drops the arithmetic shift's sign
     shifts = 8 * torch.arange(CODES_PER_WORD, dtype=torch.int32, device=words.device)
+    if packed.subs is not None:  # Q6_K in 6 bits: each input's low nibble and top two bits
+        eighths = packed.in_features // 8
+        nibble_bytes = (words[:, :eighths].unsqueeze(-1) >> shifts) & 0xFF  # [n, K/8, j]
+        low = torch.stack([nibble_bytes & 15, nibble_bytes >> 4], dim=2)  # [n, K/8, half, j]
+        top_bytes = (words[:, eighths:].unsqueeze(-1) >> shifts) & 0xFF  # [n, K/16, j]
+        pairs = 2 * torch.arange(4, dtype=torch.int32, device=words.device)
+        top = (top_bytes.unsqueeze(2) >> pairs[:, None]) & 3  # [n, K/16, t, j]
+        unsigned = low.reshape(rows.shape[0], -1) | top.reshape(rows.shape[0], -1) << 4
+        return unsigned.to(torch.int16) - packed.offset
     unsigned = (words.unsqueeze(-1) >> shifts) & 0xFF
     return unsigned.reshape(rows.shape[0], -1).to(torch.int16) - packed.offset
 

@@ -59,12 +59,13 @@ at::Tensor int4_rows_mm(const at::Tensor& rows, const at::Tensor& codes, const a
 }
 
 // float32 rows x [M, K] times a packed 5-to-8-bit weight (int8_rows.py `pack`: codes [N/16, K/4, 16]
-// int32, scales float16 [N/16, K/32 or K/256, 16], mins float16 [N/16, K/32, 16] or none, subs int8
+// int32 (Q6_K: [N/16, K/8 + K/16, 16]), scales float16 [N/16, K/32 or K/256, 16], mins float16 [N/16, K/32, 16] or none, subs int8
 // [N/16, K/16, 16] or none, codes shifted up by `offset`) -> float32 [M, n].
 at::Tensor int8_rows_mm(const at::Tensor& rows, const at::Tensor& codes, const at::Tensor& scales,
                         const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& subs, int64_t n,
                         int64_t offset) {
-  const int64_t in_features = codes.size(1) * 4;
+  // a column's words: K/4 a byte a code, or Q6_K's K/8 + K/16 (6 bits a code)
+  const int64_t in_features = subs ? codes.size(1) * 16 / 3 : codes.size(1) * 4;
   TORCH_CHECK_VALUE(rows.scalar_type() == at::kFloat && rows.dim() == 2 && rows.size(1) == in_features,
                     "int8_rows: float32 rows of ", in_features, ", got ", rows.scalar_type(), " ", rows.sizes());
   const bool layout = codes.is_contiguous() && scales.is_contiguous() && codes.size(0) * 16 == n &&

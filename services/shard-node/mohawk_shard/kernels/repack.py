@@ -20,6 +20,7 @@ import torch
 
 from mohawk_common.model_store.quantized import FOUR_BIT_FORMATS, StoredBlocks
 from mohawk_shard.kernels import int4_rows, int8_rows
+from mohawk_shard.kernels.huge_pages import huge_empty
 from mohawk_shard.kernels.library import kernel
 
 TYPE_CODES = {"Q4_0": 0, "Q4_1": 1, "Q4_K": 2, "Q8_0": 3, "Q5_0": 4, "Q5_1": 5, "Q5_K": 6, "Q6_K": 7}
@@ -68,9 +69,9 @@ def int4_from_blocks(parts: Sequence[StoredBlocks], device: torch.device) -> int
     if not _fits(parts, FOUR_BIT_FORMATS, device):
         return None
     blocks, in_features = sum(p.shape[0] for p in parts) // COLUMN_BLOCK, parts[0].shape[1]
-    codes = torch.empty(blocks, in_features // 8, COLUMN_BLOCK, dtype=torch.int32)
-    scales = torch.empty(blocks, in_features // 32, COLUMN_BLOCK, dtype=torch.float16)
-    mins = torch.empty_like(scales)
+    codes = huge_empty(blocks, in_features // 8, COLUMN_BLOCK, dtype=torch.int32)
+    scales = huge_empty(blocks, in_features // 32, COLUMN_BLOCK, dtype=torch.float16)
+    mins = huge_empty(blocks, in_features // 32, COLUMN_BLOCK, dtype=torch.float16)
     if not _repack(parts, 4, {"codes": codes, "scales": scales, "mins": mins, "subs": None}):
         return None
     return int4_rows.PackedInt4(codes, scales, mins, blocks * COLUMN_BLOCK)
@@ -86,10 +87,10 @@ def int8_from_blocks(parts: Sequence[StoredBlocks], device: torch.device) -> int
     groups = in_features // 32
 
     def table(width: int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(blocks, width, COLUMN_BLOCK, dtype=dtype)
+        return huge_empty(blocks, width, COLUMN_BLOCK, dtype=dtype)
 
     factored = fmt == "Q6_K"
-    codes = table(in_features // 4, torch.int32)
+    codes = table(in_features // 8 + in_features // 16 if factored else in_features // 4, torch.int32)
     scales = table(in_features // 256 if factored else groups, torch.float16)
     mins = table(groups, torch.float16) if fmt in ("Q5_1", "Q5_K") else None
     subs = table(in_features // 16, torch.int8) if factored else None

@@ -143,8 +143,8 @@ extern "C" {
 // Rows of a GGUF tensor (`raw`, `row_bytes` a row; output row n is source row rows[n], or n where
 // `rows` is null) -> N outputs of K inputs in the 4-bit kernel's layout (layout 4: codes
 // uint32 [N/16, K/8, 16], scales and mins fp16 [N/16, K/32, 16]) or the 5-to-8-bit kernel's
-// (layout 8: codes [N/16, K/4, 16], scales fp16 [N/16, K/32 or K/256, 16], mins where the type
-// has them, subs int8 [N/16, K/16, 16] for Q6_K). Returns 0, -1 for a type the layout does not
+// (layout 8: codes [N/16, K/4, 16], Q6_K's [N/16, K/8 + K/16, 16] in 6 bits, scales fp16
+// [N/16, K/32 or K/256, 16], mins where the type has them, subs int8 [N/16, K/16, 16] for Q6_K). Returns 0, -1 for a type the layout does not
 // take, -2 where a table does not fit fp16.
 int mohawk_repack_blocks(const uint8_t* raw, int64_t row_bytes, const int64_t* rows, int64_t N, int64_t K, int type,
                          int layout, uint32_t* codes, uint16_t* scales, uint16_t* mins, int8_t* subs,
@@ -178,6 +178,21 @@ int mohawk_repack_blocks(const uint8_t* raw, int64_t row_bytes, const int64_t* r
             uint32_t word = 0;
             for (int j = 0; j < 8; ++j) word |= static_cast<uint32_t>(row.codes[kb * 8 + j]) << (4 * j);
             words[kb * 16] = word;
+          }
+        } else if (type == kQ6_K) {  // 6 bits a code (int8_rows.cpp): nibble words, then top-bit words
+          uint32_t* words = codes + b * (K / 8 + K / 16) * 16 + c;
+          for (int64_t p = 0; p < K / 8; ++p) {
+            uint32_t word = 0;
+            for (int j = 0; j < 4; ++j)
+              word |= static_cast<uint32_t>((row.codes[p * 8 + j] & 15) | (row.codes[p * 8 + 4 + j] & 15) << 4) << (8 * j);
+            words[p * 16] = word;
+          }
+          for (int64_t h = 0; h < K / 16; ++h) {
+            uint32_t word = 0;
+            for (int j = 0; j < 4; ++j)
+              for (int t = 0; t < 4; ++t)
+                word |= static_cast<uint32_t>(row.codes[h * 16 + 4 * t + j] >> 4 & 3) << (8 * j + 2 * t);
+            words[(K / 8 + h) * 16] = word;
           }
         } else {
           uint32_t* words = codes + b * (K / 4) * 16 + c;

@@ -15,6 +15,7 @@ using Int = __m512i;
 using Float = __m512;
 constexpr int kLanes = 16;
 inline Int load_codes(const uint32_t* p) { return _mm512_load_si512(p); }
+inline void store_codes(uint32_t* p, Int v) { _mm512_store_si512(p, v); }
 inline Int broadcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -40,6 +41,7 @@ using Int = __m256i;
 using Float = __m256;
 constexpr int kLanes = 8;
 inline Int load_codes(const uint32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void store_codes(uint32_t* p, Int v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
 inline Int broadcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -81,6 +83,27 @@ inline Int add_int16(Int a, Int b) { return _mm256_add_epi16(a, b); }
 inline Int widen_pairs(Int pairs, int16_t weight) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(weight)); }
 inline Int low_nibbles(Int w) { return _mm256_and_si256(w, _mm256_set1_epi8(0x0F)); }
 inline Int high_nibbles(Int w) { return _mm256_and_si256(_mm256_srli_epi32(w, 4), _mm256_set1_epi8(0x0F)); }
+#endif
+
+// Q6_K's codes held in 6 bits (int8_rows.cpp's layout): `low` a code word's low 4 bits a byte (the
+// low or high nibbles of its nibble word), `highs` the word whose bytes hold their top 2 bits at
+// bits 2t and 2t + 1: the code word, a byte a code as the byte layout holds it.
+#ifdef __AVX512F__
+inline Int six_bit_codes(Int low, Int highs, int t) {
+  const Int placed = t == 0   ? _mm512_slli_epi32(highs, 4)
+                     : t == 1 ? _mm512_slli_epi32(highs, 2)
+                     : t == 2 ? highs
+                              : _mm512_srli_epi32(highs, 2);
+  return _mm512_ternarylogic_epi32(placed, _mm512_set1_epi8(0x30), low, 0xEA);  // (placed & 0x30) | low
+}
+#else
+inline Int six_bit_codes(Int low, Int highs, int t) {
+  const Int placed = t == 0   ? _mm256_slli_epi32(highs, 4)
+                     : t == 1 ? _mm256_slli_epi32(highs, 2)
+                     : t == 2 ? highs
+                              : _mm256_srli_epi32(highs, 2);
+  return _mm256_or_si256(_mm256_and_si256(placed, _mm256_set1_epi8(0x30)), low);
+}
 #endif
 
 // A register the compiler must hold as it is here: without it GCC reassociates a run of int16 adds,

@@ -1,14 +1,14 @@
 """What a node's weights cost in memory, for its heartbeat (the coordinator plans from these).
 
 A decoder layer's bytes are measured on the one-layer backend the node builds to time itself
-(`Backend.weight_bytes`, node/capacity.py); the embedding and the final norm + LM head are not
-built there, so they are computed here from the model's shape and from the formats a torch stage
-holds them in, as `weight_formats.py` decides them for the loader: a groupwise token table is
+(`Backend.weight_bytes`, node/capacity.py); the embedding and the final norm + LM head are not built
+there, so they are computed here from the model's shape and from the formats a torch stage holds
+them in, as `weight_formats.py` decides them for the loader: a groupwise token table is
 `GroupwiseEmbedding`'s codes and fp32 scales (and minimums), a 4-bit head `Int4Linear`'s packed
-codes and bf16 (scale, zero) pairs, a 5-, 6- or 8-bit head (Q4_K_M's Q6_K output) `GroupwiseLinear`'s
-int8 codes and fp16 scales (and minimums), a rescored head adds its Q8_0 table, and a split head (CPU) is
-the packed high nibbles, the low nibbles and fp16 scales, which a tied first stage shares. Pure
-functions: no array library.
+codes and bf16 (scale, zero) pairs, a 5-, 6- or 8-bit head (Q4_K_M's Q6_K output)
+`GroupwiseLinear`'s int8 codes and fp16 scales (and minimums; Q6_K's codes in 6 bits on CPU), a
+rescored head adds its Q8_0 table, and a split head (CPU) is the packed high nibbles, the low
+nibbles and fp16 scales, which a tied first stage shares. Pure functions: no array library.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def stage_weight_bytes(
     table = embedding_format(source, weights)
     embedding = dense if table is None else groupwise_table_bytes(table, rows, columns)
     held = matmul_format(source, [LM_HEAD], weights, is_head=True)
-    head = columns * element + matmul_bytes(held, [rows], columns, element)
+    head = columns * element + matmul_bytes(held, [rows], columns, element, device.split(":")[0])
     shared = 0
     if head_is_split(source, weights, device.split(":")[0]):
         head = columns * element + split_head_bytes(rows, columns)
@@ -103,9 +103,12 @@ def stage_weight_bytes(
     return StageWeightBytes(embedding=embedding, head=head, shared=shared)
 
 
-def matmul_bytes(held: MatmulFormat, part_rows: list[int], columns: int, element: int) -> int:
+def matmul_bytes(
+    held: MatmulFormat, part_rows: list[int], columns: int, element: int, device: str = "cpu"
+) -> int:
     """Bytes of a (fused) matmul held as `held` decides, its parts [`part_rows`[i], `columns`]:
-    one `Int4Linear`, `GroupwiseLinear` or dense matrix, or a `ConcatLinear` of one per run."""
+    one `Int4Linear`, `GroupwiseLinear` or dense matrix, or a `ConcatLinear` of one per run, on a
+    torch stage on `device` ("cpu" or "cuda")."""
     if held.is_int4:
         return int4_matmul_bytes(sum(part_rows), columns)
     if held.held == DENSE:
@@ -115,7 +118,10 @@ def matmul_bytes(held: MatmulFormat, part_rows: list[int], columns: int, element
         rows = sum(part_rows[i] for i in indices)
         stored = held.stored[indices[0]]
         if kind == GROUPWISE and stored in FACTORED_SCALES:
-            total += factored_matmul_bytes(rows, columns, GROUP_SIZES[stored], FACTORED_SCALES[stored])
+            six_bits = device == "cpu"  # the CPU kernel's layout (kernels/int8_rows.py), else a byte a code
+            total += factored_matmul_bytes(
+                rows, columns, GROUP_SIZES[stored], FACTORED_SCALES[stored], six_bits
+            )
         elif kind == GROUPWISE:
             has_mins = stored not in SIGNED_FORMATS
             total += groupwise_matmul_bytes(rows, columns, GROUP_SIZES[stored], has_mins=has_mins)
@@ -132,9 +138,11 @@ def groupwise_table_bytes(table: TableFormat, rows: int, columns: int) -> int:
     return codes + groups * _SCALE_BYTES * (2 if table.has_mins else 1)
 
 
-def factored_matmul_bytes(rows: int, columns: int, group_size: int, super_block: int) -> int:
-    """`GroupwiseLinear` over Q6_K: a byte a code, an int8 scale a group, an fp16 a super-block."""
-    return rows * columns + rows * (columns // group_size) + rows * (columns // super_block) * 2
+def factored_matmul_bytes(rows: int, columns: int, group_size: int, super_block: int, six_bits: bool) -> int:
+    """`GroupwiseLinear` over Q6_K: its codes in 6 bits (the CPU kernel's layout, `six_bits`) or a
+    byte each, an int8 scale a group, an fp16 a super-block."""
+    codes = rows * columns * 3 // 4 if six_bits else rows * columns
+    return codes + rows * (columns // group_size) + rows * (columns // super_block) * 2
 
 
 def groupwise_matmul_bytes(rows: int, columns: int, group_size: int, *, has_mins: bool) -> int:

@@ -14,10 +14,11 @@ against 5.1 (3.6) ms dense fp32, 2.1 (1.9) ms for the 4-bit kernel (Q4_K), 8.5 (
 or 8-bit code split into two 4-bit kernels (`lo + 16·hi`, groups of 32 only) and 102 (81) ms
 unpacking the whole matrix at once (its fresh 46 MB buffer is faulted in every call); 512 rows
 take 232–235 ms against 337 ms dense fp32, 440 ms for the 4-bit kernel and 934 ms for the split
-pair. Held: 1.07 bytes a weight (Q6_K: its stored int8 scale per 16 and fp16 per 256, multiplied
-out a slice at a time), 1.125 (Q5_0, Q8_0: an fp32 scale per 32) or 1.25 (Q5_1/Q5_K: scale and
-minimum per 32) against 4 for dense fp32 and the file's 0.69
-(Q5_x) to 1.06 (Q8_0). So decode pays two to three times a dense fp32 matmul on these tensors
+pair. Held here (the torch path: CUDA, or a CPU without the compiled kernels, which hold Q6_K in
+6 bits, `kernels/int8_rows.py`): 1.07 bytes a weight (Q6_K: its stored int8 scale per 16 and fp16
+per 256, multiplied out a slice at a time), 1.125 (Q5_0, Q8_0: an fp32 scale per 32) or 1.25
+(Q5_1/Q5_K: scale and minimum per 32) against 4 for dense fp32 and the file's 0.69 (Q5_x) to 1.06
+(Q8_0). So decode pays two to three times a dense fp32 matmul on these tensors
 (five at SmolLM2's 1536 × 576) for under a third of the memory, and prefill 0.7–1.4 times; in a
 Q4_K_M file they are the minority (attn_v and ffn_down of some layers, the LM head). On a GPU,
 bf16 rows of up to `groupwise_triton.MAX_ROWS` go through a Triton kernel that forms the weights in
@@ -73,7 +74,7 @@ class GroupwiseLinear(nn.Module):
         self.triton = False
         self.kernel_weight: int8_rows.PackedInt8 | None = None
         if isinstance(weight, int8_rows.PackedInt8):
-            self.out_features, self.in_features = weight.out_features, weight.codes.shape[1] * 4
+            self.out_features, self.in_features = weight.out_features, weight.in_features
             factored = weight.subs is not None
             self.group_size = int8_rows.SUB_GROUP if factored else int8_rows.GROUP_SIZE
             self.source_format, self.groups_per_super = (

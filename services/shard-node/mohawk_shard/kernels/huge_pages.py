@@ -4,57 +4,46 @@ Design. A batch-1 decode step reads every weight once, from memory: on a 1.7B Q4
 1.1 GB a token. On 4 KiB pages that is 270,000 pages a step, each a TLB miss and a page walk, and
 the CPU's prefetchers stop at every page's end. Linux backs anonymous memory with 2 MiB pages only
 where a process asks (`/sys/kernel/mm/transparent_hugepage/enabled` is `madvise` on Debian), so
-`huge_empty` allocates a tensor and, before anything touches it, asks for huge pages over the
-2 MiB-aligned part of its memory (`madvise(MADV_HUGEPAGE)`): the first writes (the load's repack,
-the cache's zeroing) fault it in 2 MiB pages. torch's own switch (`THP_MEM_ALLOC_ENABLE`) does
-this for every large allocation of the process, activations included, and only when set before
-torch's first allocation; here it is the long-lived tensors alone. Measured on the 1.7B Q4_K_M,
-batch-1 (a scratch script, three processes each): 33.9-34.1 tok/s with huge pages against
-30.3-32.5 without. Where the kernel refuses, or the platform has no `madvise` (macOS), the tensor
-is an ordinary one: the same numbers, on small pages.
+`huge_empty` maps a tensor's memory of its own (an anonymous `mmap`, 2 MiB-aligned) and asks for
+huge pages over it (`madvise(MADV_HUGEPAGE)`) before anything touches it: the first writes (the
+load's repack, the cache's zeroing) fault it in 2 MiB pages, and when the tensor goes the mapping
+is unmapped, all of it back to the OS. (Asking over memory malloc handed out instead left the
+flag on its heap: later small allocations there faulted 2 MiB pages each, and a process that
+built and dropped a 1.7B engine a dozen times grew to 24 GB and was killed.) torch's own switch
+(`THP_MEM_ALLOC_ENABLE`) does this for every large allocation, activations included, and only
+when set before torch's first allocation; here it is the long-lived tensors alone. Measured on
+the 1.7B Q4_K_M, batch-1 (a scratch script, three processes each): 33.9-34.1 tok/s with huge
+pages against 30.3-32.5 without. Small tensors, and platforms without `madvise` (macOS), get an
+ordinary tensor: the same numbers, on small pages.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
-import sys
+import contextlib
+import math
+import mmap
 
 import torch
 
 HUGE_PAGE = 2 << 20
-MADV_HUGEPAGE = 14  # Linux's value (asm-generic/mman-common.h)
-
-
-@functools.cache
-def _madvise() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    if not sys.platform.startswith("linux"):
-        return None
-    name = ctypes.util.find_library("c")
-    try:
-        advise = ctypes.CDLL(name, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    advise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    advise.restype = ctypes.c_int
-    return advise
-
-
-def ask_huge_pages(tensor: torch.Tensor) -> bool:
-    """Ask for huge pages over the 2 MiB-aligned part of a CPU tensor's memory; True if asked and
-    granted (pages already touched stay small until the kernel's khugepaged merges them)."""
-    advise = _madvise()
-    if advise is None or tensor.device.type != "cpu":
-        return False
-    start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    first, last = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
-    return last > first and advise(first, last - first, MADV_HUGEPAGE) == 0
+MIN_BYTES = 2 * HUGE_PAGE  # smaller tensors would round up to a huge page's worth of memory
 
 
 def huge_empty(*shape: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """`torch.empty(shape, dtype=dtype, device=device)`, on huge pages where a CPU tensor can be."""
-    tensor = torch.empty(*shape, dtype=dtype, device=device)
-    ask_huge_pages(tensor)
-    return tensor
+    count = math.prod(shape)
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or nbytes < MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty(*shape, dtype=dtype, device=device)
+    # private and anonymous (a shared mapping is shmem, which THP leaves alone): unmapped when the tensor goes
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    offset = _aligned_offset(mapping)
+    with contextlib.suppress(OSError):  # refused: small pages, the same numbers
+        mapping.madvise(mmap.MADV_HUGEPAGE, offset, nbytes // HUGE_PAGE * HUGE_PAGE)
+    return torch.frombuffer(mapping, dtype=dtype, count=count, offset=offset).view(*shape)
+
+
+def _aligned_offset(mapping: mmap.mmap) -> int:
+    """Bytes from the mapping's start to its first 2 MiB boundary."""
+    address = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+    return -address % HUGE_PAGE

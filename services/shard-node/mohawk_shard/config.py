@@ -56,6 +56,7 @@ class EngineSettings(KVBlockSettings):
         True,
         description="one arithmetic per row: a sequence's tokens do not change with the batch, the "
         "chunking, a prefix hit or a failover (every 4-bit matmul on the int4 kernel, attention in "
-        "fixed chunks); false: about 1.2x the throughput (dense prefill matmuls, fused attention)",
+        "fixed chunks); false: dense prefill matmuls and fused attention, which on a CPU ran at half "
+        "the throughput (bench/results/batch-invariance-cpu.json)",
     )
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; none = torch's default")

@@ -7,6 +7,7 @@ from typing import Protocol
 from mohawk_common.errors import ConfigError
 from mohawk_common.model_store import ModelSource
 from mohawk_shard.engine.backend import Backend
+from mohawk_shard.model.weight_formats import weights_dtype
 
 BACKENDS = ("torch", "mlx")
 
@@ -85,8 +86,6 @@ def make_backend(
             raise ConfigError(
                 f"the mlx backend needs MLX and mlx-lm: pip install 'mohawk[mlx]' ({exc})"
             ) from exc
-        from mohawk_shard.model.weight_formats import weights_dtype
-
         computes = weights_dtype(weights, dtype).replace("auto", "float32")  # MLX's auto: fp32
         if kv_cache_dtype == "float32" and computes != "float32":
             raise ConfigError(

@@ -144,8 +144,8 @@ extern "C" {
 // `rows` is null) -> N outputs of K inputs in the 4-bit kernel's layout (layout 4: codes
 // uint32 [N/16, K/8, 16], scales and mins fp16 [N/16, K/32, 16]) or the 5-to-8-bit kernel's
 // (layout 8: codes [N/16, K/4, 16], Q6_K's [N/16, K/8 + K/16, 16] in 6 bits, scales fp16
-// [N/16, K/32 or K/256, 16], mins where the type has them, subs int8 [N/16, K/16, 16] for Q6_K). Returns 0, -1 for a type the layout does not
-// take, -2 where a table does not fit fp16.
+// [N/16, K/32 or K/256, 16], mins where the type has them, subs int8 [N/16, K/16, 16] for Q6_K).
+// Returns 0, -1 for a type the layout does not take, -2 where a table does not fit fp16.
 int mohawk_repack_blocks(const uint8_t* raw, int64_t row_bytes, const int64_t* rows, int64_t N, int64_t K, int type,
                          int layout, uint32_t* codes, uint16_t* scales, uint16_t* mins, int8_t* subs,
                          int num_threads) {

@@ -125,17 +125,18 @@ def test_each_part_is_held_in_its_own_format(kquant: ModelSource) -> None:
 
 
 def test_native_logits_match_the_fp32_path(kquant: ModelSource) -> None:
-    """Every matmul runs on integer kernels (int8 activations a group of 32, as llama.cpp's: Q4_K
-    on the 4-bit kernel, Q6_K/Q5_x/Q8_0 on int8_rows): the logits agree with the dequantized fp32
-    path within 4% of their largest magnitude (measured: 0.511 of 21.79, 2.3%, where the 5-to-8-bit
-    parts were exact in fp32 before and gave 0.235, 1.1%; this tiny model's rows are 2 groups wide,
-    a real model's 18 or more)."""
+    """Every matmul runs on integer kernels with int8 activations, as llama.cpp's: Q4_K on its own
+    kernel (q4k_rows, one activation scale a super-block of 256, llama.cpp's q8_K), Q6_K/Q5_x/Q8_0
+    on int8_rows (one a group of 32): the logits agree with the dequantized fp32 path within 6% of
+    their largest magnitude (measured: 0.906 of 21.79, 4.2%; with Q4_K's activations scaled a group
+    of 32 it was 0.511, 2.3%, and with the 5-to-8-bit parts exact in fp32 0.235, 1.1%; this tiny
+    model's rows are one super-block wide, a real model's 8 or more)."""
     native = _stage(kquant, 0, NUM_LAYERS)
     dense = _stage(kquant, 0, NUM_LAYERS, "fp32")
     tokens = [3, 17, 99, 5, 64, 2, 110, 7]
     a, b = _logits(native, tokens), _logits(dense, tokens)
     print(f"max |native - fp32| {(a - b).abs().max():.4f} of max |fp32| {b.abs().max():.4f}")
-    assert (a - b).abs().max() < 0.04 * b.abs().max()
+    assert (a - b).abs().max() < 0.06 * b.abs().max()
 
 
 def test_held_bytes_are_close_to_the_file_and_reported(kquant: ModelSource) -> None:
@@ -214,8 +215,9 @@ def test_a_tied_q6_k_table_is_held_once(tmp_path: Path) -> None:
     assert stage.weight_bytes - layer_bytes == ends.held(embedding=True, head=True) == ends.head
     dense = _stage(source, 0, NUM_LAYERS, "fp32")
     a, b = _logits(stage, [3, 17, 99, 5]), _logits(dense, [3, 17, 99, 5])
-    # int8 activations in every matmul, the Q6_K head's too: measured 0.410 of 25.57 (1.6%)
-    assert (a - b).abs().max() < 0.03 * b.abs().max()
+    # int8 activations in every matmul, the Q6_K head's too, Q4_K's a super-block of 256 (llama.cpp's
+    # q8_K): measured 1.286 of 25.63 (5.0%; with Q4_K's a group of 32, 0.410 of 25.57, 1.6%)
+    assert (a - b).abs().max() < 0.07 * b.abs().max()
 
 
 def test_int4_mode_regroups_the_wider_parts(kquant: ModelSource) -> None:

@@ -39,30 +39,6 @@ constexpr int SB = 4;   // column blocks (of 16) per superblock: a thread's unit
 
 using namespace mohawk::lanes;
 
-// A group's dot products are summed in a "partial" register a lane each: with VNNI, int32 lanes
-// (vpdpbusd); without, int16 lanes that vpmaddubsw's pairs are added into across the whole group
-// and widened once at its end (vpmaddwd), not once every 8 inputs: each int16 lane then holds 16
-// products of a code (<= 15) and an activation (|q| <= 127), at most 16 * 15 * 127 = 30480 <
-// 32767 in magnitude, so neither the pairs nor their sums saturate and the group's integer dot
-// product is the same as vpdpbusd's. Per group and row, 13 instructions instead of 20 on AVX2.
-// partial + per lane, its codes times the activations, 8 inputs (lo: the first 4, hi: the last)
-inline Int dot2(Int partial, Int lo, Int qlo, Int hi, Int qhi) {
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(partial, lo, qlo), hi, qhi);
-#else
-  return kept(add_int16(partial, add_int16(pair_products(lo, qlo), pair_products(hi, qhi))));
-#endif
-}
-
-// a group's partial -> its int32 dot products, a lane per column
-inline Int group_dot(Int partial) {
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
-  return partial;
-#else
-  return widen_pairs(partial, 1);
-#endif
-}
-
 // R rows x CB column blocks of 16: V = CB * kPerBlock registers a row, each holding its integer
 // dot products (a group) and its fp32 outputs (all groups) in registers. Per (row, column) the
 // epilogue is the file header's, group by group in order: nothing depends on R, CB or the row's

@@ -61,6 +61,9 @@ _SIGNATURES = {
     "mohawk_int4_rows_mm": [
         _POINTER, _SIZE, _SIZE, _POINTER, _POINTER, _POINTER, _SIZE, _POINTER, ctypes.c_int,
     ],
+    "mohawk_q4k_rows_mm": [
+        _POINTER, _SIZE, _SIZE, _POINTER, _POINTER, _POINTER, _SIZE, _POINTER, ctypes.c_int,
+    ],
     "mohawk_int8_rows_mm": [
         _POINTER, _SIZE, _SIZE, _POINTER, _POINTER, _POINTER, _POINTER, ctypes.c_int32, _SIZE, _POINTER,
         ctypes.c_int,

@@ -19,6 +19,8 @@
 extern "C" {
 void mohawk_int4_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* codes, const uint16_t* scales,
                          const uint16_t* mins, int64_t N, float* y, int num_threads);
+void mohawk_q4k_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* codes, const uint8_t* subs,
+                        const uint16_t* supers, int64_t N, float* y, int num_threads);
 int mohawk_int8_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* codes, const uint16_t* scales,
                         const uint16_t* mins, const int8_t* subs, int32_t offset, int64_t N, float* y,
                         int num_threads);
@@ -55,6 +57,25 @@ at::Tensor int4_rows_mm(const at::Tensor& rows, const at::Tensor& codes, const a
   if (x.size(0) > 0)
     mohawk_int4_rows_mm(as<float>(x), x.size(0), in_features, as<uint32_t>(codes), as<uint16_t>(scales),
                         as<uint16_t>(mins), n, y.mutable_data_ptr<float>(), at::get_num_threads());
+  return y;
+}
+
+// float32 rows x [M, K] times a Q4_K weight in its layout (q4k_rows.py: codes [N/16, K/8, 16] int32,
+// subs [N/16, K/64, 64] uint8, supers [N/16, K/256, 32] float16) -> float32 [M, n].
+at::Tensor q4k_rows_mm(const at::Tensor& rows, const at::Tensor& codes, const at::Tensor& subs,
+                       const at::Tensor& supers, int64_t n) {
+  const int64_t in_features = codes.size(1) * 8;
+  TORCH_CHECK_VALUE(rows.scalar_type() == at::kFloat && rows.dim() == 2 && rows.size(1) == in_features,
+                    "q4k_rows: float32 rows of ", in_features, ", got ", rows.scalar_type(), " ", rows.sizes());
+  TORCH_CHECK_VALUE(codes.is_contiguous() && subs.is_contiguous() && supers.is_contiguous() && codes.size(0) * 16 == n &&
+                        in_features % 256 == 0 && subs.scalar_type() == at::kByte && supers.scalar_type() == at::kHalf &&
+                        subs.numel() == n * in_features / 32 * 2 && supers.numel() == n * in_features / 256 * 2,
+                    "q4k_rows: a weight not in the Q4_K layout for ", n, " outputs");
+  const at::Tensor x = rows.contiguous();
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  if (x.size(0) > 0)
+    mohawk_q4k_rows_mm(as<float>(x), x.size(0), in_features, as<uint32_t>(codes), as<uint8_t>(subs),
+                       as<uint16_t>(supers), n, y.mutable_data_ptr<float>(), at::get_num_threads());
   return y;
 }
 
@@ -162,7 +183,7 @@ at::Tensor top_rows(const at::Tensor& rows, int64_t k) {
 
 extern "C" {
 
-// Registers torch.ops.mohawk.{int4_rows_mm, int8_rows_mm, rms_norm_rows, attend_rows, top_rows} with this build's kernels;
+// Registers torch.ops.mohawk.{int4_rows_mm, q4k_rows_mm, int8_rows_mm, rms_norm_rows, attend_rows, top_rows} with this build's kernels;
 // once a process (later calls do nothing). Returns 0, or -1 where registration threw.
 int mohawk_register_ops() {
   static bool done = false;
@@ -170,6 +191,7 @@ int mohawk_register_ops() {
   try {
     auto* ops = new torch::Library(torch::Library::FRAGMENT, "mohawk", std::nullopt, __FILE__, __LINE__);
     ops->def("int4_rows_mm(Tensor x, Tensor codes, Tensor scales, Tensor mins, int n) -> Tensor");
+    ops->def("q4k_rows_mm(Tensor x, Tensor codes, Tensor subs, Tensor supers, int n) -> Tensor");
     ops->def(
         "int8_rows_mm(Tensor x, Tensor codes, Tensor scales, Tensor? mins, Tensor? subs, int n, int offset) -> Tensor");
     ops->def("rms_norm_rows(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -177,6 +199,7 @@ int mohawk_register_ops() {
     ops->def("top_rows(Tensor x, int k) -> Tensor");
     auto* cpu = new torch::Library(torch::Library::IMPL, "mohawk", c10::DispatchKey::CPU, __FILE__, __LINE__);
     cpu->impl("int4_rows_mm", TORCH_FN(int4_rows_mm));
+    cpu->impl("q4k_rows_mm", TORCH_FN(q4k_rows_mm));
     cpu->impl("int8_rows_mm", TORCH_FN(int8_rows_mm));
     cpu->impl("rms_norm_rows", TORCH_FN(rms_norm_rows));
     cpu->impl("attend_rows", TORCH_FN(attend_rows));

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from mohawk_common.model_store.quantized import FOUR_BIT_FORMATS, StoredBlocks
-from mohawk_shard.kernels import int4_rows, int8_rows
+from mohawk_shard.kernels import int4_rows, int8_rows, q4k_rows
 from mohawk_shard.kernels.huge_pages import huge_empty
 from mohawk_shard.kernels.library import kernel
 
@@ -75,6 +75,20 @@ def int4_from_blocks(parts: Sequence[StoredBlocks], device: torch.device) -> int
     if not _repack(parts, 4, {"codes": codes, "scales": scales, "mins": mins, "subs": None}):
         return None
     return int4_rows.PackedInt4(codes, scales, mins, blocks * COLUMN_BLOCK)
+
+
+def q4k_from_blocks(parts: Sequence[StoredBlocks], device: torch.device) -> q4k_rows.PackedQ4K | None:
+    """The Q4_K kernel's layout (`q4k_rows.py`) of a fused matmul whose parts are all Q4_K, or None
+    where this path does not apply."""
+    if not _fits(parts, frozenset({"Q4_K"}), device) or parts[0].shape[1] % q4k_rows.SUPER_BLOCK != 0:
+        return None
+    blocks, in_features = sum(p.shape[0] for p in parts) // COLUMN_BLOCK, parts[0].shape[1]
+    codes = huge_empty(blocks, in_features // 8, COLUMN_BLOCK, dtype=torch.int32)
+    subs = huge_empty(blocks, in_features // 64, 64, dtype=torch.uint8)
+    supers = huge_empty(blocks, in_features // q4k_rows.SUPER_BLOCK, 32, dtype=torch.float16)
+    if not _repack(parts, 5, {"codes": codes, "scales": supers, "mins": None, "subs": subs}):
+        return None
+    return q4k_rows.PackedQ4K(codes, subs, supers, blocks * COLUMN_BLOCK)
 
 
 def int8_from_blocks(parts: Sequence[StoredBlocks], device: torch.device) -> int8_rows.PackedInt8 | None:

@@ -34,6 +34,8 @@ struct Row {
   std::vector<float> scales, mins;
   std::vector<int8_t> subs;
   std::vector<uint16_t> supers;
+  std::vector<uint8_t> k_scales, k_mins;  // Q4_K/Q5_K: each group's 6-bit scale and minimum
+  std::vector<uint16_t> k_d, k_dmin;      // and each super-block's fp16 d and dmin, as stored
 };
 
 // Q4_K/Q5_K: sub-block s's 6-bit scale and minimum from the 12 packed bytes
@@ -86,12 +88,16 @@ void decode_row(const uint8_t* b, int type, int64_t K, Row& row) {
     case kQ5_K:
       for (int64_t sb = 0; sb < K / 256; ++sb) {
         const float d = half(b), dmin = half(b + 2);
+        std::memcpy(&row.k_d[sb], b, 2);
+        std::memcpy(&row.k_dmin[sb], b + 2, 2);
         const uint8_t* packed = b + 4;
         const uint8_t* qh = b + 16;
         const uint8_t* qs = b + (type == kQ4_K ? 16 : 48);
         for (int s = 0; s < 8; ++s) {
           int sc, m;
           k_scale_min(packed, s, &sc, &m);
+          row.k_scales[sb * 8 + s] = static_cast<uint8_t>(sc);
+          row.k_mins[sb * 8 + s] = static_cast<uint8_t>(m);
           row.scales[sb * 8 + s] = d * static_cast<float>(sc);
           row.mins[sb * 8 + s] = -(dmin * static_cast<float>(m));
           uint8_t* c = row.codes.data() + sb * 256 + s * 32;
@@ -142,15 +148,19 @@ extern "C" {
 
 // Rows of a GGUF tensor (`raw`, `row_bytes` a row; output row n is source row rows[n], or n where
 // `rows` is null) -> N outputs of K inputs in the 4-bit kernel's layout (layout 4: codes
-// uint32 [N/16, K/8, 16], scales and mins fp16 [N/16, K/32, 16]) or the 5-to-8-bit kernel's
+// uint32 [N/16, K/8, 16], scales and mins fp16 [N/16, K/32, 16]), the Q4_K kernel's (layout 5,
+// q4k_rows.cpp: codes as layout 4's, `subs` uint8 [N/16, K/64, 64] the 6-bit scales and minimums,
+// `scales` fp16 [N/16, K/256, 32] the super-blocks' d and dmin) or the 5-to-8-bit kernel's
 // (layout 8: codes [N/16, K/4, 16], Q6_K's [N/16, K/8 + K/16, 16] in 6 bits, scales fp16
 // [N/16, K/32 or K/256, 16], mins where the type has them, subs int8 [N/16, K/16, 16] for Q6_K).
 // Returns 0, -1 for a type the layout does not take, -2 where a table does not fit fp16.
 int mohawk_repack_blocks(const uint8_t* raw, int64_t row_bytes, const int64_t* rows, int64_t N, int64_t K, int type,
                          int layout, uint32_t* codes, uint16_t* scales, uint16_t* mins, int8_t* subs,
                          int num_threads) {
+  const bool k_four = layout == 5;
   const bool four = type == kQ4_0 || type == kQ4_1 || type == kQ4_K;
-  if ((layout == 4) != four || N % 16 != 0 || K % 32 != 0) return -1;
+  if (k_four ? type != kQ4_K : (layout == 4) != four) return -1;
+  if (N % 16 != 0 || K % 32 != 0) return -1;
   if ((type == kQ4_K || type == kQ5_K || type == kQ6_K) && K % 256 != 0) return -1;
   const int64_t NB = N / 16, G = K / 32;
   const bool with_mins = four || type == kQ5_1 || type == kQ5_K;
@@ -163,12 +173,16 @@ int mohawk_repack_blocks(const uint8_t* raw, int64_t row_bytes, const int64_t* r
     row.mins.resize(G);
     row.subs.resize(K / 16);
     row.supers.resize(K / 256 + 1);
+    row.k_scales.resize(G);
+    row.k_mins.resize(G);
+    row.k_d.resize(K / 256 + 1);
+    row.k_dmin.resize(K / 256 + 1);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < NB; ++b) {
       for (int c = 0; c < 16; ++c) {
         const int64_t n = b * 16 + c;
         decode_row(raw + (rows != nullptr ? rows[n] : n) * row_bytes, type, K, row);
-        if (type != kQ6_K && (!fits(row.scales) || (with_mins && !fits(row.mins)))) {
+        if (type != kQ6_K && !k_four && (!fits(row.scales) || (with_mins && !fits(row.mins)))) {
 #pragma omp atomic write
           status = -2;
         }
@@ -197,6 +211,18 @@ int mohawk_repack_blocks(const uint8_t* raw, int64_t row_bytes, const int64_t* r
         } else {
           uint32_t* words = codes + b * (K / 4) * 16 + c;
           for (int64_t w = 0; w < K / 4; ++w) std::memcpy(&words[w * 16], row.codes.data() + w * 4, 4);
+        }
+        if (k_four) {  // the file's integers and fp16 bits, laid out for q4k_rows.cpp
+          uint8_t* sub = reinterpret_cast<uint8_t*>(subs) + b * G * 32;
+          for (int64_t g = 0; g < G; ++g) {
+            sub[(g / 2) * 64 + (g % 2) * 16 + c] = row.k_scales[g];
+            sub[(g / 2) * 64 + 32 + 2 * c + g % 2] = row.k_mins[g];
+          }
+          for (int64_t s = 0; s < K / 256; ++s) {
+            scales[(b * (K / 256) + s) * 32 + c] = row.k_d[s];
+            scales[(b * (K / 256) + s) * 32 + 16 + c] = row.k_dmin[s];
+          }
+          continue;
         }
         if (type == kQ6_K) {
           for (int64_t s = 0; s < K / 16; ++s) subs[(b * (K / 16) + s) * 16 + c] = row.subs[s];

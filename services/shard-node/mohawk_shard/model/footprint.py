@@ -14,6 +14,7 @@ nibbles and fp16 scales, which a tied first stage shares. Pure functions: no arr
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mohawk_common.model_store import ModelSource
@@ -110,7 +111,7 @@ def matmul_bytes(
     one `Int4Linear`, `GroupwiseLinear` or dense matrix, or a `ConcatLinear` of one per run, on a
     torch stage on `device` ("cpu" or "cuda")."""
     if held.is_int4:
-        return int4_matmul_bytes(sum(part_rows), columns)
+        return _int4_run_bytes(held.stored, sum(part_rows), columns, device)
     if held.held == DENSE:
         return sum(part_rows) * columns * element
     total = 0
@@ -126,8 +127,22 @@ def matmul_bytes(
             has_mins = stored not in SIGNED_FORMATS
             total += groupwise_matmul_bytes(rows, columns, GROUP_SIZES[stored], has_mins=has_mins)
         else:
-            total += int4_matmul_bytes(rows, columns)
+            total += _int4_run_bytes([held.stored[i] for i in indices], rows, columns, device)
     return total
+
+
+def _int4_run_bytes(stored: Sequence[str], rows: int, columns: int, device: str) -> int:
+    """A run held 4-bit: all Q4_K on the CPU, the Q4_K kernel's layout (`kernels/q4k_rows.py`),
+    else the group-scaled one."""
+    if device == "cpu" and all(s == "Q4_K" for s in stored) and columns % 256 == 0:
+        return q4k_matmul_bytes(rows, columns)
+    return int4_matmul_bytes(rows, columns)
+
+
+def q4k_matmul_bytes(rows: int, columns: int) -> int:
+    """The Q4_K kernel's layout: 4-bit codes, a 6-bit scale and minimum a byte each a group of 32,
+    fp16 d and dmin a super-block of 256 (0.578 bytes a weight)."""
+    return rows * columns // 2 + rows * (columns // 32) * 2 + rows * (columns // 256) * 4
 
 
 def groupwise_table_bytes(table: TableFormat, rows: int, columns: int) -> int:

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mohawk_common.model_store.quantized import GroupQuantized
-from mohawk_shard.kernels import int4_rows
+from mohawk_shard.kernels import int4_rows, q4k_rows
 from mohawk_shard.kernels.top_rows import top_indices
 
 KERNEL_DTYPE = torch.bfloat16
@@ -77,20 +77,30 @@ class Int4Linear(nn.Module):
     scales_and_zeros: torch.Tensor  # tinygemm's
     row_scales: torch.Tensor  # the row kernel's
     row_mins: torch.Tensor
+    q4k_subs: torch.Tensor  # the Q4_K kernel's (`q4k`)
+    q4k_supers: torch.Tensor
 
     def __init__(
         self,
-        weight: GroupQuantized | int4_rows.PackedInt4,
+        weight: GroupQuantized | int4_rows.PackedInt4 | q4k_rows.PackedQ4K,
         device: torch.device,
         bias: torch.Tensor | None = None,
         kernel: str = "auto",
         source_format: str = "int4",
     ) -> None:
-        """`weight`: the codes to pack, or a weight already in the row kernel's layout (the loader's
-        repack from the file's blocks, `kernels/repack.py`), whose format is `source_format`."""
+        """`weight`: the codes to pack, or a weight already in the row kernel's layout or the Q4_K
+        kernel's (the loader's repack from the file's blocks, `kernels/repack.py`), whose format is
+        `source_format`."""
         super().__init__()
         on_cpu = device.type == "cpu"
-        if isinstance(weight, int4_rows.PackedInt4):
+        self.q4k = isinstance(weight, q4k_rows.PackedQ4K)  # the Q4_K kernel's layout (`q4k_rows.py`)
+        if isinstance(weight, q4k_rows.PackedQ4K):
+            self.out_features, self.in_features = weight.out_features, weight.codes.shape[1] * 8
+            self.group_size, self.source_format, self.row_kernel = int4_rows.GROUP_SIZE, source_format, True
+            self.register_buffer("packed", weight.codes)
+            self.register_buffer("q4k_subs", weight.subs)
+            self.register_buffer("q4k_supers", weight.supers)
+        elif isinstance(weight, int4_rows.PackedInt4):
             self.out_features, self.in_features = weight.out_features, weight.codes.shape[1] * 8
             self.group_size, self.source_format, self.row_kernel = int4_rows.GROUP_SIZE, source_format, True
             self._hold_rows(weight)
@@ -136,17 +146,23 @@ class Int4Linear(nn.Module):
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         dense = self._dense_rows_pay and _DENSE_ROWS.get() == flat.shape[0]
         if self.row_kernel and not dense and x.dtype == torch.float32 and x.dim() == 2 and self.bias is None:
-            return int4_rows.matmul(x, self.packed, self.row_scales, self.row_mins, self.out_features)
+            return self._rows(x)
         if dense:
             y = self._dense(flat.to(KERNEL_DTYPE))
         elif self.row_kernel:
-            y = int4_rows.matmul(flat.float(), self.packed, self.row_scales, self.row_mins, self.out_features)
+            y = self._rows(flat.float())
         else:
             # tinygemm wants contiguous rows (a multi-sequence step's attention output is a view)
             rows = flat.to(KERNEL_DTYPE).contiguous()
             y = self._matmul(rows, self.packed, self.group_size, self.scales_and_zeros)
         y = y.to(x.dtype) if x.dim() == 2 else y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 rows through the CPU row kernel that holds this weight."""
+        if self.q4k:
+            return q4k_rows.matmul(x, self.packed, self.q4k_subs, self.q4k_supers)
+        return int4_rows.matmul(x, self.packed, self.row_scales, self.row_mins, self.out_features)
 
     def _dense(self, rows: torch.Tensor) -> torch.Tensor:
         """bf16 rows through the unpacked weight in one call, padded to a multiple of
@@ -169,6 +185,8 @@ class Int4Linear(nn.Module):
 
     def dense_weight(self) -> torch.Tensor:
         """The bf16 weight [out, in] the kernel computes with, from the CPU packing."""
+        if self.q4k:
+            return q4k_rows.dense_weight(self.packed, self.q4k_subs, self.q4k_supers, KERNEL_DTYPE)
         if self.row_kernel:
             return int4_rows.dense_weight(
                 self.packed, self.row_scales, self.row_mins, self.out_features, KERNEL_DTYPE

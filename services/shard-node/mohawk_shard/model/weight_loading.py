@@ -45,7 +45,7 @@ from mohawk_common.model_store.quantized import (
     quantize_groupwise,
 )
 from mohawk_common.model_store.source import EMBEDDING, LM_HEAD, weight_names
-from mohawk_shard.kernels.repack import int4_from_blocks, int8_from_blocks
+from mohawk_shard.kernels.repack import int4_from_blocks, int8_from_blocks, q4k_from_blocks
 from mohawk_shard.model.groupwise_linear import ConcatLinear, GroupwiseLinear, SharedTableEmbedding
 from mohawk_shard.model.linear import Linear, prefers_transposed
 from mohawk_shard.model.load_progress import LoadProgress
@@ -206,6 +206,9 @@ def _run_module(
     blocks = _blocks(source, names)
     formats = "+".join(sorted({source.stored_format(n) for n in names}))
     if kind == INT4:
+        packed_k = None if blocks is None else q4k_from_blocks(blocks, device)
+        if packed_k is not None:
+            return _released(source, names, Int4Linear(packed_k, device, bias, source_format=formats))
         packed4 = None if blocks is None else int4_from_blocks(blocks, device)
         if packed4 is not None:
             return _released(source, names, Int4Linear(packed4, device, bias, source_format=formats))

@@ -8,7 +8,9 @@ For each file (random weights of a real model's shape, quantized by llama.cpp's 
     tokens/s, against llama.cpp's own 32-sequence batch (`llama_cpp_batch.py`);
   * loading: process start to the first token and peak RSS, fresh processes (`load.py`).
 Each figure is the median of the form's runs with its min-max; the ratio is Mohawk's median over
-llama.cpp's. The short form runs SmolLM2-1.7B's and Gemma 3 270M's shapes in Q4_K_M; `--full`
+llama.cpp's. Before the batch-1 runs each side runs one request of each measured shape, as
+`pipeline_cost.py` does (the engine traces its batch-1 decode steps after a few eager ones, a cost
+the load figure's first token shows; llama.cpp needs no warm-up and gets it all the same). The short form runs SmolLM2-1.7B's and Gemma 3 270M's shapes in Q4_K_M; `--full`
 (`make bench`) also the 1.7B's Q5_K_M, Q6_K and Q8_0, Llama-3.2-3B's shape in Q4_K_M and
 Llama-3.1-8B's and Qwen3-30B-A3B's (4 layers) in Q4_K_M; `--files SHAPE:TYPE,...` any of them.
 
@@ -91,6 +93,9 @@ def measure_file(path: Path, form: Form, threads: int) -> dict[str, Any]:
     rng = random.Random(0)
     short_prompt = [rng.randrange(100, 40000) for _ in range(20)]
     long_prompt = [rng.randrange(100, 40000) for _ in range(512)]
+    for runner in (mohawk, llama):  # the warm-up (module docstring), not measured
+        runner.batch1(short_prompt, form.batch1_tokens)
+        runner.batch1(long_prompt, 2)
     for _ in range(form.repeats):
         for side, runner in (("mohawk", mohawk), ("llama.cpp", llama)):
             add(side, "batch1_tok_s", runner.batch1(short_prompt, form.batch1_tokens)[1])

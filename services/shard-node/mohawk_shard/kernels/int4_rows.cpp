@@ -66,24 +66,7 @@ inline void tile(const int8_t* __restrict q, const float* __restrict d, const fl
       }
     }
     Int acc[R][V];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-      for (int v = 0; v < V; ++v) acc[r][v] = zero_int();
-#pragma GCC unroll 4
-    for (int kb = 0; kb < 4; ++kb) {
-      const int64_t word = (g * 4 + kb) * 16;
-#pragma GCC unroll 16
-      for (int v = 0; v < V; ++v) {
-        const Int w = load_codes(codes + (v / kPerBlock) * cstride + word + (v % kPerBlock) * kLanes);
-        const Int lo = low_nibbles(w), hi = high_nibbles(w);
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-          const int8_t* qk = q + r * K + g * GS + kb * 8;
-          acc[r][v] = dot2(acc[r][v], lo, broadcast4(qk), hi, broadcast4(qk + 4));
-        }
-      }
-    }
+    nibble_group_dots<R, V>(acc, q, K, g, codes, cstride);
 #pragma GCC unroll 16
     for (int v = 0; v < V; ++v) {
       const int64_t at = (v / kPerBlock) * sstride + g * 16 + (v % kPerBlock) * kLanes;

@@ -137,6 +137,34 @@ inline Int group_dot(Int partial) {
 #endif
 }
 
+// Group g's integer dot products for R rows of int8 activations (q, K a row, each 8 in nibble order)
+// and V column vectors of 4-bit codes (words as int4_rows.cpp lays them out, `cstride` words a
+// column block): acc[r][v] as dot2 leaves it (VNNI's int32 lanes, else int16 pairs). Shared by the
+// group-scaled 4-bit kernel and the Q4_K one (q4k_rows.cpp).
+template <int R, int V>
+__attribute__((always_inline)) inline void nibble_group_dots(Int (&acc)[R][V], const int8_t* __restrict q, int64_t K,
+                                                             int64_t g, const uint32_t* __restrict codes,
+                                                             int64_t cstride) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) acc[r][v] = zero_int();
+#pragma GCC unroll 4
+  for (int kb = 0; kb < 4; ++kb) {
+    const int64_t word = (g * 4 + kb) * 16;
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) {
+      const Int w = load_codes(codes + (v / kPerBlock) * cstride + word + (v % kPerBlock) * kLanes);
+      const Int lo = low_nibbles(w), hi = high_nibbles(w);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const int8_t* qk = q + r * K + g * 32 + kb * 8;
+        acc[r][v] = dot2(acc[r][v], lo, broadcast4(qk), hi, broadcast4(qk + 4));
+      }
+    }
+  }
+}
+
 // Helpers of the K-quant 4-bit kernel (q4k_rows.cpp): its 6-bit scales and minimums as int16 pairs
 // for vpmaddwd, int32 lanes multiplied (low 32 bits), and c - a·b.
 #ifdef __AVX512F__

@@ -10,7 +10,8 @@ For each file (random weights of a real model's shape, quantized by llama.cpp's 
 Each figure is the median of the form's runs with its min-max; the ratio is Mohawk's median over
 llama.cpp's. Before the batch-1 runs each side runs one request of each measured shape, as
 `pipeline_cost.py` does (the engine traces its batch-1 decode steps after a few eager ones, a cost
-the load figure's first token shows; llama.cpp needs no warm-up and gets it all the same). The short form runs SmolLM2-1.7B's and Gemma 3 270M's shapes in Q4_K_M; `--full`
+the load figure's first token shows; llama.cpp needs no warm-up and gets it all the same). The
+short form runs SmolLM2-1.7B's and Gemma 3 270M's shapes in Q4_K_M; `--full`
 (`make bench`) also the 1.7B's Q5_K_M, Q6_K and Q8_0, Llama-3.2-3B's shape in Q4_K_M and
 Llama-3.1-8B's and Qwen3-30B-A3B's (4 layers) in Q4_K_M; `--files SHAPE:TYPE,...` any of them.
 

@@ -70,19 +70,22 @@ def pack(
 def dense_weight(
     codes: torch.Tensor, subs: torch.Tensor, supers: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """The weight [N, K] in `dtype`, as the kernel's layout holds it (d·scale·code − dmin·min)."""
+    """The weight [N, K] in `dtype`, as the kernel's layout holds it (d·scale·code − dmin·min): in
+    fp32 the products are exact (an fp16 times a 6-bit and a 4-bit integer) and the difference is
+    rounded once, as from fp64."""
+    work = torch.float64 if dtype == torch.float64 else torch.float32
     blocks, words, _ = codes.shape
     shifts = 4 * torch.arange(CODES_PER_WORD, dtype=torch.int32)
     nibbles = (codes.unsqueeze(-1) >> shifts) & 15  # [NB, K/8, 16, 8]
     n = blocks * COLUMN_BLOCK
-    by_group = nibbles.permute(0, 2, 1, 3).reshape(n, -1, GROUP_SIZE).double()
+    by_group = nibbles.permute(0, 2, 1, 3).reshape(n, -1, GROUP_SIZE).to(work)
     pairs = subs.shape[1]
     scales = subs[:, :, :32].reshape(blocks, pairs, 2, COLUMN_BLOCK).permute(0, 3, 1, 2).reshape(n, -1)
     mins = subs[:, :, 32:].reshape(blocks, pairs, COLUMN_BLOCK, 2).permute(0, 2, 1, 3).reshape(n, -1)
-    per_super = supers.double().reshape(blocks, -1, 2, COLUMN_BLOCK).permute(0, 3, 1, 2).reshape(n, -1, 2)
+    per_super = supers.to(work).reshape(blocks, -1, 2, COLUMN_BLOCK).permute(0, 3, 1, 2).reshape(n, -1, 2)
     d = per_super[..., 0].repeat_interleave(SUPER_BLOCK // GROUP_SIZE, dim=1)
     dmin = per_super[..., 1].repeat_interleave(SUPER_BLOCK // GROUP_SIZE, dim=1)
-    weight = by_group * (d * scales.double())[..., None] - (dmin * mins.double())[..., None]
+    weight = by_group * (d * scales.to(work))[..., None] - (dmin * mins.to(work))[..., None]
     return weight.reshape(n, words * CODES_PER_WORD).to(dtype)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 from nats.aio.client import Client
@@ -11,6 +10,7 @@ from nats.aio.client import Client
 from mohawk_common.bus import names
 from mohawk_common.bus.control import encode_json
 from mohawk_common.bus.control_records import sign_record
+from mohawk_common.tasks import cancel_and_wait
 from mohawk_pqc.identity import Identity
 from mohawk_proto.v1 import bus_pb2
 
@@ -97,9 +97,7 @@ class FakeNode:
     async def stop(self) -> None:
         """Stop heartbeating, like a node that died."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _run(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from nats.aio.client import Client
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control import read_plan
 from mohawk_common.bus.setup import Buckets, ensure_buckets
+from mohawk_common.tasks import cancel_and_wait
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.coordinator import Coordinator
 from mohawk_coordinator.planner import ModelFootprint
@@ -58,9 +58,7 @@ class Replica:
 
     async def crash(self) -> None:
         """Like kill -9: stop everything at once, leave the lease to expire."""
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
+        await cancel_and_wait(self.task)  # one cancel can be lost inside nats-py on 3.11
         await self.nc.close()
 
     async def stop(self) -> None:

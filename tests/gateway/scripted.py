@@ -26,6 +26,7 @@ from mohawk_common.bus.config import BUNDLED_MODEL_NAME
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control import encode_json
 from mohawk_common.bus.setup import BusLimits, ensure_buckets, ensure_streams
+from mohawk_common.tasks import cancel_and_wait
 from mohawk_proto.v1 import bus_pb2, engine_pb2
 
 T = TypeVar("T")
@@ -131,11 +132,8 @@ class ScriptedPipeline:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     async def _teardown(self) -> None:
-        self._puller.cancel()
-        for task in [self._puller, self._heartbeats, *self._tasks]:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        with contextlib.suppress(Exception):  # one cancel can be lost inside nats-py on 3.11
+            await cancel_and_wait(self._puller, self._heartbeats, *self._tasks)
         with contextlib.suppress(Exception):  # the test may have killed the server
             await self._nc.close()
         leftovers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]

@@ -21,6 +21,7 @@ from mohawk_common.bus.requests import new_token_key, open_request, seal_request
 from mohawk_common.bus.security import SEALED_REQUEST_LIFETIME_S, Security
 from mohawk_common.bus.server import NatsServer
 from mohawk_common.bus.setup import ensure_buckets
+from mohawk_common.tasks import cancel_and_wait
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.kem import CryptographyKem
 from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle, revoke, rotate_seal_key
@@ -106,9 +107,7 @@ def test_after_a_rotation_only_kept_shards_open_new_requests_and_old_ones_until_
             await wait_for(lambda: kept.rejections["tampered"] == 1)
             assert kept.require().seal_cert_for(MODEL) == newest
         finally:
-            for follow in follows:
-                follow.cancel()
-            await asyncio.gather(*follows, return_exceptions=True)
+            await asyncio.gather(cancel_and_wait(*follows), return_exceptions=True)
             await nc.close()
 
     asyncio.run(scenario())

@@ -23,6 +23,7 @@ from nats.aio.client import Client
 
 from mohawk_common.bus.nats_auth import Credential
 from mohawk_common.logging import redact_url
+from mohawk_common.tasks import cancel_and_wait
 
 log = structlog.get_logger("mohawk.bus")
 
@@ -148,9 +149,8 @@ async def _unless_refused(connecting: Awaitable[None], nc: Client, refused: asyn
     if task.done():
         task.result()
         return
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
+    with contextlib.suppress(Exception):  # cancelled again until it ends: see mohawk_common.tasks
+        await cancel_and_wait(task)
     with contextlib.suppress(Exception):
         await nc.close()
     raise ConnectionError("refused")

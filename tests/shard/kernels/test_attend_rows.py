@@ -102,6 +102,12 @@ def test_a_querys_bits_do_not_depend_on_its_call(window: int | None) -> None:
     assert torch.equal(torch.cat(chunks), alone)
     mixed = run(seqs, [range(69, 70), range(40, 130), range(0, 33)], padded=256, window=window)
     assert torch.equal(mixed[1], alone[40:130])
+    # one decode step of sequences of different lengths: each reads only the key blocks it sees
+    positions = (69, 129, 5)
+    decodes = run(seqs, [range(p, p + 1) for p in positions], padded=256, window=window)
+    for seq, pos, out in zip(seqs, positions, decodes, strict=True):
+        assert torch.equal(out, run([seq], [range(pos, pos + 1)], padded=pos + 1, window=window)[0])
+    assert torch.equal(decodes[1], alone[129:130])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

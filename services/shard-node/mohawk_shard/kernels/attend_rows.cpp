@@ -386,7 +386,7 @@ struct Call {
 };
 
 // Rows row0 .. row0 + TILE - 1 of (sequence b, KV head g) against `kt`, its keys transposed;
-// `visible` each query's first and last visible key, or null to find them here.
+// `visible` each query's first and last visible key (`visible_range`).
 template <typename KV>
 void attend_unit_tile(const Call<KV>& c, int64_t b, int64_t g, int64_t row0, const int64_t* visible, const float* kt,
                       float* qs, float* scores) {
@@ -396,13 +396,7 @@ void attend_unit_tile(const Call<KV>& c, int64_t b, int64_t g, int64_t row0, con
     const int64_t i = x / c.group, h = g * c.group + x % c.group;
     const float* mrow = c.mask + (b * c.Q + i) * c.L;
     float* o = c.out + ((b * c.Q + i) * c.H + h) * c.D;
-    int64_t first, last;
-    if (visible != nullptr) {
-      first = visible[2 * (b * c.Q + i)];
-      last = visible[2 * (b * c.Q + i) + 1];
-    } else {
-      visible_range(mrow, c.L, &first, &last);
-    }
+    const int64_t first = visible[2 * (b * c.Q + i)], last = visible[2 * (b * c.Q + i) + 1];
     if (first >= c.L) {  // a query that sees no key (a padding row): zeros, dropped by the caller
       for (int64_t d = 0; d < c.D; ++d) o[d] = 0.0f;
       continue;
@@ -415,20 +409,36 @@ void attend_unit_tile(const Call<KV>& c, int64_t b, int64_t g, int64_t row0, con
   if (n > 0) attend_tile(rows, n, c.v + g * c.sh, c.slots + b * c.L, c.sl, c.D, kt, scores, c.ldsc);
 }
 
-// (sequence b, KV head g)'s keys transposed in blocks of 16 into kt. Its keys and values are
-// first asked for into L2, all at once: a block of 16 keys is a page of its own in the pool, too
-// short a run for the hardware prefetchers to keep ahead of the reads.
+// (sequence b, KV head g)'s keys lo .. hi transposed, in the blocks of 16 that hold them, into kt
+// (block k at kt + k * D * 16, as `score_blocks` reads it); nothing outside those blocks is read,
+// so a short sequence beside a long one costs its own keys. Its keys and values are first asked
+// for into L2, all at once: a block of 16 keys is a page of its own in the pool, too short a run
+// for the hardware prefetchers to keep ahead of the reads.
 template <typename KV>
-void transpose_unit(const Call<KV>& c, int64_t b, int64_t g, float* kt) {
+void transpose_unit(const Call<KV>& c, int64_t b, int64_t g, int64_t lo, int64_t hi, float* kt) {
   const int64_t* slots = c.slots + b * c.L;
   const int bytes = static_cast<int>(c.D * sizeof(KV));
-  for (int64_t j = 0; j < c.L; ++j) {
+  const int64_t first_block = lo / LANES, end_block = hi / LANES + 1;
+  const int64_t end_key = end_block * LANES < c.L ? end_block * LANES : c.L;
+  for (int64_t j = first_block * LANES; j < end_key; ++j) {
     mohawk::fetch_lines(c.k + g * c.sh + slots[j] * c.sl, bytes);
     mohawk::fetch_lines(c.v + g * c.sh + slots[j] * c.sl, bytes);
   }
-  for (int64_t block = 0; block < c.blocks; ++block) {
+  for (int64_t block = first_block; block < end_block; ++block) {
     const int64_t first = block * LANES, count = c.L - first < LANES ? c.L - first : LANES;
-    transpose_block(c.k + g * c.sh, c.slots + b * c.L + first, c.sl, count, c.D, kt + block * c.D * LANES);
+    transpose_block(c.k + g * c.sh, slots + first, c.sl, count, c.D, kt + block * c.D * LANES);
+  }
+}
+
+// The keys the rows of (sequence b, KV head g) see, lo .. hi over its queries (lo = L: none).
+template <typename KV>
+void unit_range(const Call<KV>& c, int64_t b, const int64_t* visible, int64_t* lo, int64_t* hi) {
+  *lo = c.L, *hi = -1;
+  for (int64_t i = 0; i < c.Q; ++i) {
+    const int64_t first = visible[2 * (b * c.Q + i)], last = visible[2 * (b * c.Q + i) + 1];
+    if (first >= c.L) continue;
+    *lo = first < *lo ? first : *lo;
+    *hi = last > *hi ? last : *hi;
   }
 }
 
@@ -452,30 +462,35 @@ void attend_all(const float* q, int64_t B, int64_t Q, int64_t H, int64_t D, cons
   const size_t unit_kt = static_cast<size_t>(c.blocks * D * LANES);
   // scratch kept between calls (a decode step's calls are small: allocating each time cost more
   // than the arithmetic); every element used is written before it is read
+  static thread_local std::vector<int64_t> ranges;  // each query's first and last visible key
+  int64_t* const visible = sized(ranges, static_cast<size_t>(2 * B * Q));  // (the pool's threads
+  // each have their own thread_locals: this one is the calling thread's, shared below)
   if (c.tiles_per_kv == 1) {
-    // one tile a (sequence, KV head), as in every decode step: a thread transposes the keys of the
-    // unit it takes into its own small buffer and attends at once, while they are in its cache
+    // one tile a (sequence, KV head), as in every decode step: a thread transposes the keys the
+    // unit's rows see into its own small buffer and attends at once, while they are in its cache
 #pragma omp parallel num_threads(num_threads)
     {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < B * Q; ++t) visible_range(mask + t * L, L, &visible[2 * t], &visible[2 * t + 1]);
       static thread_local std::vector<float> own_kt, qs, scores;
       float* kt = sized(own_kt, unit_kt);
       float* qbuf = sized(qs, static_cast<size_t>(TILE * D));
       float* sbuf = sized(scores, static_cast<size_t>(TILE * c.ldsc));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t t = 0; t < B * KVH; ++t) {
-        transpose_unit(c, t / KVH, t % KVH, kt);
-        attend_unit_tile(c, t / KVH, t % KVH, 0, nullptr, kt, qbuf, sbuf);
+        int64_t lo, hi;
+        unit_range(c, t / KVH, visible, &lo, &hi);
+        if (lo < L) transpose_unit(c, t / KVH, t % KVH, lo, hi, kt);
+        attend_unit_tile(c, t / KVH, t % KVH, 0, visible, kt, qbuf, sbuf);
       }
     }
     return;
   }
   // prompt chunks: every (sequence, KV head)'s keys transposed first, shared by its many tiles
   static thread_local std::vector<float> kt;
-  static thread_local std::vector<int64_t> ranges;  // each query's first and last visible key
   const size_t need = static_cast<size_t>(B * KVH) * unit_kt;
   if (kt.size() > 4 * need && kt.size() > (size_t{1} << 20)) std::vector<float>().swap(kt);  // after a long prompt
-  float* const transposed = sized(kt, need);  // (the pool's threads each have their own thread_locals)
-  int64_t* const visible = sized(ranges, static_cast<size_t>(2 * B * Q));
+  float* const transposed = sized(kt, need);
 #pragma omp parallel num_threads(num_threads)
   {
 #pragma omp for schedule(static) nowait

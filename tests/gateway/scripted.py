@@ -137,9 +137,8 @@ class ScriptedPipeline:
         with contextlib.suppress(Exception):  # the test may have killed the server
             await self._nc.close()
         leftovers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in leftovers:
-            task.cancel()
-        await asyncio.gather(*leftovers, return_exceptions=True)
+        with contextlib.suppress(Exception):  # their own errors, as gather(return_exceptions) kept them
+            await cancel_and_wait(*leftovers)
 
     async def _on_cancel(self, msg: Msg) -> None:
         request_id = msg.subject.rsplit(".", 1)[-1]

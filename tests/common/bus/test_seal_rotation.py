@@ -9,6 +9,7 @@ record replayed from before, or signed by another root, changes nothing and is c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -107,7 +108,8 @@ def test_after_a_rotation_only_kept_shards_open_new_requests_and_old_ones_until_
             await wait_for(lambda: kept.rejections["tampered"] == 1)
             assert kept.require().seal_cert_for(MODEL) == newest
         finally:
-            await asyncio.gather(cancel_and_wait(*follows), return_exceptions=True)
+            with contextlib.suppress(Exception):  # a follower's own error is not this test's
+                await cancel_and_wait(*follows)
             await nc.close()
 
     asyncio.run(scenario())

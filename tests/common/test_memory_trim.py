@@ -28,6 +28,14 @@ def test_trims_once_the_step_counter_has_stood_still_for_idle_s() -> None:
     assert idle.due(0, 32.0)
 
 
+def test_busy_keeps_the_idle_period_from_starting() -> None:
+    idle = IdleTrim(idle_s=2.0)
+    assert not idle.due(1, 0.0)
+    assert not idle.due(1, 5.0, busy=True)  # the counter stood still, but work was under way
+    assert not idle.due(1, 6.5)  # idle since 5.0
+    assert idle.due(1, 7.0)
+
+
 @pytest.mark.skipif(load_malloc_trim() is None, reason="this C library has no malloc_trim")
 def test_malloc_trim_gives_freed_heap_back() -> None:
     """A freed mmapped block raises glibc's mmap threshold, so later blocks of that size come from

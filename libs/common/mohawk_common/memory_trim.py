@@ -8,7 +8,9 @@ stays mapped: a node's RSS keeps the peak of its busiest step long after the loa
 pages of every arena to the OS in a few milliseconds. The node calls it once per idle period: when
 its step counter has not moved for `idle_s` and has moved since the last trim, so a busy node
 never trims between steps and an idle one trims once. A gateway does the same with its count of
-requests started and ended, and first collects its cyclic garbage: a request's objects refer to
+requests started and ended, counting no time idle while a request is in flight (one answer of a
+few seconds on a big model outlasted the idle period, and the collection and trim took a core
+from the nodes mid-answer), and first collects its cyclic garbage: a request's objects refer to
 each other (its token stream calls back into it), so they wait for the cycle collector, which
 runs on allocations and so not at all once the gateway is idle (the 1,000-session load test left
 ~2,100 requests' objects, 17 MiB of Python objects, in an idle gateway). Where the C library has
@@ -51,8 +53,10 @@ class IdleTrim:
         self._trimmed = True  # nothing to give back before the first step
         self.num_trims = 0
 
-    def due(self, activity: int, now: float) -> bool:
-        if activity != self._activity:
+    def due(self, activity: int, now: float, *, busy: bool = False) -> bool:
+        """Whether to trim now; `busy`: work is under way even if the counter has not moved (a
+        gateway streaming one long answer), which keeps the idle period from starting."""
+        if busy or activity != self._activity:
             self._activity, self._changed_at, self._trimmed = activity, now, False
             return False
         if self._trimmed or now - self._changed_at < self.idle_s:

@@ -59,7 +59,11 @@ def create_app(
         loader = None if gateway.codec is not None else asyncio.create_task(_load_codec(gateway))
         reports = asyncio.create_task(gateway.reports.run(), name="request-reports")
         idle = asyncio.create_task(
-            give_back_memory_when_idle(lambda: gateway.num_started + gateway.num_ended), name="idle-memory"
+            give_back_memory_when_idle(
+                lambda: gateway.num_started + gateway.num_ended,
+                lambda: gateway.num_started > gateway.num_ended,
+            ),
+            name="idle-memory",
         )
         log.info("gateway starting", model=gateway.model_name, nats=settings.nats_url)
         metrics_server = serve_metrics(

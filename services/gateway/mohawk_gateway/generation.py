@@ -100,6 +100,7 @@ class Generation:
             await generation._submit()
         except BaseException:
             slot.release()
+            gateway.num_ended += 1  # not in flight: the idle collector counts it ended
             await gateway.access.release(submission.tenant, lease, 0)
             raise
         return generation

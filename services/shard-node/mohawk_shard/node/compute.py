@@ -2,9 +2,10 @@
 states on or, on the last stage, sample and publish the tokens.
 
 Design. Stage 0 of a one-stage pipeline and the last stage of a longer one run the same last-stage
-step: follow the sequences that join or leave, run the layers, sample, publish the token events
-(`TokenPublisher.sample_step`) and count what was emitted (`sample`). Every other stage forwards:
-it runs its layers and encodes the hidden states for the next hop (`forward`). Hidden states are
+step: follow the sequences that join or leave, run the layers, sample, make the token events
+(`TokenPublisher.sample_step`; the role sends the results, then the events) and count what was
+emitted (`sample`). Every other stage forwards: it runs its layers and encodes the hidden states
+for the next hop (`forward`). Hidden states are
 decoded, computed on and encoded on the compute thread, where the backend's arrays live (MLX
 streams belong to the thread that made them). The roles add only the bus: where frames come from
 and go to, results, and spans.
@@ -16,10 +17,9 @@ import asyncio
 from collections.abc import Mapping
 from concurrent.futures import Executor
 
-from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.stage import Stage, StageOutput, StepBatch
 from mohawk_shard.node.snapshot import StepStats
-from mohawk_shard.node.tokens import TokenPublisher
+from mohawk_shard.node.tokens import SampledStep, TokenPublisher
 from mohawk_shard.node.wire import Joining
 
 Hidden = tuple[str, list[int], bytes]  # encoded hidden states: dtype, shape, bytes ("", [], b"": none)
@@ -45,18 +45,18 @@ class StageCompute:
 
     async def sample(
         self, batch: StepBatch, joining: Mapping[int, Joining], hidden: Hidden | None, started_at: float
-    ) -> list[bus_pb2.SampledResult]:
-        """The last stage's step: run the layers, sample and publish the tokens (`started_at`: unix
-        seconds stage 0 began the step)."""
+    ) -> SampledStep:
+        """The last stage's step: run the layers and sample (`started_at`: unix seconds stage 0
+        began the step); the caller sends the results, then has the events published."""
         tokens = self.tokens
         if tokens is None:
             raise RuntimeError("only the last stage samples")
         loop = asyncio.get_running_loop()
-        results = await tokens.sample_step(
+        sampled = await tokens.sample_step(
             batch, joining, lambda: loop.run_in_executor(self.executor, self._step, batch, hidden), started_at
         )
-        self.stats.emitted += len(results)
-        return results
+        self.stats.emitted += len(sampled.results)
+        return sampled
 
     def _step(self, batch: StepBatch, hidden: Hidden | None) -> StageOutput:
         """On the compute thread: arrays are made where they are used (MLX streams are per thread)."""

@@ -230,11 +230,12 @@ class HeadDriver:
         joining = self._joining(batch)
         started, started_at = time.monotonic(), time.time()
         if self.tokens is not None:  # a one-stage pipeline: this node samples too
-            results = await self.compute.sample(batch, joining, None, started_at)
+            sampled = await self.compute.sample(batch, joining, None, started_at)
             self.core.record_step(batch, time.monotonic() - started)
             self._traced_step(batch, None, started)
-            for result in results:
+            for result in sampled.results:
                 self._apply(result)
+            await self.tokens.publish(sampled)
             return
         dtype, shape, data = await self.compute.forward(batch, None)
         self._traced_step(batch, None, started)

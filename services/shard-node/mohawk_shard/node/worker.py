@@ -148,15 +148,17 @@ class StageWorker:
         hidden = (header.dtype, list(header.shape), data) if data else None
         started = time.monotonic()
         if self.tokens is not None:
-            results = await self.compute.sample(batch, joining, hidden, step.started_at or time.time())
+            sampled = await self.compute.sample(batch, joining, hidden, step.started_at or time.time())
             self._traced_step(batch, hop_ms, started)
-            for sampled in results:
-                if sampled.finish_reason:
-                    self.traces.end(sampled.seq_id, {"mohawk.finish_reason": sampled.finish_reason})
+            for done in sampled.results:
+                if done.finish_reason:
+                    self.traces.end(done.seq_id, {"mohawk.finish_reason": done.finish_reason})
             result = bus_pb2.StepResult(plan_version=self.view.epoch, step_id=batch.step_id)
-            result.results.extend(results)
+            result.results.extend(sampled.results)
             result.sent_at = time.time()
             await self.link.send_result(result)
+            await asyncio.sleep(0)  # the result goes out now (nats-py's flusher), the events after
+            await self.tokens.publish(sampled)
             return
         dtype, shape, out = await self.compute.forward(batch, hidden)
         self._traced_step(batch, hop_ms, started)

@@ -31,6 +31,7 @@
 #include "fetch_ahead.h"
 #include "int8_activations.h"
 #include "simd_lanes.h"
+#include "unit_ranges.h"
 
 namespace {
 
@@ -132,8 +133,7 @@ void mohawk_int4_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* c
   mohawk::quantize_rows<true>(x, M, K, q, d, s, nullptr, num_threads);
   const int64_t cstride = (K / 8) * 16, sstride = G * 16;
   // threads split the columns, never a reduction: the same bits on any number of threads
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-  for (int64_t b = 0; b < NS; ++b) {
+  mohawk::for_each_unit(NS, num_threads, [&](int64_t b, bool has_next) {
     const uint32_t* c = codes + b * SB * cstride;
     const uint16_t* sc = scales + b * SB * sstride;
     const uint16_t* mn = mins + b * SB * sstride;
@@ -145,19 +145,19 @@ void mohawk_int4_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* c
     // per-row arithmetic of every tile shape is the same (tile())
     for (; m + kTallRows <= M; m += kTallRows)
       superblock<kTallRows, kTallBlocks>(q + m * K, d + m * G, s + m * G, K, G, c, sc, mn, ys + m * N, N, blocks,
-                                         mohawk::Spread::of(m / kTallRows, passes, b + 1 < NS));
+                                         mohawk::Spread::of(m / kTallRows, passes, has_next));
     const int8_t* qr = q + m * K;
     const float* dr = d + m * G;
     const float* sr = s + m * G;
     float* yr = ys + m * N;
-    const mohawk::Spread last = mohawk::Spread::of(m / kTallRows, passes, b + 1 < NS);
+    const mohawk::Spread last = mohawk::Spread::of(m / kTallRows, passes, has_next);
     switch (M - m) {
       case 1: superblock<1, kBlocksOf[1]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks, last); break;
       case 2: superblock<2, kBlocksOf[2]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks, last); break;
       case 3: superblock<3, kBlocksOf[3]>(qr, dr, sr, K, G, c, sc, mn, yr, N, blocks, last); break;
       default: break;
     }
-  }
+  });
   std::free(d);
 }
 

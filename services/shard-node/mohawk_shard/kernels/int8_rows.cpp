@@ -47,6 +47,7 @@
 #include "fetch_ahead.h"
 #include "int8_activations.h"
 #include "simd_lanes.h"
+#include "unit_ranges.h"
 
 namespace {
 
@@ -276,34 +277,30 @@ void matmul(const Rows& all, const Weight& weight, int64_t M, int64_t N, float* 
   // into the thread's scratch (L2), rather than in registers in every pass (8% slower at 32 rows)
   const bool unpack = F::six && M > kTallRows<F>;
   // threads split the columns, never a reduction: the same bits on any number of threads
-#pragma omp parallel num_threads(num_threads)
-  {
-    static thread_local uint32_t* scratch = nullptr;
-    static thread_local int64_t scratch_words = 0;
+  static thread_local uint32_t* scratch = nullptr;
+  static thread_local int64_t scratch_words = 0;
+  mohawk::for_each_unit(NS, num_threads, [&](int64_t b, bool has_next) {
     if (unpack && scratch_words < SB * 4 * K) {
       std::free(scratch);
       scratch_words = SB * 4 * K;
       scratch = static_cast<uint32_t*>(std::aligned_alloc(64, static_cast<size_t>(scratch_words) * 4));
     }
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < NS; ++b) {
-      const Weight w = weight.at(b * SB);
-      float* ys = y + b * SB * 16;
-      const int64_t blocks = NB - b * SB < SB ? NB - b * SB : SB;
-      if (unpack) {  // the first pass rebuilds the bytes in registers and writes them; the rest read them
-        Weight bytes = w;
-        bytes.codes = scratch;
-        bytes.code_stride = (K / 4) * 16;
-        bytes.highs = 0;
-        const int64_t passes = (M + kTallRows<F> - 1) / kTallRows<F>;
-        superblock<Format<F::sub, F::min, F::wide, true, true>, kTallRows<F>, kTallBlocks>(
-            all, w, w, bytes, ys, N, blocks, mohawk::Spread::of(0, passes, b + 1 < NS));
-        rows_of_superblock<Format<F::sub, F::min, F::wide>>(all, bytes, w, kTallRows<F>, M, N, ys, blocks, b + 1 < NS);
-      } else {
-        rows_of_superblock<F>(all, w, w, 0, M, N, ys, blocks, b + 1 < NS);
-      }
+    const Weight w = weight.at(b * SB);
+    float* ys = y + b * SB * 16;
+    const int64_t blocks = NB - b * SB < SB ? NB - b * SB : SB;
+    if (unpack) {  // the first pass rebuilds the bytes in registers and writes them; the rest read them
+      Weight bytes = w;
+      bytes.codes = scratch;
+      bytes.code_stride = (K / 4) * 16;
+      bytes.highs = 0;
+      const int64_t passes = (M + kTallRows<F> - 1) / kTallRows<F>;
+      superblock<Format<F::sub, F::min, F::wide, true, true>, kTallRows<F>, kTallBlocks>(
+          all, w, w, bytes, ys, N, blocks, mohawk::Spread::of(0, passes, has_next));
+      rows_of_superblock<Format<F::sub, F::min, F::wide>>(all, bytes, w, kTallRows<F>, M, N, ys, blocks, has_next);
+    } else {
+      rows_of_superblock<F>(all, w, w, 0, M, N, ys, blocks, has_next);
     }
-  }
+  });
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 #include "fetch_ahead.h"
 #include "int8_activations.h"
 #include "simd_lanes.h"
+#include "unit_ranges.h"
 
 namespace {
 
@@ -161,8 +162,7 @@ void mohawk_q4k_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* co
   mohawk::quantize_rows_superblocks(x, M, K, q, da, pairs, num_threads);
   const int64_t cstride = (K / 8) * 16, gstride = (K / GS) * 32, sstride = S * 32;
   // threads split the columns, never a reduction: the same bits on any number of threads
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-  for (int64_t b = 0; b < NS; ++b) {
+  mohawk::for_each_unit(NS, num_threads, [&](int64_t b, bool has_next) {
     const uint32_t* c = codes + b * SB * cstride;
     const uint8_t* sub = subs + b * SB * gstride;
     const uint16_t* sup = supers + b * SB * sstride;
@@ -172,19 +172,19 @@ void mohawk_q4k_rows_mm(const float* x, int64_t M, int64_t K, const uint32_t* co
     int64_t m = 0;
     for (; m + kTallRows <= M; m += kTallRows)
       columns<kTallRows, kTallBlocks>(q + m * K, da + m * S, pairs + m * S * 4, K, c, sub, sup, ys + m * N, N, blocks,
-                                      mohawk::Spread::of(m / kTallRows, passes, b + 1 < NS));
+                                      mohawk::Spread::of(m / kTallRows, passes, has_next));
     const int8_t* qr = q + m * K;
     const float* dr = da + m * S;
     const int32_t* pr = pairs + m * S * 4;
     float* yr = ys + m * N;
-    const mohawk::Spread last = mohawk::Spread::of(m / kTallRows, passes, b + 1 < NS);
+    const mohawk::Spread last = mohawk::Spread::of(m / kTallRows, passes, has_next);
     switch (M - m) {
       case 1: columns<1, kBlocksOf[1]>(qr, dr, pr, K, c, sub, sup, yr, N, blocks, last); break;
       case 2: columns<2, kBlocksOf[2]>(qr, dr, pr, K, c, sub, sup, yr, N, blocks, last); break;
       case 3: columns<3, kBlocksOf[3]>(qr, dr, pr, K, c, sub, sup, yr, N, blocks, last); break;
       default: break;
     }
-  }
+  });
   std::free(da);
 }
 

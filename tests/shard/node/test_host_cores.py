@@ -1,4 +1,5 @@
-"""Nodes on one host share its cores: all of them while the others idle, a share while they compute.
+"""Nodes on one host share its cores: all of them while the others idle, a share while they compute;
+a node measures its speed with the cores to itself.
 
 The other nodes are real processes mapping the same file (a slot is a process's)."""
 
@@ -7,11 +8,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from mohawk_shard.node import host_cores
 from mohawk_shard.node.host_cores import MEMORY, SLOT, HostCores
 
 # a node in another process: one turn at a time, driven line by line on stdin
@@ -27,6 +31,10 @@ for line in sys.stdin:
             print("busy", flush=True)
             sys.stdin.readline()
         print("idle", flush=True)
+    elif line.strip() == "measure":
+        with cores.turn():
+            cores.undisturbed(lambda: (print("measuring", flush=True), sys.stdin.readline(), 1.0)[2])
+        print("measured", flush=True)
     elif line.strip() == "vanish":
         import os
         with cores.turn():
@@ -136,3 +144,92 @@ def test_a_share_is_never_below_one_thread(share: tuple[Path, list[int]]) -> Non
     finally:
         for other in others:
             other.close()
+
+
+def measure_in_background(
+    cores: HostCores, measure: Callable[[], float]
+) -> tuple[threading.Thread, list[float]]:
+    result: list[float] = []
+
+    def run() -> None:
+        with cores.turn():
+            result.append(cores.undisturbed(measure))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_a_measurement_waits_for_the_other_nodes_to_stop_computing(share: tuple[Path, list[int]]) -> None:
+    path, applied = share
+    cores = HostCores(path, 2, applied.append)
+    other = Other(path)
+    try:
+        other.begin()
+        applied.clear()
+        thread, result = measure_in_background(cores, lambda: 0.5)
+        time.sleep(0.3)
+        assert not result  # still waiting: the other node computes
+        other.end()
+        thread.join(10)
+        assert result == [0.5]
+        assert applied[-1] == 2  # measured on every one of its threads, though its turn began shared
+    finally:
+        other.close()
+
+
+def test_a_measurement_another_node_computed_during_is_taken_again(share: tuple[Path, list[int]]) -> None:
+    path, applied = share
+    cores = HostCores(path, 2, applied.append)
+    other = Other(path)
+    timings = iter([5.0, 1.0, 3.0])
+    calls = []
+
+    def measure() -> float:
+        calls.append(1)
+        if len(calls) == 1:  # the other node takes a turn in the middle of the first measurement
+            other.begin()
+            other.end()
+        return next(timings)
+
+    try:
+        with cores.turn():
+            assert cores.undisturbed(measure) == 1.0
+        assert len(calls) == 2  # the second was undisturbed: no third
+
+        def always_disturbed() -> float:
+            other.begin()
+            other.end()
+            return 2.0
+
+        with cores.turn():
+            assert cores.undisturbed(always_disturbed) == 2.0  # the fastest of TRIES
+    finally:
+        other.close()
+
+
+def test_two_nodes_never_measure_at_once(
+    share: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(host_cores, "WAIT_S", 0.2)
+    path, applied = share
+    cores = HostCores(path, 2, applied.append)
+    other = Other(path)
+    try:
+        other.send("measure")
+        other.expect("measuring")
+        thread, result = measure_in_background(cores, lambda: 0.5)
+        time.sleep(0.5)
+        assert not result  # the other node holds the measurement lock
+        # this node began a turn during the other's measurement, so that one may be taken again
+        assert other.proc.stdout is not None
+        for _ in range(host_cores.TRIES):
+            other.send("")
+            if other.proc.stdout.readline().strip() == "measured":
+                break
+        else:
+            pytest.fail("the other node never finished measuring")
+        thread.join(10)
+        assert result == [0.5]
+    finally:
+        other.close()

@@ -4,8 +4,13 @@ Weight bytes are the node's own: one decoder layer as the measuring backend hold
 format and dtype it loads), embedding and head from `model/footprint.py`.
 
 Speed is measured, not assumed: one decoder layer of the served model (the node's own weights and
-dtype, on its own device) runs a batch-1 decode step a dozen times and the fastest run is reported:
-the minimum is the estimator least disturbed by whatever else the host was doing meanwhile.
+dtype, on its own device) runs batch-1 decode steps back to back, at least a dozen and for at least
+`SPREAD_S`, and the fastest is reported: the minimum is the estimator least disturbed by whatever
+else the host was doing meanwhile, and the time span keeps a burst of other work from disturbing
+every run. Two nodes and a gateway that start together on one
+two-core host disturbed a dozen back-to-back runs of the bundled model's layer 12-fold (4 ms
+against 0.35: its two threads waited at every barrier for a core another process held), and the
+planner split the model 28 layers to 2.
 torch is imported only where the device is a CUDA one or the backend is torch's, so an MLX node
 measures itself without loading it.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +37,9 @@ from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.load_progress import quiet
 
 _MEMORY_SHARE = 0.8
-_RUNS = 12
+_RUNS = 12  # at least
+_MAX_RUNS = 10_000
+SPREAD_S = 0.5  # the runs span at least this long, unless _MAX_RUNS come first
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +100,11 @@ def measure_capacity(
     memory_limit_mb: int | None,
     kv_cache_memory_mb: int | None,
     held: tuple[int, int] | None = None,
+    alone: Callable[[Callable[[], float]], float] | None = None,
 ) -> Capacity:
-    """`held`: the only layers the node has (a slice package); the measured layer is one of them."""
+    """`held`: the only layers the node has (a slice package); the measured layer is one of them.
+    `alone`: runs the timing with the host's cores to this node (`HostCores.undisturbed`), where
+    nodes share them."""
     config = source.config
     layer = held[0] if held is not None else (1 if config.num_layers > 2 else 0)
     if held is None and config.num_experts and not config.is_moe_layer(layer):
@@ -127,7 +138,7 @@ def measure_capacity(
         memory_limit_bytes=int(limit),
         kv_cache_bytes=int(kv_bytes),
         kv_block_bytes_per_layer=stage.kv_bytes_per_block(block_size),
-        seconds_per_layer=_time_one_layer(stage, block_size, source.config.hidden_size),
+        seconds_per_layer=(alone or _call)(lambda: _time_one_layer(stage, block_size, config.hidden_size)),
         layer_weight_bytes=max(1, stage.weight_bytes - ends_held),
         embedding_weight_bytes=ends.embedding,
         head_weight_bytes=ends.head,
@@ -136,15 +147,21 @@ def measure_capacity(
     )
 
 
+def _call(measure: Callable[[], float]) -> float:
+    return measure()
+
+
 def _time_one_layer(backend: Backend, block_size: int, hidden_size: int) -> float:
-    """Fastest of a dozen batch-1 decode steps of one layer (the backend's forward returns only
-    when its result is computed: torch synchronises below on CUDA, MLX evaluates in forward)."""
+    """Fastest of the batch-1 decode steps of one layer (module docstring; the backend's forward
+    returns only when its result is computed: torch synchronises below on CUDA, MLX evaluates in
+    forward). The first step, which warms caches and builds what is built once, is not counted."""
     backend.allocate_kv_cache(2, block_size)
     hidden = backend.decode_hidden("float32", [1, hidden_size], bytes(4 * hidden_size))
     batch = ForwardBatch.build([([0], 0, [0], False)], block_size)
-    timings = []
+    timings: list[float] = []
     with _no_grad(backend):
-        for _ in range(_RUNS + 1):
+        began = time.monotonic()
+        while len(timings) <= _RUNS or (time.monotonic() - began < SPREAD_S and len(timings) <= _MAX_RUNS):
             start = time.perf_counter()
             backend.forward(batch, hidden if not backend.has_embedding else None)
             if backend.device.startswith("cuda"):

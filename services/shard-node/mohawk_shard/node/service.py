@@ -66,6 +66,7 @@ class ShardNode:
         self._started_at_ms = int(time.time() * 1000)
         self._stop = asyncio.Event()
         self._held: tuple[int, int] | None = None
+        self._alone: Callable[[Callable[[], float]], float] | None = None  # HostCores.undisturbed
         self.stages = StageFollower(self)
         bundle = security.bundle
         self._plans = PlanFollower(
@@ -84,6 +85,7 @@ class ShardNode:
                     self.settings.host_cores_file, torch.get_num_threads(), torch.set_num_threads
                 )
                 self.executor.around = cores.turn
+                self._alone = cores.undisturbed
         self.nc: Client = await connect(
             self.settings.nats_servers,
             name=f"shard-{self.node_id}",
@@ -164,6 +166,7 @@ class ShardNode:
             memory_limit_mb=s.memory_limit_mb,
             kv_cache_memory_mb=s.kv_cache_memory_mb,
             held=self._held,
+            alone=self._alone,
         )
 
     # -- heartbeat -------------------------------------------------------------------------------

@@ -78,6 +78,17 @@ def share(tmp_path: Path) -> Iterator[tuple[Path, list[int]]]:
     yield tmp_path / "host-cores", applied
 
 
+@pytest.fixture
+def two_nodes(share: tuple[Path, list[int]]) -> Iterator[tuple[HostCores, list[int], Other]]:
+    """This node (two threads; `applied`: the counts it set) and another process on the same file."""
+    path, applied = share
+    other = Other(path)
+    try:
+        yield HostCores(path, 2, applied.append), applied, other
+    finally:
+        other.close()
+
+
 def turn(cores: HostCores) -> int:
     with cores.turn() as threads:
         return threads
@@ -100,19 +111,16 @@ def test_a_lone_node_takes_every_core_and_a_loaded_one_its_share(share: tuple[Pa
         other.close()
 
 
-def test_a_turn_another_node_began_and_ended_within_counts(share: tuple[Path, list[int]]) -> None:
+def test_a_turn_another_node_began_and_ended_within_counts(
+    two_nodes: tuple[HostCores, list[int], Other],
+) -> None:
     """Stages overlap without either seeing the other busy at its own turn's ends."""
-    path, applied = share
-    cores = HostCores(path, 2, applied.append)
-    other = Other(path)
-    try:
-        with cores.turn() as threads:
-            assert threads == 2
-            other.begin()
-            other.end()
-        assert turn(cores) == 1
-    finally:
-        other.close()
+    cores, _, other = two_nodes
+    with cores.turn() as threads:
+        assert threads == 2
+        other.begin()
+        other.end()
+    assert turn(cores) == 1
 
 
 def test_a_node_that_died_mid_turn_does_not_hold_cores_and_its_slot_is_taken_again(
@@ -160,28 +168,24 @@ def measure_in_background(
     return thread, result
 
 
-def test_a_measurement_waits_for_the_other_nodes_to_stop_computing(share: tuple[Path, list[int]]) -> None:
-    path, applied = share
-    cores = HostCores(path, 2, applied.append)
-    other = Other(path)
-    try:
-        other.begin()
-        applied.clear()
-        thread, result = measure_in_background(cores, lambda: 0.5)
-        time.sleep(0.3)
-        assert not result  # still waiting: the other node computes
-        other.end()
-        thread.join(10)
-        assert result == [0.5]
-        assert applied[-1] == 2  # measured on every one of its threads, though its turn began shared
-    finally:
-        other.close()
+def test_a_measurement_waits_for_the_other_nodes_to_stop_computing(
+    two_nodes: tuple[HostCores, list[int], Other],
+) -> None:
+    cores, applied, other = two_nodes
+    other.begin()
+    thread, result = measure_in_background(cores, lambda: 0.5)
+    time.sleep(0.3)
+    assert not result  # still waiting: the other node computes
+    other.end()
+    thread.join(10)
+    assert result == [0.5]
+    assert applied == [1, 2]  # its turn began on a share; it measured on every one of its threads
 
 
-def test_a_measurement_another_node_computed_during_is_taken_again(share: tuple[Path, list[int]]) -> None:
-    path, applied = share
-    cores = HostCores(path, 2, applied.append)
-    other = Other(path)
+def test_a_measurement_another_node_computed_during_is_taken_again(
+    two_nodes: tuple[HostCores, list[int], Other],
+) -> None:
+    cores, _, other = two_nodes
     timings = iter([5.0, 1.0, 3.0])
     calls = []
 
@@ -192,44 +196,36 @@ def test_a_measurement_another_node_computed_during_is_taken_again(share: tuple[
             other.end()
         return next(timings)
 
-    try:
-        with cores.turn():
-            assert cores.undisturbed(measure) == 1.0
-        assert len(calls) == 2  # the second was undisturbed: no third
+    with cores.turn():
+        assert cores.undisturbed(measure) == 1.0
+    assert len(calls) == 2  # the second was undisturbed: no third
 
-        def always_disturbed() -> float:
-            other.begin()
-            other.end()
-            return 2.0
+    def always_disturbed() -> float:
+        other.begin()
+        other.end()
+        return 2.0
 
-        with cores.turn():
-            assert cores.undisturbed(always_disturbed) == 2.0  # the fastest of TRIES
-    finally:
-        other.close()
+    with cores.turn():
+        assert cores.undisturbed(always_disturbed) == 2.0  # the fastest of TRIES
 
 
 def test_two_nodes_never_measure_at_once(
-    share: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch
+    two_nodes: tuple[HostCores, list[int], Other], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(host_cores, "WAIT_S", 0.2)
-    path, applied = share
-    cores = HostCores(path, 2, applied.append)
-    other = Other(path)
-    try:
-        other.send("measure")
-        other.expect("measuring")
-        thread, result = measure_in_background(cores, lambda: 0.5)
-        time.sleep(0.5)
-        assert not result  # the other node holds the measurement lock
-        # this node began a turn during the other's measurement, so that one may be taken again
-        assert other.proc.stdout is not None
-        for _ in range(host_cores.TRIES):
-            other.send("")
-            if other.proc.stdout.readline().strip() == "measured":
-                break
-        else:
-            pytest.fail("the other node never finished measuring")
-        thread.join(10)
-        assert result == [0.5]
-    finally:
-        other.close()
+    cores, _, other = two_nodes
+    other.send("measure")
+    other.expect("measuring")
+    thread, result = measure_in_background(cores, lambda: 0.5)
+    time.sleep(0.5)
+    assert not result  # the other node holds the measurement lock
+    # this node began a turn during the other's measurement, so that one may be taken again
+    assert other.proc.stdout is not None
+    for _ in range(host_cores.TRIES):
+        other.send("")
+        if other.proc.stdout.readline().strip() == "measured":
+            break
+    else:
+        pytest.fail("the other node never finished measuring")
+    thread.join(10)
+    assert result == [0.5]

@@ -229,3 +229,17 @@ def test_two_nodes_never_measure_at_once(
         pytest.fail("the other node never finished measuring")
     thread.join(10)
     assert result == [0.5]
+
+
+def test_a_node_that_never_stops_computing_holds_a_measurement_up_wait_s_in_all(
+    two_nodes: tuple[HostCores, list[int], Other], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(host_cores, "WAIT_S", 0.3)
+    cores, _, other = two_nodes
+    other.begin()  # busy through every try
+    calls = []
+    started = time.monotonic()
+    with cores.turn():
+        assert cores.undisturbed(lambda: calls.append(1) or 1.0) == 1.0
+    assert len(calls) == host_cores.TRIES  # each disturbed, so each taken again
+    assert time.monotonic() - started < 3 * host_cores.WAIT_S  # not WAIT_S a try (1.5 s)

@@ -132,23 +132,23 @@ def measure_capacity(
     ends = stage_weight_bytes(source, weights, held_dtype, resolved)
     # the measured layer comes alone, except in a model of one or two layers, where it is layer 0
     ends_held = ends.held(embedding=stage.has_embedding, head=stage.has_head)
+
+    def timing() -> float:
+        return _time_one_layer(stage, block_size, config.hidden_size)
+
     return Capacity(
         device=resolved,
         total_memory_bytes=int(total),
         memory_limit_bytes=int(limit),
         kv_cache_bytes=int(kv_bytes),
         kv_block_bytes_per_layer=stage.kv_bytes_per_block(block_size),
-        seconds_per_layer=(alone or _call)(lambda: _time_one_layer(stage, block_size, config.hidden_size)),
+        seconds_per_layer=alone(timing) if alone is not None else timing(),
         layer_weight_bytes=max(1, stage.weight_bytes - ends_held),
         embedding_weight_bytes=ends.embedding,
         head_weight_bytes=ends.head,
         weights_format=weights_format(source, weights, held_dtype),
         layer_groups=tuple(group_of_layer(model_kv_groups(source.config), source.config.num_layers)),
     )
-
-
-def _call(measure: Callable[[], float]) -> float:
-    return measure()
 
 
 def _time_one_layer(backend: Backend, block_size: int, hidden_size: int) -> float:

@@ -25,8 +25,8 @@ host's cores to itself (`undisturbed`): two nodes of `mohawk up` load at once an
 once, and a dozen sub-millisecond steps timed while the other node's threads also held both cores
 came out many times slower, so the bundled model was split 28 layers to 2 in two of four starts
 (a pipeline no faster than its 28-layer stage). Measurements take turns under a lock on the file,
-each begins once no other node is computing (waiting at most `WAIT_S`) and is taken again while
-another node computed during it (at most `TRIES` times; the fastest is kept).
+each begins once no other node is computing (waiting at most `WAIT_S` in all) and is taken again
+while another node computed during it (at most `TRIES` times; the fastest is kept).
 """
 
 from __future__ import annotations
@@ -137,9 +137,8 @@ class HostCores:
             if self._current != self.threads:
                 self._set_threads(self.threads)
                 self._current = self.threads
-            fastest = float("inf")
+            fastest, deadline = float("inf"), time.monotonic() + WAIT_S  # for all tries together
             for _ in range(TRIES):
-                deadline = time.monotonic() + WAIT_S
                 while any(busy for busy, _ in self._others().values()) and time.monotonic() < deadline:
                     time.sleep(0.01)
                 before = self._others()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client
@@ -46,6 +48,7 @@ def settings(url: str, coordinator_id: str, **overrides: Any) -> CoordinatorSett
         "served_model_name": None,
         "block_size": 16,
         "max_model_len": None,
+        "state_dir": Path(tempfile.mkdtemp(prefix=f"mohawk-{coordinator_id}-")),
     }
     return CoordinatorSettings(**(values | overrides))
 

@@ -197,7 +197,7 @@ class MultiHostCluster:
         bundle = issue_node(self.pki_dir, svc.name, svc.role, models=(MODEL,), days=30)
         args = ["--log-level", "info", "--pki-dir", str(bundle)]
         if svc.role == "coordinator":
-            args += ["--coordinator-id", svc.name]
+            args += ["--coordinator-id", svc.name, "--state-dir", str(self.data_dir / "state" / svc.name)]
         elif svc.role == "shard":
             args += ["--node-id", svc.name, "--num-threads", "1"]
         else:

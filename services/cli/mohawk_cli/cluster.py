@@ -230,7 +230,8 @@ class LocalCluster:
         # (unless the spec's own environment says otherwise)
         expected = {"MOHAWK_EXPECTED_NODES": str(self.spec.nodes)}
         chosen = self.spec.nodes and "MOHAWK_EXPECTED_NODES" not in self.spec.env
-        self._spawn(name, "mohawk_coordinator", ["--coordinator-id", name], expected if chosen else None)
+        args = ["--coordinator-id", name, "--state-dir", str(self.spec.data_dir / "state" / name)]
+        self._spawn(name, "mohawk_coordinator", args, expected if chosen else None)
         return name
 
     def add_node(self, extra_args: Sequence[str] = ()) -> str:

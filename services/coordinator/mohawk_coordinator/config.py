@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field, field_validator
@@ -42,6 +43,11 @@ class CoordinatorSettings(BusSettings):
     )
     quarantine_window_s: float = Field(60.0, gt=0, description="the window quarantine_failures count in")
     quarantine_s: float = Field(120.0, gt=0, description="how long a quarantined node stays out of plans")
+    state_dir: Path | None = Field(
+        None,
+        description="what this replica keeps across restarts (the highest plan version it has seen "
+        "signed); none = .mohawk/state/<coordinator id>",
+    )
 
     @field_validator("replicas")
     @classmethod
@@ -49,6 +55,12 @@ class CoordinatorSettings(BusSettings):
         if value != "auto" and value < 1:
             raise ValueError("must be auto or at least 1")
         return value
+
+    @property
+    def state_path(self) -> Path:
+        """Where `state_dir` points, or its default."""
+        default = Path(".mohawk") / "state" / self.coordinator_id
+        return self.state_dir if self.state_dir is not None else default
 
     @property
     def served_model(self) -> str:

@@ -12,6 +12,10 @@ by compare-and-set on the revision this leader last read or wrote, so a deposed 
 fails instead of overwriting its successor's. A plan is published `loading`, and re-published with
 the same version as `active` once every stage's node heartbeats that version loaded. The model's
 shape comes from the same heartbeats (planning.py): no plan is made before a node has reported it.
+No record stops the leader: the plan key's records are parsed, bounded and verified before their
+version counts (`publisher.py`), a signed plan older than the highest this replica has seen signed
+(`high_water.py`) is a replay, never adopted, and a leader step that fails for any other reason is
+logged, counted and tried again at the next tick instead of ending the process.
 """
 
 from __future__ import annotations
@@ -27,18 +31,27 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from mohawk_common.bus import names
 from mohawk_common.bus.control_records import RecordVerifier, sign_record
-from mohawk_common.bus.pipelines import placed_on
+from mohawk_common.bus.plan_follower import MAX_PLAN_VERSION
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import Buckets
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.election import LeaderElection
+from mohawk_coordinator.high_water import PlanHighWater
+from mohawk_coordinator.metrics import replica_metrics
 from mohawk_coordinator.planner import PlanningError
-from mohawk_coordinator.planning import ModelShape, activate_ready, build_plan, same_placement, with_pipelines
+from mohawk_coordinator.planning import (
+    ModelShape,
+    activate_ready,
+    build_plan,
+    can_adopt,
+    same_placement,
+    with_pipelines,
+)
 from mohawk_coordinator.publisher import PlanConflictError, PlanStore
 from mohawk_coordinator.quarantine import Quarantine
 from mohawk_coordinator.registry import NodeMirror, NodeRecord, NodeRegistry
@@ -95,6 +108,8 @@ class Coordinator:
             cool_down_s=settings.quarantine_s,
         )
         self.store = PlanStore(buckets.plan, self.verifier, self._reject)
+        self.high_water = PlanHighWater(settings.state_path)
+        self.num_failed_steps = 0  # leader steps that failed on something other than the bus
         self._clock = clock
         self.election = self._new_election(settings.lease_ttl_s)
         self._wake = asyncio.Event()
@@ -111,26 +126,16 @@ class Coordinator:
         return self.election.is_leader
 
     def metrics(self) -> Iterator[Metric]:
-        """This replica's own /metrics (`metrics_port`): leadership, live nodes, the plan it published."""
-        me = [self.settings.coordinator_id]
-        leader = GaugeMetricFamily(
-            "mohawk_coordinator_is_leader", "1 while this replica holds the lease", labels=["coordinator"]
+        """This replica's own /metrics (`metrics_port`)."""
+        term = self._term if self.is_leader else None
+        return replica_metrics(
+            self.settings.coordinator_id,
+            is_leader=self.is_leader,
+            live_nodes=len(self.registry.live()),
+            plan_version=term.version if term else 0,
+            quarantined=len(term.quarantined) if term else 0,
+            failed_steps=self.num_failed_steps,
         )
-        leader.add_metric(me, 1.0 if self.is_leader else 0.0)
-        nodes = GaugeMetricFamily(
-            "mohawk_coordinator_live_nodes", "shard nodes whose heartbeats arrive", labels=["coordinator"]
-        )
-        nodes.add_metric(me, len(self.registry.live()))
-        version = GaugeMetricFamily(
-            "mohawk_coordinator_plan_version", "the plan this leader published last", labels=["coordinator"]
-        )
-        term = self._term
-        version.add_metric(me, term.version if term is not None and self.is_leader else 0)
-        quarantined = GaugeMetricFamily(
-            "mohawk_coordinator_quarantined_nodes", "nodes left out for a cool-down", labels=["coordinator"]
-        )
-        quarantined.add_metric(me, len(term.quarantined) if term is not None else 0)
-        return iter((leader, nodes, version, quarantined))
 
     def stop(self) -> None:
         """Finish the current step, give up the lease and return from `run` (graceful shutdown)."""
@@ -141,9 +146,14 @@ class Coordinator:
         """Serve until `stop()`. Cancelling instead is a crash: the lease is left to expire."""
         await self._adopt_bucket_ttl()
         subscription = await self.nc.subscribe(names.HEARTBEAT_WILDCARD, cb=self._on_heartbeat)
-        revocations = asyncio.create_task(self._follow_revocations(), name="revocations")
-        self._listening_since = self._clock()
-        self._seen_since = self._clock()
+        retry_s = self.settings.heartbeat_interval_s
+        followers = (
+            asyncio.create_task(self._follow_revocations(), name="revocations"),
+            asyncio.create_task(
+                self.high_water.follow(self.buckets.plan, self.verifier, retry_s, self._plan_key_written)
+            ),
+        )
+        self._listening_since = self._seen_since = self._clock()
         election = asyncio.create_task(self.election.run(), name="election")
         self._log.info(
             "coordinator started", model=self.settings.served_model, placement=self.settings.placement
@@ -151,13 +161,13 @@ class Coordinator:
         try:
             await self._loop()
         except asyncio.CancelledError:
-            await _halt(election, subscription, revocations)
+            await _halt(election, subscription, *followers)
             raise
         except BaseException:
-            await _halt(election, subscription, revocations)
+            await _halt(election, subscription, *followers)
             await self.election.release()
             raise
-        await _halt(election, subscription, revocations)
+        await _halt(election, subscription, *followers)
         await self.election.release()
         self._log.info("coordinator stopped")
 
@@ -180,6 +190,9 @@ class Coordinator:
                 await self._lead()
             except (NatsError, TimeoutError) as exc:
                 self._log.warning("leader step failed, retrying", error=str(exc) or type(exc).__name__)
+            except Exception:  # a bug or a record nothing above caught: never a crash loop
+                self.num_failed_steps += 1
+                self._log.exception("leader step failed; trying again next tick")
 
     async def _lead(self) -> None:
         term = self._term
@@ -202,7 +215,7 @@ class Coordinator:
         if not term.has_read:
             await self._read_stored(term)
         live_ids = frozenset((node_id, hb.started_at_ms) for node_id, hb in live.items())
-        if term.planned_ids is None and self._can_adopt(term.plan, shape, live):
+        if term.planned_ids is None and can_adopt(term.plan, shape, live, self.settings):
             term.planned_ids = live_ids
             self._log.info(
                 "adopted the stored plan", version=term.version, state=term.plan and term.plan.state
@@ -223,38 +236,18 @@ class Coordinator:
         """Read the plan key. A record this leader cannot verify (written by someone without a
         coordinator's key) is not adopted; if this term already had a plan, it is written back,
         pipelines and epochs unchanged and the version above the forger's, so no node reloads."""
-        stored = await self.store.read()
+        stored = await self.store.read(self.high_water.value)
         ours = term.plan
         term.revision, term.version, term.has_read = stored.revision, stored.version, True
-        if stored.rejected and ours is not None:
+        if stored.plan is None and ours is not None:  # a record not adopted, or the key deleted
             restored = bus_pb2.Plan()
             restored.CopyFrom(ours)
             restored.version = stored.version + 1
-            self._log.warning("the plan key held a record no coordinator signed: writing ours back")
+            self._log.warning("the plan key lost this leader's plan: writing it back")
             await self._publish(term, restored)
             return
         term.plan = with_pipelines(stored.plan) if stored.plan is not None else None
-
-    def _can_adopt(
-        self, stored: bus_pb2.Plan | None, shape: ModelShape, live: dict[str, bus_pb2.Heartbeat]
-    ) -> bool:
-        """Whether a new leader may keep the stored plan: same model, every stage's node live as the
-        run it was placed on (a plan from an earlier run of the cluster never is), nothing to gain."""
-        if stored is None or stored.model != self.settings.served_model:
-            return False
-        if stored.model_id != shape.footprint.model_id or stored.num_layers != shape.footprint.num_layers:
-            return False
-        stage_ids = {s.node_id for s in stored.stages}
-        if not stage_ids or not stage_ids <= live.keys():
-            return False
-        if not all(placed_on(s, live[s.node_id].started_at_ms) for s in stored.stages):
-            return False
-        if stage_ids == live.keys():
-            return True
-        try:
-            return same_placement(stored, build_plan(shape, live.values(), self.settings, stored))
-        except PlanningError:
-            return True
+        self.high_water.raise_to(stored.version)
 
     async def _replan(self, term: _Term, shape: ModelShape, live: dict[str, bus_pb2.Heartbeat]) -> None:
         term.planned_ids = frozenset((node_id, hb.started_at_ms) for node_id, hb in live.items())
@@ -275,6 +268,9 @@ class Coordinator:
             self._log.info("nodes changed, placement did not", nodes=sorted(live), version=term.version)
             return
         plan.version = term.version + 1
+        if plan.version > MAX_PLAN_VERSION:  # 285,000 years of a plan a millisecond
+            self._log.error("plan versions exhausted; not publishing", version=term.version)
+            return
         for pipeline in plan.pipelines:
             pipeline.epoch = pipeline.epoch or plan.version  # formed by this version
         try:
@@ -302,6 +298,7 @@ class Coordinator:
                 term.has_read, term.planned_ids = False, None
             return
         term.plan, term.revision, term.version = plan, revision, plan.version
+        self.high_water.raise_to(plan.version)
         self._log.info(
             "plan published",
             version=plan.version,
@@ -350,6 +347,14 @@ class Coordinator:
         """A revoked node's heartbeats stop verifying, so it leaves the registry and the plans."""
         if self.security is not None:
             await self.security.follow_revocations(self.buckets.pki)
+
+    def _plan_key_written(self, revision: int) -> None:
+        """Someone else wrote or deleted the plan key: read it (and restore ours) at once, not at
+        this leader's next write, so the nodes and gateways follow a plan all along."""
+        term = self._term
+        if term is not None and term.has_read and revision != term.revision:
+            term.has_read = False
+            self._wake.set()
 
     def _wake_up(self, _leading: bool) -> None:
         self._wake.set()

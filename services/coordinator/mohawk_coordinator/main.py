@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lease-ttl", type=float, help="leader lease in seconds (failover time)")
     parser.add_argument("--pki-dir", help="certificate bundle (default: .mohawk/pki/nodes/<coordinator id>)")
     parser.add_argument(
+        "--state-dir", help="what it keeps across restarts (default: .mohawk/state/<coordinator id>)"
+    )
+    parser.add_argument(
         "--insecure", action="store_true", default=None, help="no certificate (development only)"
     )
     parser.add_argument("--log-level", default="info", choices=LEVELS, help="default: info")
@@ -61,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         "replicas": args.replicas,
         "lease_ttl_s": args.lease_ttl,
         "pki_dir": getattr(args, "pki_dir", None),
+        "state_dir": getattr(args, "state_dir", None),
         "insecure": getattr(args, "insecure", None),
     }
     try:

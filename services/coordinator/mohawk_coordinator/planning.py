@@ -276,3 +276,28 @@ def activate_ready(plan: bus_pb2.Plan, live: Mapping[str, bus_pb2.Heartbeat]) ->
         pipeline.active = pipeline.active or pipeline.id in ready
     active.state = ACTIVE
     return active
+
+
+def can_adopt(
+    stored: bus_pb2.Plan | None,
+    shape: ModelShape,
+    live: Mapping[str, bus_pb2.Heartbeat],
+    settings: CoordinatorSettings,
+) -> bool:
+    """Whether a new leader may keep the stored plan: same model, every stage's node live as the
+    run it was placed on (a plan from an earlier run of the cluster never is), nothing to gain."""
+    if stored is None or stored.model != settings.served_model:
+        return False
+    if stored.model_id != shape.footprint.model_id or stored.num_layers != shape.footprint.num_layers:
+        return False
+    stage_ids = {s.node_id for s in stored.stages}
+    if not stage_ids or not stage_ids <= live.keys():
+        return False
+    if not all(placed_on(s, live[s.node_id].started_at_ms) for s in stored.stages):
+        return False
+    if stage_ids == live.keys():
+        return True
+    try:
+        return same_placement(stored, build_plan(shape, live.values(), settings, stored))
+    except PlanningError:
+        return True

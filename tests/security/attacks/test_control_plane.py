@@ -17,6 +17,7 @@ from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect, server_has_all
 from mohawk_common.bus.control import decode_json, encode_json
 from mohawk_common.bus.control_records import sign_record
+from mohawk_common.bus.plan_follower import parse_plan
 from mohawk_common.bus.server import free_port
 from mohawk_pqc.pki_files import load_bundle
 from mohawk_proto.v1 import bus_pb2
@@ -158,3 +159,43 @@ def test_without_the_coordinators_credential_the_plan_cannot_even_be_written(clu
         plan_kv = reader.run(reader.nc.jetstream().key_value(names.PLAN_BUCKET))
         assert reader.run(plan_kv.get(names.PLAN_KEY)).revision == before.revision
     assert cluster.is_ready()
+
+
+def test_no_record_written_with_the_coordinators_credential_stops_re_planning(cluster: LocalCluster) -> None:
+    """The records the coordinators' own bus credential can write: huge, negative and missing
+    versions, garbage, and the oldest signed plan put back after the key's history is purged. The
+    coordinator keeps running (it used to exit on `version = 2**63 - 1`, and `mohawk up` restarted
+    it into the same record) and still re-plans when a node is killed. Last in this module: it
+    kills a node of the shared cluster."""
+    with BusClient(cluster.nats.url, creds=cluster.nats_creds("coordinator")) as writer:
+        plan_kv = writer.run(writer.nc.jetstream().key_value(names.PLAN_BUCKET))
+        history = writer.run(plan_kv.history(names.PLAN_KEY))
+        oldest_signed = next(e.value for e in history if e.value and b'"signed"' in e.value)
+        for record in (
+            b'{"version": "9223372036854775807"}',
+            b'{"version": "-9223372036854775808"}',
+            b'{"version": "many"}',
+            b"\x00\xff garbage",
+        ):
+            writer.run(plan_kv.put(names.PLAN_KEY, record))
+            time.sleep(0.3)
+        writer.run(plan_kv.purge(names.PLAN_KEY))
+        writer.run(plan_kv.put(names.PLAN_KEY, oldest_signed))
+    time.sleep(1.5)
+    assert "coordinator-1" not in cluster.exited()
+    assert answer(cluster)  # still served
+
+    cluster.kill("shard-2")
+    with BusClient(cluster.nats.url, creds=cluster.nats_creds("ops")) as reader:
+        plan_kv = reader.run(reader.nc.jetstream().key_value(names.PLAN_BUCKET))
+        deadline, stages = time.monotonic() + 90, None
+        while time.monotonic() < deadline:
+            plan = parse_plan(reader.run(plan_kv.get(names.PLAN_KEY)).value or b"")
+            stages = {s.node_id for s in plan.stages}
+            if plan.signed.signature and stages == {"shard-1"} and cluster.is_ready():
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"no plan without shard-2 within 90 s: stages {stages}")
+    assert "coordinator-1" not in cluster.exited()
+    assert answer(cluster)

@@ -2,7 +2,7 @@
 
 Design. The plan key can be written by anyone the bus lets write it, and it outlives the processes
 that wrote it (JetStream keeps it on disk across restarts). So a reader takes a plan only when:
-- it parses, and is for the reader's model;
+- it parses, its version is in bounds (1 to `MAX_PLAN_VERSION`), and it is for the reader's model;
 - its signature verifies, by a coordinator certificate naming the plan's `leader`
   (`control_records.py`); an unsigned or forged record is counted and ignored;
 - it is not older than the plan the reader already follows: a lower version, or the same version
@@ -32,6 +32,30 @@ from mohawk_proto.v1 import bus_pb2
 
 Reject = Callable[[AuthenticationError], None]
 
+# The highest version a plan may carry: exact in JSON, and a coordinator publishing a plan every
+# millisecond would take 285,000 years to reach it. A record above it (or at or below 0) is
+# malformed, so no writer of the key can exhaust the versions the coordinators count up through.
+MAX_PLAN_VERSION = 2**53 - 1
+
+
+def parse_plan(data: bytes) -> bus_pb2.Plan:
+    """The plan a record of the plan key holds; AuthenticationError("malformed") when it does not
+    parse or its version is out of bounds."""
+    try:
+        plan = decode_json(bus_pb2.Plan, data)
+    except (ParseError, ValueError) as exc:
+        raise AuthenticationError("malformed", f"plan record: {str(exc).splitlines()[0]}") from exc
+    if not 0 < plan.version <= MAX_PLAN_VERSION:
+        raise AuthenticationError("malformed", f"plan version {plan.version} is out of bounds")
+    return plan
+
+
+def verified_plan(data: bytes, verifier: RecordVerifier) -> bus_pb2.Plan:
+    """The plan in `data`, parsed, in bounds and signed by a coordinator; AuthenticationError else."""
+    plan = parse_plan(data)
+    verifier.verify(plan, "plan")
+    return plan
+
 
 def _order(plan: bus_pb2.Plan) -> tuple[int, int]:
     return plan.version, sum(1 for p in pipelines(plan) if p.active)
@@ -50,9 +74,9 @@ class PlanFollower:
         """The plan in `data` when this process may obey it, else None (and a counted rejection
         unless the record is simply for another model)."""
         try:
-            plan = decode_json(bus_pb2.Plan, data)
-        except (ParseError, ValueError) as exc:
-            self.reject(AuthenticationError("malformed", f"plan record: {str(exc).splitlines()[0]}"))
+            plan = parse_plan(data)
+        except AuthenticationError as exc:
+            self.reject(exc)
             return None
         if self.model is not None and plan.model and not names.same_model(plan.model, self.model):
             return None

@@ -74,6 +74,7 @@ class FakeNode:
         )
         self.heartbeat = describe_model(heartbeat)
         self._task: asyncio.Task[None] | None = None
+        self.last_sent = b""
 
     @property
     def node_id(self) -> str:
@@ -86,9 +87,11 @@ class FakeNode:
 
     async def beat(self) -> None:
         self.heartbeat.sent_at = time.time()
+        self.heartbeat.sequence += 1
         if self.identity is not None:
             sign_record(self.heartbeat, self.identity, "heartbeat")
-        await self.nc.publish(names.heartbeat_subject(self.node_id), encode_json(self.heartbeat))
+        self.last_sent = encode_json(self.heartbeat)  # what a recorder on the bus would have
+        await self.nc.publish(names.heartbeat_subject(self.node_id), self.last_sent)
 
     async def start(self) -> FakeNode:
         self._task = asyncio.create_task(self._run())

@@ -42,7 +42,9 @@ def test_only_signed_heartbeats_and_plans_reach_the_dashboard(
         await asyncio.sleep(0.3)  # its subscriptions are made right after connecting
         forged = bus_pb2.Heartbeat(node_id="node-x", role="shard", model="m", loaded=True)
         signed = sign_record(
-            bus_pb2.Heartbeat(node_id="node-a", role="shard", model="m"), node.identity, "heartbeat"
+            bus_pb2.Heartbeat(node_id="node-a", role="shard", model="m", sequence=1, sent_at=time.time()),
+            node.identity,
+            "heartbeat",
         )
         unsigned_plan = bus_pb2.Plan(version=9, model="m", leader="coord-a", state="active")
         for _ in range(3):

@@ -35,6 +35,7 @@ from prometheus_client.core import Metric
 
 from mohawk_common.bus import names
 from mohawk_common.bus.control_records import RecordVerifier, sign_record
+from mohawk_common.bus.heartbeat_freshness import HeartbeatFreshness
 from mohawk_common.bus.plan_follower import MAX_PLAN_VERSION
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import Buckets
@@ -100,6 +101,7 @@ class Coordinator:
         bundle = security.bundle if security is not None else None
         self._identity = bundle.identity if bundle is not None else None
         self.verifier = RecordVerifier(bundle.trust if bundle is not None else None)
+        self.freshness = HeartbeatFreshness()
         self.registry = NodeRegistry(settings.node_ttl_s, clock=clock, admit=self._admit_heartbeat)
         self.quarantine = Quarantine(
             clock,
@@ -332,6 +334,8 @@ class Coordinator:
     def _admit_heartbeat(self, heartbeat: bus_pb2.Heartbeat) -> bool:
         try:
             self.verifier.verify(heartbeat, "heartbeat")
+            if self.verifier.enforcing:  # signed, so a replay is all that is left to refuse
+                self.freshness.admit(heartbeat)
         except AuthenticationError as exc:
             self._reject(exc)
             return False

@@ -3,6 +3,7 @@ loads a stage placed on an earlier run of itself; ready means the plan's nodes h
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -112,13 +113,16 @@ def test_live_nodes_keep_only_verified_heartbeats_on_their_own_subject(pki: Path
     trust = load_bundle(pki / "nodes" / "node-a", role="shard").trust
     clock = iter([10.0, 11.0, 12.0, 13.0]).__next__
     live = LiveNodes(RecordVerifier(trust), rejections, clock=clock)
-    heartbeat = bus_pb2.Heartbeat(node_id="node-a", role="shard", loaded=True, started_at_ms=RUN_1)
+    heartbeat = bus_pb2.Heartbeat(
+        node_id="node-a", role="shard", loaded=True, started_at_ms=RUN_1, sequence=1, sent_at=time.time()
+    )
     unsigned = encode_json(heartbeat)
     signed = encode_json(sign_record(heartbeat, identity(pki, "node-a", "shard"), "heartbeat"))
     assert live.observe(signed, names.heartbeat_subject("node-a")) is not None
     assert live.observe(signed, names.heartbeat_subject("node-b")) is None  # on another node's subject
     assert live.observe(unsigned, names.heartbeat_subject("node-a")) is None
-    assert rejections == ["untrusted", "unsigned"]
+    assert live.observe(signed, names.heartbeat_subject("node-a")) is None  # the same one again
+    assert rejections == ["untrusted", "unsigned", "replayed"]
     assert list(live.nodes) == ["node-a"]
 
 

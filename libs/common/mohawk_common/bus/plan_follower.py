@@ -26,6 +26,7 @@ from google.protobuf.json_format import ParseError
 from mohawk_common.bus import names
 from mohawk_common.bus.control import decode_json
 from mohawk_common.bus.control_records import RecordVerifier
+from mohawk_common.bus.heartbeat_freshness import HeartbeatFreshness
 from mohawk_common.bus.pipelines import pipelines, placed_on
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
@@ -126,11 +127,12 @@ class LiveNodes:
         self.verifier = verifier
         self.reject = reject
         self.clock = clock
+        self.freshness = HeartbeatFreshness()
         self.nodes: dict[str, LiveNode] = {}
 
     def observe(self, data: bytes, subject: str) -> LiveNode | None:
         """Record one heartbeat from `subject`; None (counted) when it fails to parse, names
-        another node than its subject, or fails its signature."""
+        another node than its subject, fails its signature or is a replay (`heartbeat_freshness`)."""
         try:
             heartbeat = decode_json(bus_pb2.Heartbeat, data)
         except (ParseError, ValueError):
@@ -145,6 +147,8 @@ class LiveNodes:
             return None
         try:
             self.verifier.verify(heartbeat, "heartbeat")
+            if self.verifier.enforcing:  # signed, so a replay is all that is left to refuse
+                self.freshness.admit(heartbeat)
         except AuthenticationError as exc:
             self.reject(exc)
             return None

@@ -220,11 +220,14 @@ class ShardNode:
         subject = names.heartbeat_subject(self.node_id)
         stats_subject = names.telemetry_subject(STEP, self.node_id)
         trim, idle, window = load_malloc_trim(), IdleTrim(), StepWindow(time.monotonic())
+        sequence = 0
         trimming: asyncio.Task[None] | None = None
         while True:
             snapshot = self.snapshot()  # one per tick: the heartbeat and the report read it
             with contextlib.suppress(Exception):
-                await self.nc.publish(subject, encode_json(self._signed(self.heartbeat(snapshot))))
+                heartbeat = self.heartbeat(snapshot)
+                heartbeat.sequence = sequence = sequence + 1  # with sent_at: readers refuse replays
+                await self.nc.publish(subject, encode_json(self._signed(heartbeat)))
             if self.settings.telemetry:
                 with contextlib.suppress(Exception):  # for the telemetry service
                     await self.nc.publish(

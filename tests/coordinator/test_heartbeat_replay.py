@@ -1,0 +1,64 @@
+"""A stopped node's recorded heartbeat, replayed, does not keep it in the plan (real nats-server,
+certified leader): it used to stay planned 5 s after it stopped, against a 0.6 s node timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from mohawk_common.bus import names
+from mohawk_common.bus.connect import connect
+from mohawk_common.bus.security import Security
+from mohawk_common.bus.server import NatsServer
+from mohawk_common.bus.setup import ensure_buckets
+from mohawk_coordinator.coordinator import Coordinator
+from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
+from tests.coordinator.fake_node import FakeNode
+from tests.coordinator.harness import Replica, settings, wait_for_plan
+
+
+def test_a_replayed_heartbeat_does_not_keep_a_stopped_node_planned(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    init_pki(tmp_path)
+    for name, role in (("coord-a", "coordinator"), ("node-0", "shard"), ("node-1", "shard")):
+        issue_node(tmp_path, name, role)
+
+    async def scenario() -> None:
+        nc = await connect(nats_server.url, name="coord-a")
+        config = settings(nats_server.url, "coord-a")
+        buckets = await ensure_buckets(nc.jetstream(), config.bus_limits())
+        security = Security.load(
+            role="coordinator", bundle_dir=tmp_path / "nodes" / "coord-a", insecure=False
+        )
+        coordinator = Coordinator(config, nc, buckets, security=security)
+        replica = Replica(coordinator, asyncio.create_task(coordinator.run()), nc)
+        nodes_nc = await connect(nats_server.url, name="nodes")
+        nodes = [
+            await FakeNode(
+                nodes_nc, n, identity=load_bundle(tmp_path / "nodes" / n, role="shard").identity
+            ).start()
+            for n in ("node-0", "node-1")
+        ]
+        await wait_for_plan(buckets, lambda p: len(p.stages) == 2, 10, "a plan over both nodes")
+        await nodes[1].stop()
+        recorded = nodes[1].last_sent
+
+        async def replay() -> None:  # every 0.1 s, faster than the node itself beat
+            while True:
+                await nodes_nc.publish(names.heartbeat_subject("node-1"), recorded)
+                await asyncio.sleep(0.1)
+
+        replaying = asyncio.create_task(replay())
+        plan = await wait_for_plan(buckets, lambda p: len(p.stages) == 1, 5, "a plan without node-1")
+        assert [s.node_id for s in plan.stages] == ["node-0"]
+        assert security.rejections["replayed"] > 0
+        replaying.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await replaying
+        await replica.stop()
+        await nodes[0].stop()
+        await nodes_nc.close()
+
+    asyncio.run(scenario())

@@ -15,10 +15,12 @@ from mohawk_pqc.handshake import (
     ChannelKeys,
     HandshakeInitiator,
     HandshakeResponder,
+    sign_reply,
+    verify_reply,
 )
 from mohawk_pqc.identity import Identity
 from mohawk_pqc.kem import CryptographyKem
-from mohawk_pqc.keyschedule import SUITE
+from mohawk_pqc.keyschedule import SUITE, transcript_hash
 from mohawk_proto.v1 import security_pb2
 from tests.pqc.helpers import ScratchPki, expect_peer, flip
 
@@ -82,9 +84,19 @@ def reason(call: Callable[[], object]) -> str:
     return caught.value.reason
 
 
-def edit_init(ends: Ends, change: Callable[[security_pb2.HandshakeInit], object]) -> bytes:
+def edit_init(
+    ends: Ends, change: Callable[[security_pb2.HandshakeInit], object], *, signer: Identity | None = None
+) -> bytes:
+    """Message 1 changed by `change`; with its certificate and signature replaced by `signer`'s (a
+    certified node, to test what the responder checks after the signature), else left signed as
+    it was."""
     init = security_pb2.HandshakeInit.FromString(ends.initiator.init_message())
     change(init)
+    if signer is not None:
+        init.certificate.CopyFrom(signer.certificate)
+        init.ClearField("signature")
+        digest = transcript_hash(init.SerializeToString(deterministic=True))
+        init.signature.CopyFrom(signer.signing_key.sign(b"handshake-init", digest))
     return init.SerializeToString()
 
 
@@ -206,7 +218,7 @@ def test_message_2_with_another_certificate_of_the_same_node_is_refused(pki: Scr
     assert reason(lambda: ends.initiator.handle_response(response)) == "tampered"
 
 
-@pytest.mark.parametrize(
+INIT_CHANGES = pytest.mark.parametrize(
     "change",
     [
         lambda init: setattr(init, "x25519_public", flip(init.x25519_public)),
@@ -216,12 +228,32 @@ def test_message_2_with_another_certificate_of_the_same_node_is_refused(pki: Scr
     ],
     ids=["x25519-key", "mlkem-key", "plan-version"],
 )
-def test_a_message_1_altered_in_flight_fails_at_the_initiator(
+
+
+@INIT_CHANGES
+def test_a_message_1_altered_in_flight_is_refused_by_the_responder(
     pki: ScratchPki, change: Callable[[security_pb2.HandshakeInit], object]
 ) -> None:
-    """Message 1 is not signed on its own, but the responder signs what it received."""
+    """Message 1 is signed by the initiator: the responder refuses it altered, before any KEM work."""
     ends = make_ends(pki)
-    altered = edit_init(ends, change)
+    assert reason(lambda: ends.responder.respond(edit_init(ends, change))) == "tampered"
+
+
+def test_an_unsigned_message_1_is_refused(pki: ScratchPki) -> None:
+    """Certificates are public (every heartbeat carries one): without the key, no offer."""
+    ends = make_ends(pki)
+    assert reason(lambda: ends.responder.respond(edit_init(ends, lambda m: m.ClearField("signature")))) == (
+        "unsigned"
+    )
+
+
+@INIT_CHANGES
+def test_a_message_1_altered_and_signed_again_still_fails_at_the_initiator(
+    pki: ScratchPki, change: Callable[[security_pb2.HandshakeInit], object]
+) -> None:
+    """Even re-signed (by the initiator's key, say by a bug), the responder signs what it received."""
+    ends = make_ends(pki)
+    altered = edit_init(ends, change, signer=pki.identity("shard-a", "shard"))
     response = ends.responder.respond(altered)
     assert reason(lambda: ends.initiator.handle_response(response)) == "tampered"
 
@@ -230,7 +262,9 @@ def test_an_encapsulation_key_failing_the_fips_203_modulus_check_is_refused(pki:
     """A coefficient of 0xFFF (above q = 3329) is no ML-KEM key: refused, not a crash."""
     ends = make_ends(pki)
     invalid = edit_init(
-        ends, lambda init: setattr(init, "mlkem768_public", b"\xff\x0f" + init.mlkem768_public[2:])
+        ends,
+        lambda init: setattr(init, "mlkem768_public", b"\xff\x0f" + init.mlkem768_public[2:]),
+        signer=pki.identity("shard-a", "shard"),
     )
     assert reason(lambda: ends.responder.respond(invalid)) == "malformed"
 
@@ -256,3 +290,28 @@ def test_garbage_is_malformed(pki: ScratchPki) -> None:
     ends = make_ends(pki)
     assert reason(lambda: ends.responder.respond(b"\xff\xff\xff\xff")) == "malformed"
     assert reason(lambda: ends.initiator.handle_response(b"\xff\xff\xff\xff")) == "malformed"
+
+
+# --- replies: only the node asked may answer, or refuse ------------------------------------------
+
+
+def test_only_the_node_asked_can_refuse_a_handshake(pki: ScratchPki) -> None:
+    """Anyone who may subscribe to a node's handshake subject can answer its requests; a reply
+    counts only when the node asked signed it, over the request it answers."""
+    request, other_request = b"an offer", b"another offer"
+    b, c = pki.identity("shard-b", "shard"), pki.identity("shard-c", "shard")
+    refusal = sign_reply(b, request, security_pb2.HandshakeReply(refused=True))
+
+    def check(data: bytes, asked: bytes = request) -> security_pb2.HandshakeReply:
+        return verify_reply(pki.trust(), asked, data, responder_id="shard-b", role="shard")
+
+    assert check(refusal).refused  # the node's own refusal stands
+    assert check(sign_reply(b, request, security_pb2.HandshakeReply(message=b"ok"))).message == b"ok"
+    by_another = sign_reply(c, request, security_pb2.HandshakeReply(refused=True))
+    assert reason(lambda: check(by_another)) == "untrusted"  # a certified node, not the one asked
+    unsigned = security_pb2.HandshakeReply(refused=True).SerializeToString()
+    assert reason(lambda: check(unsigned)) == "unsigned"
+    flipped = security_pb2.HandshakeReply.FromString(refusal)
+    flipped.refused, flipped.message = False, b"ok"
+    assert reason(lambda: check(flipped.SerializeToString())) == "tampered"
+    assert reason(lambda: check(refusal, asked=other_request)) == "tampered"  # moved to another request

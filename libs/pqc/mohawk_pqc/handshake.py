@@ -1,7 +1,9 @@
 """The channel handshake: ephemeral X25519 + ML-KEM-768, both sides sign the transcript (SIGMA-style).
 
     1. initiator -> responder  HandshakeInit: suites offered, channel id, plan version, its
-       certificate, ephemeral X25519 key, ephemeral ML-KEM-768 encapsulation key.
+       certificate, ephemeral X25519 key, ephemeral ML-KEM-768 encapsulation key, and its
+       signature over all of that (so an offer from anyone without a certified key costs the
+       responder one signature check, no KEM work and no pending state).
     2. responder -> initiator  HandshakeResponse: its certificate, ephemeral X25519 key, an ML-KEM
        ciphertext encapsulated to the initiator's key, and its signature over
        T1 = H(init || response-without-signature).
@@ -13,8 +15,11 @@ HKDF-SHA256(ss_x25519 || ss_mlkem, salt = T1), one per direction (`keyschedule.c
 responder refuses an offer without the hybrid suite or without an ML-KEM key: there is no
 classical-only fallback to downgrade to. The responder installs the channel only after message 3
 verifies, so an unauthenticated initiator never gets a channel; a message 3 that fails leaves the
-handshake pending, so whoever sniffed the channel id cannot end it with a bogus finish. Randomness
-(ephemeral keys, the channel id) and the clock are injectable for known-answer tests.
+handshake pending, so whoever sniffed the channel id cannot end it with a bogus finish. Every reply
+the responder sends, a refusal included, carries its certificate and its signature over the request
+and the reply (`sign_reply` / `verify_reply`): whoever else can answer on the responder's subject
+cannot refuse a handshake on its behalf. Randomness (ephemeral keys, the channel id) and the clock
+are injectable for known-answer tests.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import TypeVar
 from cryptography.hazmat.primitives.asymmetric import x25519
 from google.protobuf.message import DecodeError, Message
 
-from mohawk_pqc.certificates import TrustStore
+from mohawk_pqc.certificates import TrustStore, read_body
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.identity import Identity
 from mohawk_pqc.kem import MLKEM768_CIPHERTEXT_BYTES, MLKEM768_PUBLIC_BYTES, KemDecapsulator, KemProvider
@@ -40,8 +45,10 @@ M = TypeVar("M", bound=Message)
 
 HANDSHAKE_VERSION = 1
 MAX_CLOCK_SKEW_S = 120.0
+_INIT_LABEL = b"handshake-init"
 _RESPONSE_LABEL = b"handshake-response"
 _FINISH_LABEL = b"handshake-finish"
+_REPLY_LABEL = b"handshake-reply"
 
 _Pending = tuple[security_pb2.HandshakeInit, security_pb2.CertificateBody, bytes, bytes, bytes]
 AcceptPeer = Callable[[security_pb2.CertificateBody, security_pb2.HandshakeInit], None]
@@ -105,6 +112,8 @@ class HandshakeInitiator:
             responder_id=responder_id,
             sent_at=clock(),
         )
+        unsigned = self._init.SerializeToString(deterministic=True)
+        self._init.signature.CopyFrom(identity.signing_key.sign(_INIT_LABEL, transcript_hash(unsigned)))
         self._init_bytes = self._init.SerializeToString(deterministic=True)
 
     @property
@@ -160,6 +169,13 @@ class HandshakeResponder:
         )
         self._pending = None
 
+    @property
+    def peer_id(self) -> str:
+        """The node whose offer `respond` accepted (its certificate and signature verified)."""
+        if self._pending is None:
+            raise AuthenticationError("unknown_channel", "no offer accepted")
+        return self._pending[1].node_id
+
     def respond(self, data: bytes) -> bytes:
         init = _parse(security_pb2.HandshakeInit, data)
         if SUITE not in init.suites or len(init.mlkem768_public) != MLKEM768_PUBLIC_BYTES:
@@ -171,6 +187,14 @@ class HandshakeResponder:
         if init.responder_id != self._identity.node_id:
             raise AuthenticationError("untrusted", f"offer meant for {init.responder_id!r}")
         peer = self._trust.verify(init.certificate)
+        if not init.HasField("signature"):
+            raise AuthenticationError("unsigned", f"handshake offer from {peer.node_id!r}")
+        unsigned = security_pb2.HandshakeInit()
+        unsigned.CopyFrom(init)
+        unsigned.ClearField("signature")
+        _verify_key(peer).verify(
+            _INIT_LABEL, transcript_hash(unsigned.SerializeToString(deterministic=True)), init.signature
+        )
         self._accept(peer, init)
         ss_x = self._x25519.exchange(_x25519_public(init.x25519_public))
         try:  # FIPS 203 checks the encapsulation key: every 12-bit coefficient below q
@@ -203,3 +227,34 @@ class HandshakeResponder:
         self._pending = None
         to_responder, to_initiator = channel_keys(ss_x, ss_k, t1, init.channel_id)
         return ChannelKeys(init.channel_id, to_initiator, to_responder, peer, init.plan_version)
+
+
+def sign_reply(identity: Identity, request: bytes, reply: security_pb2.HandshakeReply) -> bytes:
+    """`reply` to the handshake message `request`, with this node's certificate and signature."""
+    reply.certificate.CopyFrom(identity.certificate)
+    reply.ClearField("signature")
+    digest = transcript_hash(request, reply.SerializeToString(deterministic=True))
+    reply.signature.CopyFrom(identity.signing_key.sign(_REPLY_LABEL, digest))
+    return reply.SerializeToString(deterministic=True)
+
+
+def verify_reply(
+    trust: TrustStore, request: bytes, data: bytes, *, responder_id: str, role: str | None = None
+) -> security_pb2.HandshakeReply:
+    """The reply in `data` to `request` when node `responder_id` (of `role`) signed it;
+    AuthenticationError otherwise (anyone on the bus may answer a request; only the node asked
+    may refuse it)."""
+    reply = _parse(security_pb2.HandshakeReply, data)
+    if not reply.HasField("signature"):
+        raise AuthenticationError("unsigned", f"handshake reply claiming to be {responder_id!r}")
+    claimed = read_body(reply.certificate)
+    if claimed.node_id != responder_id:
+        raise AuthenticationError("untrusted", f"reply from {claimed.node_id!r}, not {responder_id!r}")
+    unsigned = security_pb2.HandshakeReply()
+    unsigned.CopyFrom(reply)
+    unsigned.ClearField("signature")
+    digest = transcript_hash(request, unsigned.SerializeToString(deterministic=True))
+    # the signature first: a certificate's standing (revoked, expired) is news only from its key
+    _verify_key(claimed).verify(_REPLY_LABEL, digest, reply.signature)
+    trust.verify(reply.certificate, role=role, node_id=responder_id)
+    return reply

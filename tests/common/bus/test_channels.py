@@ -1,6 +1,7 @@
 """Secure channels against a real nats-server: when a node holds two plans at once (make before
 break), one handshake subject, two managers, and only the one serving the offer's plan version
-answers; the responder's pending handshakes are capped and survive bogus finishes."""
+answers; the responder's pending handshakes are capped per peer and survive bogus finishes; offers
+must be signed, and only the peer asked can refuse a handshake."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from mohawk_common.bus import channels as channels_module
 from mohawk_common.bus import names
@@ -17,7 +19,7 @@ from mohawk_common.bus.connect import connect, server_has_all
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.server import NatsServer
 from mohawk_pqc.errors import AuthenticationError
-from mohawk_pqc.handshake import HandshakeInitiator
+from mohawk_pqc.handshake import HandshakeInitiator, sign_reply
 from mohawk_pqc.kem import CryptographyKem
 from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
 from mohawk_proto.v1 import security_pb2
@@ -105,10 +107,10 @@ def initiator(sec: Security) -> HandshakeInitiator:
     )
 
 
-def test_a_bogus_finish_ends_no_handshake_and_offers_past_the_cap_are_refused(
+def test_a_bogus_finish_ends_no_handshake_and_a_peers_offers_past_its_cap_replace_its_oldest(
     nats_server: NatsServer, pki: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(channels_module, "MAX_PENDING_HANDSHAKES", 2)
+    monkeypatch.setattr(channels_module, "MAX_PENDING_PER_PEER", 2)
 
     async def scenario() -> None:
         nc = await connect([nats_server.url], name="a", attempts=3)
@@ -129,14 +131,70 @@ def test_a_bogus_finish_ends_no_handshake_and_offers_past_the_cap_are_refused(
             assert b.receiving(keys.channel_id).peer_id == "shard-a"
             assert (await ask(nc, "finish", finish)).refused  # consumed: once only
 
-            # two offers wait for their finish (the cap); a third is refused and counted
-            for _ in range(2):
-                assert not (await ask(nc, "init", initiator(a_sec).init_message())).refused
-            assert (await ask(nc, "init", initiator(a_sec).init_message())).refused
+            # an offer with shard-a's certificate (public: heartbeats carry it) but not its
+            # signature is refused before it takes a place or any KEM work
+            forged = security_pb2.HandshakeInit.FromString(initiator(a_sec).init_message())
+            forged.ClearField("signature")
+            assert (await ask(nc, "init", forged.SerializeToString())).refused
+            assert b_sec.rejections["unsigned"] == 1
+            # shard-a's own offers: two wait for their finish (its cap); a third replaces the oldest
+            offers = [initiator(a_sec) for _ in range(3)]
+            answers = [await ask(nc, "init", o.init_message()) for o in offers]
+            assert not any(answer.refused for answer in answers)
             assert b_sec.rejections["overloaded"] == 1
+            finishes = [o.handle_response(r.message)[0] for o, r in zip(offers, answers, strict=True)]
+            assert (await ask(nc, "finish", finishes[0])).refused  # the oldest: dropped
+            assert (await ask(nc, "finish", finishes[2])).message == b"ok"
         finally:
             await b.stop()
             await nc.close()
+
+    asyncio.run(scenario())
+
+
+class SlowManager(ChannelManager):
+    """A responder that answers 0.2 s late, so another client's answer surely comes first."""
+
+    async def _on_handshake(self, msg: Msg) -> None:
+        await asyncio.sleep(0.2)
+        await super()._on_handshake(msg)
+
+
+def test_no_one_but_the_peer_can_refuse_its_handshake(nats_server: NatsServer, pki: Path) -> None:
+    """A client that may subscribe to shard-b's handshake subject (any shard credential could)
+    answers every request first: with an unsigned refusal, and with one signed by a certified
+    node that is not shard-b. The channel forms all the same; each is counted and ignored."""
+    issue_node(pki, "shard-c", "shard")
+    c_identity = load_bundle(pki / "nodes" / "shard-c", role="shard").identity
+
+    async def scenario() -> None:
+        a_nc = await connect([nats_server.url], name="a", attempts=3)
+        b_nc = await connect([nats_server.url], name="b", attempts=3)
+        racer = await connect([nats_server.url], name="racer", attempts=3)
+        a_sec, b_sec = security(pki, "shard-a"), security(pki, "shard-b")
+
+        async def refuse_first(msg: Msg) -> None:
+            await msg.respond(security_pb2.HandshakeReply(refused=True).SerializeToString())
+            await msg.respond(sign_reply(c_identity, msg.data, security_pb2.HandshakeReply(refused=True)))
+
+        await racer.subscribe(names.handshake_subject("shard-b"), cb=refuse_first)
+        b = SlowManager(b_nc, b_sec, node_id="shard-b", plan_version=1, expected_peers=PEERS)
+        a = ChannelManager(a_nc, a_sec, node_id="shard-a", plan_version=1, expected_peers=PEERS)
+        await b.start()
+        await a.start()
+        for nc in (a_nc, b_nc, racer):
+            await server_has_all(nc)
+        try:
+            channel = await a.channel_to("shard-b")
+            assert b.receiving(channel.channel_id).peer_id == "shard-a"
+            # both the offer and the finish drew the two false refusals
+            assert a_sec.rejections["unsigned"] == 2
+            assert a_sec.rejections["untrusted"] == 2
+        finally:
+            await a.stop()
+            await b.stop()
+            for nc in (a_nc, b_nc, racer):
+                await nc.close()
 
     asyncio.run(scenario())
 

@@ -13,10 +13,15 @@ channel. A new plan version means new channels (the old ones are dropped with th
 node loads its next stage beside the running one (make before break), it holds two managers, one
 per plan version, on the one handshake subject: a manager stays silent on an offer for a plan
 version another manager of the node serves (and on that offer's finish), so only the right one
-answers, while an offer no manager of the node serves is refused at once. At most
-`MAX_PENDING_HANDSHAKES` answered offers wait for their finish (each `_PENDING_TTL_S` at most; past
-the cap a new offer is refused and counted, reason overloaded), and an entry is consumed only by a
-finish whose signature verifies, so a bogus finish on a sniffed channel id ends nothing. Frames
+answers, while an offer no manager of the node serves is refused at once. An offer is signed by
+its initiator (an unsigned or forged one is refused before any KEM work), and at most
+`MAX_PENDING_PER_PEER` answered offers of one peer wait for their finish (each `_PENDING_TTL_S` at
+most; a peer's newer offer past its cap replaces its oldest, counted as overloaded), so no one can
+fill the table for another peer; an entry is consumed only by a finish whose signature verifies,
+so a bogus finish on a sniffed channel id ends nothing. Every reply is signed by the responder, a
+refusal included, and the initiator reads the replies to its request until one from the node it
+asked verifies (`_request`): anyone else who answers first, to refuse or to offer its own
+response, is counted and ignored. Frames
 name their channel by its random 16-byte id; a frame on an unknown channel, from a peer whose
 certificate has since been revoked, or that fails its tag or the replay window is rejected and
 counted. The revocation list is checked on every send too (`channel_to`): once the peer's serial is
@@ -42,14 +47,14 @@ from mohawk_common.bus.security import Security
 from mohawk_pqc.certificates import check_model
 from mohawk_pqc.channel import FrameReceiver, FrameSender
 from mohawk_pqc.errors import AuthenticationError
-from mohawk_pqc.handshake import ChannelKeys, HandshakeInitiator, HandshakeResponder
+from mohawk_pqc.handshake import ChannelKeys, HandshakeInitiator, HandshakeResponder, sign_reply, verify_reply
 from mohawk_proto.v1 import security_pb2
 
 log = structlog.get_logger("mohawk.channels")
 
 HANDSHAKE_TIMEOUT_S = 10.0
 _PENDING_TTL_S = 30.0
-MAX_PENDING_HANDSHAKES = 64  # answered offers awaiting their finish; past it new offers are refused
+MAX_PENDING_PER_PEER = 4  # one peer's answered offers awaiting their finish; past it its oldest goes
 _SEEN_OFFERS = 4096
 _KIND_HEADER = "Mohawk-Handshake"
 
@@ -72,6 +77,7 @@ class SecureChannel:
 @dataclass
 class _Pending:
     responder: HandshakeResponder
+    peer_id: str
     started: float = field(default_factory=time.monotonic)
 
 
@@ -230,14 +236,13 @@ class ChannelManager:
             accept_peer=lambda peer, _offer: self._check_responder(peer, peer_id),
             kem=self.security.kem,
         )
-        subject = names.handshake_subject(peer_id)
-        reply = await self._request(subject, "init", initiator.init_message())
+        reply = await self._request(peer_id, "init", initiator.init_message())
         try:
             finish, keys = initiator.handle_response(reply)
         except AuthenticationError as exc:
             self.security.reject(exc, peer=peer_id, what="handshake response")
             raise
-        ack = await self._request(subject, "finish", finish)
+        ack = await self._request(peer_id, "finish", finish)
         if ack != b"ok":
             raise AuthenticationError("untrusted", f"{peer_id} refused the handshake finish")
         return self._install(keys)
@@ -249,12 +254,33 @@ class ChannelManager:
             )
         check_model(peer, self.model)
 
-    async def _request(self, subject: str, kind: str, data: bytes) -> bytes:
-        msg = await self.nc.request(subject, data, timeout=HANDSHAKE_TIMEOUT_S, headers={_KIND_HEADER: kind})
-        reply = security_pb2.HandshakeReply.FromString(msg.data)
-        if reply.refused:
-            raise AuthenticationError("untrusted", f"handshake refused by {subject}")
-        return reply.message
+    async def _request(self, peer_id: str, kind: str, data: bytes) -> bytes:
+        """Send handshake message `data` to `peer_id`; its reply, read from every answer until one
+        verifies as `peer_id`'s (AuthenticationError when that one is a refusal; a timeout, as a
+        NATS request's, when none comes)."""
+        trust = self.security.require().trust
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        try:
+            await self.nc.publish(
+                names.handshake_subject(peer_id), data, reply=inbox, headers={_KIND_HEADER: kind}
+            )
+            deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+            while True:
+                msg = await sub.next_msg(timeout=max(0.001, deadline - time.monotonic()))
+                try:
+                    reply = verify_reply(trust, data, msg.data, responder_id=peer_id, role="shard")
+                except AuthenticationError as exc:
+                    self.security.reject(exc, peer=peer_id, what=f"handshake {kind} reply")
+                    if exc.reason in ("revoked", "expired"):  # signed by the peer's own key
+                        raise
+                    continue  # someone else answered: not the peer's word
+                if reply.refused:
+                    raise AuthenticationError("untrusted", f"handshake refused by {peer_id}")
+                return reply.message
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def _on_handshake(self, msg: Msg) -> None:
         kind = (msg.headers or {}).get(_KIND_HEADER, "")
@@ -268,7 +294,7 @@ class ChannelManager:
         except Exception as exc:  # never let a peer's bytes crash the node
             self.security.reject(AuthenticationError("malformed", str(exc)), what=f"handshake {kind}")
         with contextlib.suppress(Exception):
-            await msg.respond(reply.SerializeToString())
+            await msg.respond(sign_reply(self.security.require().identity, msg.data, reply))
 
     def _handle(self, kind: str, data: bytes) -> bytes:
         bundle = self.security.require()
@@ -279,16 +305,15 @@ class ChannelManager:
             channel_id = security_pb2.HandshakeInit.FromString(data).channel_id
             if channel_id in self._seen_offers:
                 raise AuthenticationError("replayed", "a handshake offer seen before")
-            if len(self._pending) >= MAX_PENDING_HANDSHAKES:
-                raise AuthenticationError("overloaded", f"{len(self._pending)} handshakes await their finish")
             responder = HandshakeResponder(
                 bundle.identity, bundle.trust, accept_peer=self._accept_peer, kem=self.security.kem
             )
-            response = responder.respond(data)
+            response = responder.respond(data)  # the offer's signature verified: its peer is known
             self._seen_offers[channel_id] = None
             while len(self._seen_offers) > _SEEN_OFFERS:
                 self._seen_offers.pop(next(iter(self._seen_offers)))
-            self._pending[channel_id] = _Pending(responder)
+            self._make_room(responder.peer_id)
+            self._pending[channel_id] = _Pending(responder, responder.peer_id)
             return response
         if kind == "finish":
             channel_id = security_pb2.HandshakeFinish.FromString(data).channel_id
@@ -300,6 +325,14 @@ class ChannelManager:
             self._install(keys)
             return b"ok"
         raise AuthenticationError("malformed", f"handshake message kind {kind!r}")
+
+    def _make_room(self, peer_id: str) -> None:
+        """Drop `peer_id`'s oldest pending offers until one more fits under its cap (counted)."""
+        mine = [cid for cid, pending in self._pending.items() if pending.peer_id == peer_id]
+        for channel_id in mine[: max(0, len(mine) - MAX_PENDING_PER_PEER + 1)]:
+            del self._pending[channel_id]
+            exc = AuthenticationError("overloaded", f"{peer_id} has {len(mine)} offers awaiting their finish")
+            self.security.reject(exc, peer=peer_id, what="handshake init")
 
     # -- frames ----------------------------------------------------------------------------------
 

@@ -91,7 +91,7 @@ class RevocationList(_message.Message):
     def __init__(self, body: _Optional[bytes] = ..., signature: _Optional[_Union[HybridSignature, _Mapping]] = ...) -> None: ...
 
 class HandshakeInit(_message.Message):
-    __slots__ = ("version", "suites", "channel_id", "plan_version", "certificate", "x25519_public", "mlkem768_public", "responder_id", "sent_at")
+    __slots__ = ("version", "suites", "channel_id", "plan_version", "certificate", "x25519_public", "mlkem768_public", "responder_id", "sent_at", "signature")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SUITES_FIELD_NUMBER: _ClassVar[int]
     CHANNEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class HandshakeInit(_message.Message):
     MLKEM768_PUBLIC_FIELD_NUMBER: _ClassVar[int]
     RESPONDER_ID_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     version: int
     suites: _containers.RepeatedScalarFieldContainer[str]
     channel_id: bytes
@@ -110,7 +111,8 @@ class HandshakeInit(_message.Message):
     mlkem768_public: bytes
     responder_id: str
     sent_at: float
-    def __init__(self, version: _Optional[int] = ..., suites: _Optional[_Iterable[str]] = ..., channel_id: _Optional[bytes] = ..., plan_version: _Optional[int] = ..., certificate: _Optional[_Union[Certificate, _Mapping]] = ..., x25519_public: _Optional[bytes] = ..., mlkem768_public: _Optional[bytes] = ..., responder_id: _Optional[str] = ..., sent_at: _Optional[float] = ...) -> None: ...
+    signature: HybridSignature
+    def __init__(self, version: _Optional[int] = ..., suites: _Optional[_Iterable[str]] = ..., channel_id: _Optional[bytes] = ..., plan_version: _Optional[int] = ..., certificate: _Optional[_Union[Certificate, _Mapping]] = ..., x25519_public: _Optional[bytes] = ..., mlkem768_public: _Optional[bytes] = ..., responder_id: _Optional[str] = ..., sent_at: _Optional[float] = ..., signature: _Optional[_Union[HybridSignature, _Mapping]] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
     __slots__ = ("suite", "certificate", "x25519_public", "mlkem768_ciphertext", "signature")
@@ -135,12 +137,16 @@ class HandshakeFinish(_message.Message):
     def __init__(self, channel_id: _Optional[bytes] = ..., signature: _Optional[_Union[HybridSignature, _Mapping]] = ...) -> None: ...
 
 class HandshakeReply(_message.Message):
-    __slots__ = ("message", "refused")
+    __slots__ = ("message", "refused", "certificate", "signature")
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     message: bytes
     refused: bool
-    def __init__(self, message: _Optional[bytes] = ..., refused: _Optional[bool] = ...) -> None: ...
+    certificate: Certificate
+    signature: HybridSignature
+    def __init__(self, message: _Optional[bytes] = ..., refused: _Optional[bool] = ..., certificate: _Optional[_Union[Certificate, _Mapping]] = ..., signature: _Optional[_Union[HybridSignature, _Mapping]] = ...) -> None: ...
 
 class SealedEnvelope(_message.Message):
     __slots__ = ("version", "recipient_serial", "x25519_public", "mlkem768_ciphertext", "nonce", "ciphertext")

@@ -258,3 +258,43 @@ def test_another_tenant_never_renews_a_session_and_a_recreated_tenant_owns_none_
             == 404
         )
         assert stored_state(redis_url, session_id).owner_id != ""
+
+
+def test_a_session_cannot_ask_for_more_priority_than_its_tenant_has(
+    nats_server: NatsServer,
+    pipeline: ScriptedPipeline,
+    start_gateway: Callable[..., ServerThread],
+    redis_url: str,
+    session_gateway: httpx.Client,
+) -> None:
+    """A session's QoS may lower its priority, never raise it above its tenant's (it used to: a
+    normal tenant's session asking for high ran at high). Asking more is a 403 at creation, and a
+    tenant lowered after its session began runs that session's turns at its new priority."""
+    above = session_gateway.post("/v1/sessions", json={"qos": {"priority": "high"}})  # anonymous: normal
+    assert above.status_code == 403, above.text
+    error = above.json()["error"]
+    assert error["type"] == "permission_error" and error["param"] == "qos.priority"
+    assert "'high'" in error["message"] and "'normal'" in error["message"]
+
+    key = add_tenant(redis_url, "vip", priority="high")
+    server = start_gateway(nats_server.url, redis_url=redis_url, auth=True)
+    with httpx.Client(base_url=server.url, timeout=10, headers={"Authorization": f"Bearer {key}"}) as vip:
+        wait_until(lambda: is_ready(vip))
+        session_id = create(vip, qos={"priority": "high"})
+        assert vip.post(f"/v1/sessions/{session_id}/infer", json={"input": "one"}).status_code == 200
+        assert pipeline.requests[-1].priority == bus_pb2.PRIORITY_HIGH
+
+        async def demote() -> None:
+            client = connect(redis_url)
+            try:
+                await TenantStore(client).update("vip", priority="low")
+            finally:
+                await client.aclose()
+
+        asyncio.run(demote())
+
+        def turn_priority() -> int:
+            assert vip.post(f"/v1/sessions/{session_id}/infer", json={"input": "again"}).status_code == 200
+            return pipeline.requests[-1].priority
+
+        wait_until(lambda: turn_priority() == bus_pb2.PRIORITY_LOW)

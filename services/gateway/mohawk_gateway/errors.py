@@ -18,6 +18,7 @@ log = structlog.get_logger("mohawk.gateway")
 
 _TYPES = {
     400: "invalid_request_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",

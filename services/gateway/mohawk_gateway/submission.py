@@ -32,7 +32,7 @@ class Submission:
     prompt_param: str  # the body field that holds the prompt, for error messages
     affinity_key: bytes = b""  # what prefix-affinity routing hashes (routing.py)
     tenant: Tenant | None = None  # None: the anonymous tenant (no limits, weight 1)
-    priority: str | None = None  # high | normal | low; None: the tenant's own
+    priority: str | None = None  # high | normal | low, at most the tenant's; None: the tenant's own
     latency_budget_ms: float = 0.0  # target time per output token at stage 0; 0: none
     sticky: bool = False  # route by prefix affinity whatever the gateway's routing (sessions)
 
@@ -57,6 +57,22 @@ class Submission:
         if tenant is not None:
             request.tenant = tenant.name
             request.weight = tenant.weight
-        priority = self.priority or (tenant.priority if tenant is not None else "normal")
-        request.priority = PRIORITIES[priority]
+        request.priority = PRIORITIES[capped_priority(self.priority, tenant)]
         request.latency_budget_ms = self.latency_budget_ms
+
+
+PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}
+
+
+def tenant_priority(tenant: Tenant | None) -> str:
+    """A tenant's priority; the anonymous tenant's is normal."""
+    return tenant.priority if tenant is not None else "normal"
+
+
+def capped_priority(asked: str | None, tenant: Tenant | None) -> str:
+    """The priority a request runs at: what it asked for (a session's QoS), never above its
+    tenant's (a tenant lowered after the session began included), else the tenant's own."""
+    own = tenant_priority(tenant)
+    if asked is None or PRIORITY_RANK[asked] > PRIORITY_RANK[own]:
+        return own
+    return asked

@@ -16,10 +16,12 @@ from fastapi.responses import JSONResponse, Response
 
 from mohawk_gateway.api.deps import GatewayDep, SessionsDep, TenantDep
 from mohawk_gateway.api.respond import answer
+from mohawk_gateway.errors import GatewayError
 from mohawk_gateway.schemas.sessions import SessionCreate, SessionDeleted, SessionInfer
 from mohawk_gateway.sessions.state import SessionState
 from mohawk_gateway.sessions.stats import SessionPublic, session_public
 from mohawk_gateway.sessions.turns import start_turn
+from mohawk_gateway.submission import PRIORITY_RANK, tenant_priority
 
 router = APIRouter(tags=["sessions"])
 
@@ -33,6 +35,14 @@ async def create_session(
     body: SessionCreate, gateway: GatewayDep, sessions: SessionsDep, tenant: TenantDep
 ) -> SessionPublic:
     gateway.check_model(body.model)
+    asked, own = body.qos.priority, tenant_priority(tenant)
+    if asked is not None and PRIORITY_RANK[asked] > PRIORITY_RANK[own]:
+        raise GatewayError(
+            403,
+            f"qos.priority {asked!r} is above this API key's priority {own!r}",
+            param="qos.priority",
+            code="priority_above_tenant",
+        )
     state = SessionState.new(_owner(tenant), gateway.model_name)
     state.qos, state.routing, state.system_prompt = body.qos, body.routing, body.system_prompt
     await sessions.store.create(state)

@@ -6,7 +6,13 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from mohawk_common.bus.setup import NODE_TTL_S, BusLimits
+from mohawk_common.bus.setup import (
+    BUCKET_MAX_BYTES,
+    NODE_TTL_S,
+    REQUESTS_MAX_BYTES,
+    TOKENS_MAX_BYTES,
+    BusLimits,
+)
 from mohawk_common.settings import KVBlockSettings
 
 BUNDLED_MODEL_NAME = "smollm2-135m-instruct"
@@ -25,6 +31,16 @@ class BusSettings(KVBlockSettings):
     )
     nats_replicas: int = Field(1, ge=1, le=5, description="JetStream replicas for streams and buckets")
     max_queued_requests: int = Field(1024, ge=1, description="accepted, unfinished requests; past it: 429")
+    requests_max_bytes: int = Field(
+        REQUESTS_MAX_BYTES, ge=1 << 20, description="the request stream's bytes; past them: 429"
+    )
+    tokens_max_bytes: int = Field(
+        TOKENS_MAX_BYTES,
+        ge=1 << 20,
+        description="the token stream's bytes (oldest events dropped past them: keep above what the "
+        "cluster emits in 10 minutes, the events a resume reads back)",
+    )
+    bucket_max_bytes: int = Field(BUCKET_MAX_BYTES, ge=1 << 20, description="each KV bucket's bytes")
     lease_ttl_s: float = Field(3.0, gt=0, description="coordinator leader lease")
     heartbeat_interval_s: float = Field(1.0, gt=0, description="how often shard nodes heartbeat")
     node_ttl_s: float = Field(
@@ -76,6 +92,9 @@ class BusSettings(KVBlockSettings):
         return BusLimits(
             replicas=self.nats_replicas,
             max_queued_requests=self.max_queued_requests,
+            requests_max_bytes=self.requests_max_bytes,
+            tokens_max_bytes=self.tokens_max_bytes,
+            bucket_max_bytes=self.bucket_max_bytes,
             lease_ttl_s=self.lease_ttl_s,
             node_ttl_s=self.node_ttl_s,
         )

@@ -7,6 +7,13 @@ with discard-new is the bound on accepted-but-unfinished requests: past it a pub
 and the gateway answers 429. Token events go to a limits stream kept for a few minutes: the
 gateway reads them live, and a new stage 0 that takes over a request reads back what was already
 emitted, so generation continues at the next index.
+
+Every stream and bucket is bounded in bytes (and the streams in messages) when Mohawk creates it,
+so no client the bus lets publish can fill the server's disk: the request stream refuses new
+requests past its bounds (the gateway answers 429), the token stream drops its oldest events
+first (events older than a resume needs: keep `tokens_max_bytes` above what the cluster emits in
+`tokens_max_age_s`), and a bucket refuses writes past its bytes. JetStream reserves each bound
+against its storage limit (by default 75% of the free disk) when the stream is created.
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ log = structlog.get_logger("mohawk.bus")
 T = TypeVar("T")
 _FORMING_ATTEMPTS = 5  # 0.5 + 1 + 2 + 4 s of waiting at most
 _FORMING_FIRST_RETRY_S = 0.5
+MIB = 1 << 20
+REQUESTS_MAX_BYTES = 256 * MIB  # sealed prompts; with max_queued_requests, up to 256 KiB each
+TOKENS_MAX_BYTES = 1024 * MIB  # a few hundred bytes an event: millions within the max age
+BUCKET_MAX_BYTES = 16 * MIB  # each KV bucket (plans, heartbeats, leases, CRL, gateways)
 NODE_TTL_S = 3.0  # a node silent this long is dead (3 heartbeats); BusSettings.node_ttl_s's default
 DUPLICATE_WINDOW_S = 120.0  # the request stream stores a request id once within this window
 
@@ -46,6 +57,11 @@ class BusLimits:
     max_queued_requests: int = 1024  # accepted and unfinished; past it the gateway answers 429
     duplicate_window_s: float = DUPLICATE_WINDOW_S
     tokens_max_age_s: float = 600.0
+    requests_max_bytes: int = REQUESTS_MAX_BYTES
+    tokens_max_bytes: int = TOKENS_MAX_BYTES
+    tokens_max_msgs: int = 10_000_000
+    bucket_max_bytes: int = BUCKET_MAX_BYTES
+    bucket_max_value_bytes: int = 1 * MIB
     lease_ttl_s: float = 3.0
     node_ttl_s: float = NODE_TTL_S
     gateway_ttl_s: float = 4.0  # a gateway's presence lapses this long after its last refresh
@@ -69,6 +85,7 @@ async def ensure_streams(js: JetStreamContext, limits: BusLimits = BusLimits()) 
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,
             max_msgs=limits.max_queued_requests,
+            max_bytes=limits.requests_max_bytes,
             discard=DiscardPolicy.NEW,
             duplicate_window=limits.duplicate_window_s,
             num_replicas=limits.replicas,
@@ -82,27 +99,31 @@ async def ensure_streams(js: JetStreamContext, limits: BusLimits = BusLimits()) 
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=limits.tokens_max_age_s,
+            max_bytes=limits.tokens_max_bytes,
+            max_msgs=limits.tokens_max_msgs,
+            discard=DiscardPolicy.OLD,
             num_replicas=limits.replicas,
         ),
     )
 
 
 async def ensure_buckets(js: JetStreamContext, limits: BusLimits = BusLimits()) -> Buckets:
-    leader = await _ensure_bucket(
-        js, KeyValueConfig(bucket=names.LEADER_BUCKET, ttl=limits.lease_ttl_s, replicas=limits.replicas)
-    )
-    nodes = await _ensure_bucket(
-        js, KeyValueConfig(bucket=names.NODES_BUCKET, ttl=limits.node_ttl_s, replicas=limits.replicas)
-    )
-    plan = await _ensure_bucket(
-        js, KeyValueConfig(bucket=names.PLAN_BUCKET, history=16, replicas=limits.replicas)
-    )
-    pki = await _ensure_bucket(
-        js, KeyValueConfig(bucket=names.PKI_BUCKET, history=8, replicas=limits.replicas)
-    )
-    gateways = await _ensure_bucket(
-        js, KeyValueConfig(bucket=names.GATEWAYS_BUCKET, ttl=limits.gateway_ttl_s, replicas=limits.replicas)
-    )
+    def bucket(name: str, *, ttl: float | None = None, history: int = 1) -> Awaitable[KeyValue]:
+        config = KeyValueConfig(
+            bucket=name,
+            ttl=ttl,
+            history=history,
+            replicas=limits.replicas,
+            max_bytes=limits.bucket_max_bytes,
+            max_value_size=limits.bucket_max_value_bytes,
+        )
+        return _ensure_bucket(js, config)
+
+    leader = await bucket(names.LEADER_BUCKET, ttl=limits.lease_ttl_s)
+    nodes = await bucket(names.NODES_BUCKET, ttl=limits.node_ttl_s)
+    plan = await bucket(names.PLAN_BUCKET, history=16)
+    pki = await bucket(names.PKI_BUCKET, history=8)
+    gateways = await bucket(names.GATEWAYS_BUCKET, ttl=limits.gateway_ttl_s)
     return Buckets(leader, nodes, plan, pki, gateways)
 
 

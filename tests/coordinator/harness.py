@@ -14,6 +14,7 @@ from nats.aio.client import Client
 
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control import read_plan
+from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import Buckets, ensure_buckets
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_coordinator.config import CoordinatorSettings
@@ -103,3 +104,25 @@ async def wait_for_plan(
 
 def stage_ranges(plan: bus_pb2.Plan) -> list[tuple[str, int, int]]:
     return [(s.node_id, s.start, s.end) for s in plan.stages]
+
+
+@dataclass
+class SecureReplica:
+    """A certified coordinator replica (its bundle under `<pki_dir>/nodes/<id>`) and what tests read."""
+
+    replica: Replica
+    security: Security
+    buckets: Buckets
+
+
+async def start_secure_replica(
+    url: str, pki_dir: Path, coordinator_id: str, **overrides: Any
+) -> SecureReplica:
+    nc = await connect(url, name=coordinator_id)
+    config = settings(url, coordinator_id, **overrides)
+    buckets = await ensure_buckets(nc.jetstream(), config.bus_limits())
+    security = Security.load(
+        role="coordinator", bundle_dir=pki_dir / "nodes" / coordinator_id, insecure=False
+    )
+    coordinator = Coordinator(config, nc, buckets, security=security)
+    return SecureReplica(Replica(coordinator, asyncio.create_task(coordinator.run()), nc), security, buckets)

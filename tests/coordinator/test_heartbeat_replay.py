@@ -9,13 +9,10 @@ from pathlib import Path
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
-from mohawk_common.bus.security import Security
 from mohawk_common.bus.server import NatsServer
-from mohawk_common.bus.setup import ensure_buckets
-from mohawk_coordinator.coordinator import Coordinator
 from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
 from tests.coordinator.fake_node import FakeNode
-from tests.coordinator.harness import Replica, settings, wait_for_plan
+from tests.coordinator.harness import start_secure_replica, wait_for_plan
 
 
 def test_a_replayed_heartbeat_does_not_keep_a_stopped_node_planned(
@@ -26,14 +23,8 @@ def test_a_replayed_heartbeat_does_not_keep_a_stopped_node_planned(
         issue_node(tmp_path, name, role)
 
     async def scenario() -> None:
-        nc = await connect(nats_server.url, name="coord-a")
-        config = settings(nats_server.url, "coord-a")
-        buckets = await ensure_buckets(nc.jetstream(), config.bus_limits())
-        security = Security.load(
-            role="coordinator", bundle_dir=tmp_path / "nodes" / "coord-a", insecure=False
-        )
-        coordinator = Coordinator(config, nc, buckets, security=security)
-        replica = Replica(coordinator, asyncio.create_task(coordinator.run()), nc)
+        started = await start_secure_replica(nats_server.url, tmp_path, "coord-a")
+        replica, security, buckets = started.replica, started.security, started.buckets
         nodes_nc = await connect(nats_server.url, name="nodes")
         nodes = [
             await FakeNode(

@@ -21,14 +21,13 @@ from mohawk_common.bus.control_records import RecordVerifier
 from mohawk_common.bus.plan_follower import MAX_PLAN_VERSION, parse_plan
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.server import NatsServer
-from mohawk_common.bus.setup import Buckets, ensure_buckets
-from mohawk_coordinator.coordinator import Coordinator
+from mohawk_common.bus.setup import Buckets
 from mohawk_coordinator.high_water import PlanHighWater
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
 from mohawk_proto.v1 import bus_pb2
 from tests.coordinator.fake_node import FakeNode
-from tests.coordinator.harness import Replica, settings
+from tests.coordinator.harness import Replica, start_secure_replica
 
 HOSTILE = {
     "version 2**63-1": b'{"version": "9223372036854775807", "model": "tiny-llama"}',
@@ -68,17 +67,12 @@ def test_no_record_in_the_plan_key_stops_the_leader_or_uses_up_versions(
     verifier = RecordVerifier(load_bundle(tmp_path / "nodes" / "node-0", role="shard").trust)
     state_dir = tmp_path / "coordinator-state"
 
-    async def start(nc_name: str) -> tuple[Replica, Security, Buckets]:
-        nc = await connect(nats_server.url, name=nc_name)
-        config = settings(nats_server.url, "coord-a", state_dir=state_dir)
-        buckets = await ensure_buckets(nc.jetstream(), config.bus_limits())
-        bundle = tmp_path / "nodes" / "coord-a"
-        security = Security.load(role="coordinator", bundle_dir=bundle, insecure=False)
-        coordinator = Coordinator(config, nc, buckets, security=security)
-        return Replica(coordinator, asyncio.create_task(coordinator.run()), nc), security, buckets
+    async def start() -> tuple[Replica, Security, Buckets]:
+        started = await start_secure_replica(nats_server.url, tmp_path, "coord-a", state_dir=state_dir)
+        return started.replica, started.security, started.buckets
 
     async def scenario() -> None:
-        replica, security, buckets = await start("coord-a")
+        replica, security, buckets = await start()
         nodes_nc = await connect(nats_server.url, name="nodes")
         first = await FakeNode(nodes_nc, "node-0", identity=identities["node-0"]).start()
         plan = await signed_plan(buckets, verifier, 1, 0)
@@ -111,7 +105,7 @@ def test_no_record_in_the_plan_key_stops_the_leader_or_uses_up_versions(
         plan_kv = await nodes_nc.jetstream().key_value(names.PLAN_BUCKET)
         await plan_kv.purge(names.PLAN_KEY)
         await plan_kv.put(names.PLAN_KEY, oldest_signed)
-        replica, security, buckets = await start("coord-a-again")
+        replica, security, buckets = await start()
         if second is None:
             second = await FakeNode(nodes_nc, "node-1", identity=identities["node-1"]).start()
         else:

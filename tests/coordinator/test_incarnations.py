@@ -13,14 +13,17 @@ from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control import encode_json
 from mohawk_common.bus.control_records import RecordVerifier
-from mohawk_common.bus.security import Security
 from mohawk_common.bus.server import NatsServer
-from mohawk_common.bus.setup import ensure_buckets
-from mohawk_coordinator.coordinator import Coordinator
 from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
 from mohawk_proto.v1 import bus_pb2
 from tests.coordinator.fake_node import FakeNode
-from tests.coordinator.harness import TTL_S, Replica, settings, start_replica, wait_for, wait_for_plan
+from tests.coordinator.harness import (
+    TTL_S,
+    start_replica,
+    start_secure_replica,
+    wait_for,
+    wait_for_plan,
+)
 
 
 @pytest.mark.slow  # over 5 s here: the inner loop leaves it to `make test`
@@ -77,14 +80,8 @@ def test_a_certified_coordinator_signs_its_plans_and_plans_only_signed_nodes(
     node_bundle = load_bundle(tmp_path / "nodes" / "node-0", role="shard")
 
     async def scenario() -> None:
-        nc = await connect(nats_server.url, name="coord-a")
-        config = settings(nats_server.url, "coord-a")
-        buckets = await ensure_buckets(nc.jetstream(), config.bus_limits())
-        security = Security.load(
-            role="coordinator", bundle_dir=tmp_path / "nodes" / "coord-a", insecure=False
-        )
-        coordinator = Coordinator(config, nc, buckets, security=security)
-        replica = Replica(coordinator, asyncio.create_task(coordinator.run()), nc)
+        started = await start_secure_replica(nats_server.url, tmp_path, "coord-a")
+        replica, security, buckets = started.replica, started.security, started.buckets
         nodes_nc = await connect(nats_server.url, name="nodes")
         signed = await FakeNode(nodes_nc, "node-0", identity=node_bundle.identity).start()
         unsigned = await FakeNode(nodes_nc, "node-1").start()  # no certificate: an impostor

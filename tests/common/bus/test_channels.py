@@ -6,11 +6,13 @@ must be signed, and only the peer asked can refuse a handshake."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 
 from mohawk_common.bus import channels as channels_module
 from mohawk_common.bus import names
@@ -245,6 +247,31 @@ def test_a_certificate_bound_to_another_model_opens_no_channel(
             assert info.value.detail == "shard-a's certificate is for model 'model-a', not 'model-b'"
             assert b_sec.rejections == {"untrusted": 2} and not a_sec.rejections
         finally:
+            await nc.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_peer_nobody_listens_for_fails_at_once_and_counts_nothing(
+    nats_server: NatsServer, pki: Path
+) -> None:
+    """No subscriber on the peer's handshake subject (a node still starting): the server's
+    no-responders answer ends the attempt at once, as a NATS request's would, and is not counted
+    as a forged reply."""
+
+    async def scenario() -> None:
+        nc = await connect([nats_server.url], name="a", attempts=3)
+        a_sec = security(pki, "shard-a")
+        a = ChannelManager(nc, a_sec, node_id="shard-a", plan_version=1, expected_peers=PEERS)
+        await a.start()
+        try:
+            started = time.monotonic()
+            with pytest.raises(NoRespondersError):
+                await a.channel_to("shard-b")
+            assert time.monotonic() - started < 2
+            assert not a_sec.rejections
+        finally:
+            await a.stop()
             await nc.close()
 
     asyncio.run(scenario())

@@ -38,8 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from nats.aio.client import Client
+from nats.aio.client import NO_RESPONDERS_STATUS, Client
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.js.api import Header
 
 from mohawk_common.bus import names
 from mohawk_common.bus.positions import may_open
@@ -268,6 +270,8 @@ class ChannelManager:
             deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
             while True:
                 msg = await sub.next_msg(timeout=max(0.001, deadline - time.monotonic()))
+                if msg.headers and msg.headers.get(Header.STATUS) == NO_RESPONDERS_STATUS:
+                    raise NoRespondersError  # nobody listens on the peer's subject (yet): at once
                 try:
                     reply = verify_reply(trust, data, msg.data, responder_id=peer_id, role="shard")
                 except AuthenticationError as exc:

@@ -72,6 +72,14 @@ def _parse(cls: type[M], data: bytes) -> M:
         raise AuthenticationError("malformed", f"{cls.__name__}") from exc
 
 
+def _unsigned_bytes(message: Message) -> bytes:
+    """`message` as it was signed: its deterministic encoding without its `signature` field."""
+    unsigned = type(message)()
+    unsigned.CopyFrom(message)
+    unsigned.ClearField("signature")
+    return unsigned.SerializeToString(deterministic=True)
+
+
 def _verify_key(body: security_pb2.CertificateBody) -> VerifyKey:
     return VerifyKey(body.ecdsa_p256_public, body.mldsa65_public)
 
@@ -132,10 +140,7 @@ class HandshakeInitiator:
         peer = self._trust.verify(response.certificate, node_id=self._init.responder_id)
         self._accept(peer, self._init)
         signature = response.signature
-        unsigned = security_pb2.HandshakeResponse()
-        unsigned.CopyFrom(response)
-        unsigned.ClearField("signature")
-        t1 = transcript_hash(self._init_bytes, unsigned.SerializeToString(deterministic=True))
+        t1 = transcript_hash(self._init_bytes, _unsigned_bytes(response))
         _verify_key(peer).verify(_RESPONSE_LABEL, t1, signature)
         ss_x = self._x25519.exchange(_x25519_public(response.x25519_public))
         ss_k = self._kem.decapsulate(response.mlkem768_ciphertext)
@@ -189,12 +194,7 @@ class HandshakeResponder:
         peer = self._trust.verify(init.certificate)
         if not init.HasField("signature"):
             raise AuthenticationError("unsigned", f"handshake offer from {peer.node_id!r}")
-        unsigned = security_pb2.HandshakeInit()
-        unsigned.CopyFrom(init)
-        unsigned.ClearField("signature")
-        _verify_key(peer).verify(
-            _INIT_LABEL, transcript_hash(unsigned.SerializeToString(deterministic=True)), init.signature
-        )
+        _verify_key(peer).verify(_INIT_LABEL, transcript_hash(_unsigned_bytes(init)), init.signature)
         self._accept(peer, init)
         ss_x = self._x25519.exchange(_x25519_public(init.x25519_public))
         try:  # FIPS 203 checks the encapsulation key: every 12-bit coefficient below q
@@ -232,8 +232,7 @@ class HandshakeResponder:
 def sign_reply(identity: Identity, request: bytes, reply: security_pb2.HandshakeReply) -> bytes:
     """`reply` to the handshake message `request`, with this node's certificate and signature."""
     reply.certificate.CopyFrom(identity.certificate)
-    reply.ClearField("signature")
-    digest = transcript_hash(request, reply.SerializeToString(deterministic=True))
+    digest = transcript_hash(request, _unsigned_bytes(reply))
     reply.signature.CopyFrom(identity.signing_key.sign(_REPLY_LABEL, digest))
     return reply.SerializeToString(deterministic=True)
 
@@ -250,10 +249,7 @@ def verify_reply(
     claimed = read_body(reply.certificate)
     if claimed.node_id != responder_id:
         raise AuthenticationError("untrusted", f"reply from {claimed.node_id!r}, not {responder_id!r}")
-    unsigned = security_pb2.HandshakeReply()
-    unsigned.CopyFrom(reply)
-    unsigned.ClearField("signature")
-    digest = transcript_hash(request, unsigned.SerializeToString(deterministic=True))
+    digest = transcript_hash(request, _unsigned_bytes(reply))
     # the signature first: a certificate's standing (revoked, expired) is news only from its key
     _verify_key(claimed).verify(_REPLY_LABEL, digest, reply.signature)
     trust.verify(reply.certificate, role=role, node_id=responder_id)

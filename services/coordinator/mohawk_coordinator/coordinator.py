@@ -235,9 +235,10 @@ class Coordinator:
             await self._publish(term, active)
 
     async def _read_stored(self, term: _Term) -> None:
-        """Read the plan key. A record this leader cannot verify (written by someone without a
-        coordinator's key) is not adopted; if this term already had a plan, it is written back,
-        pipelines and epochs unchanged and the version above the forger's, so no node reloads."""
+        """Read the plan key. A record this leader does not adopt (malformed, not a coordinator's,
+        or older than its high-water mark) or a deleted key: if this term already had a plan, it is
+        written back, pipelines and epochs unchanged, numbered above every version signed so far,
+        so no node reloads."""
         stored = await self.store.read(self.high_water.value)
         ours = term.plan
         term.revision, term.version, term.has_read = stored.revision, stored.version, True
@@ -333,9 +334,7 @@ class Coordinator:
 
     def _admit_heartbeat(self, heartbeat: bus_pb2.Heartbeat) -> bool:
         try:
-            self.verifier.verify(heartbeat, "heartbeat")
-            if self.verifier.enforcing:  # signed, so a replay is all that is left to refuse
-                self.freshness.admit(heartbeat)
+            self.freshness.verify(self.verifier, heartbeat)
         except AuthenticationError as exc:
             self._reject(exc)
             return False

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from mohawk_common.bus.control_records import RecordVerifier
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
 
@@ -30,6 +31,14 @@ class HeartbeatFreshness:
         self.window_s = window_s
         self.clock = clock  # unix seconds, as `sent_at` is
         self._last: dict[str, tuple[int, int]] = {}  # node id -> (incarnation, sequence)
+
+    def verify(self, verifier: RecordVerifier, heartbeat: bus_pb2.Heartbeat) -> None:
+        """`heartbeat` signed by its node (`verifier`) and fresh (`admit`); AuthenticationError
+        otherwise. A process that enforces no signatures (insecure) checks neither: anyone could
+        forge a heartbeat there, so a replay is no news."""
+        verifier.verify(heartbeat, "heartbeat")
+        if verifier.enforcing:
+            self.admit(heartbeat)
 
     def admit(self, heartbeat: bus_pb2.Heartbeat) -> None:
         """Take `heartbeat` (signature already verified) as the node's latest; AuthenticationError

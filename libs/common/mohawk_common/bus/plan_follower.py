@@ -146,9 +146,7 @@ class LiveNodes:
             self.reject(AuthenticationError("untrusted", f"heartbeat of {heartbeat.node_id!r} on {subject}"))
             return None
         try:
-            self.verifier.verify(heartbeat, "heartbeat")
-            if self.verifier.enforcing:  # signed, so a replay is all that is left to refuse
-                self.freshness.admit(heartbeat)
+            self.freshness.verify(self.verifier, heartbeat)
         except AuthenticationError as exc:
             self.reject(exc)
             return None

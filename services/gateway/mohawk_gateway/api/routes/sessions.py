@@ -21,7 +21,7 @@ from mohawk_gateway.schemas.sessions import SessionCreate, SessionDeleted, Sessi
 from mohawk_gateway.sessions.state import SessionState
 from mohawk_gateway.sessions.stats import SessionPublic, session_public
 from mohawk_gateway.sessions.turns import start_turn
-from mohawk_gateway.submission import PRIORITY_RANK, tenant_priority
+from mohawk_gateway.submission import capped_priority, tenant_priority
 
 router = APIRouter(tags=["sessions"])
 
@@ -35,11 +35,11 @@ async def create_session(
     body: SessionCreate, gateway: GatewayDep, sessions: SessionsDep, tenant: TenantDep
 ) -> SessionPublic:
     gateway.check_model(body.model)
-    asked, own = body.qos.priority, tenant_priority(tenant)
-    if asked is not None and PRIORITY_RANK[asked] > PRIORITY_RANK[own]:
+    asked = body.qos.priority
+    if asked is not None and capped_priority(asked, tenant) != asked:
         raise GatewayError(
             403,
-            f"qos.priority {asked!r} is above this API key's priority {own!r}",
+            f"qos.priority {asked!r} is above this API key's priority {tenant_priority(tenant)!r}",
             param="qos.priority",
             code="priority_above_tenant",
         )

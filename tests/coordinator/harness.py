@@ -21,6 +21,8 @@ from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.coordinator import Coordinator
 from mohawk_coordinator.planner import ModelFootprint
 from mohawk_coordinator.planning import ModelShape
+from mohawk_pqc.identity import Identity
+from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
 from mohawk_proto.v1 import bus_pb2
 
 MIB = 2**20
@@ -126,3 +128,12 @@ async def start_secure_replica(
     )
     coordinator = Coordinator(config, nc, buckets, security=security)
     return SecureReplica(Replica(coordinator, asyncio.create_task(coordinator.run()), nc), security, buckets)
+
+
+def issue_pki(pki_dir: Path, *nodes: str) -> dict[str, Identity]:
+    """A PKI under `pki_dir` with coordinator `coord-a` and shard nodes `nodes`; the nodes' identities."""
+    init_pki(pki_dir)
+    issue_node(pki_dir, "coord-a", "coordinator")
+    for node in nodes:
+        issue_node(pki_dir, node, "shard")
+    return {node: load_bundle(pki_dir / "nodes" / node, role="shard").identity for node in nodes}

@@ -10,28 +10,20 @@ from pathlib import Path
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.server import NatsServer
-from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
 from tests.coordinator.fake_node import FakeNode
-from tests.coordinator.harness import start_secure_replica, wait_for_plan
+from tests.coordinator.harness import issue_pki, start_secure_replica, wait_for_plan
 
 
 def test_a_replayed_heartbeat_does_not_keep_a_stopped_node_planned(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    init_pki(tmp_path)
-    for name, role in (("coord-a", "coordinator"), ("node-0", "shard"), ("node-1", "shard")):
-        issue_node(tmp_path, name, role)
+    identities = issue_pki(tmp_path, "node-0", "node-1")
 
     async def scenario() -> None:
         started = await start_secure_replica(nats_server.url, tmp_path, "coord-a")
         replica, security, buckets = started.replica, started.security, started.buckets
         nodes_nc = await connect(nats_server.url, name="nodes")
-        nodes = [
-            await FakeNode(
-                nodes_nc, n, identity=load_bundle(tmp_path / "nodes" / n, role="shard").identity
-            ).start()
-            for n in ("node-0", "node-1")
-        ]
+        nodes = [await FakeNode(nodes_nc, n, identity=identity).start() for n, identity in identities.items()]
         await wait_for_plan(buckets, lambda p: len(p.stages) == 2, 10, "a plan over both nodes")
         await nodes[1].stop()
         recorded = nodes[1].last_sent

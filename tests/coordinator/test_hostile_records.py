@@ -24,10 +24,10 @@ from mohawk_common.bus.server import NatsServer
 from mohawk_common.bus.setup import Buckets
 from mohawk_coordinator.high_water import PlanHighWater
 from mohawk_pqc.errors import AuthenticationError
-from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
+from mohawk_pqc.pki_files import load_bundle
 from mohawk_proto.v1 import bus_pb2
 from tests.coordinator.fake_node import FakeNode
-from tests.coordinator.harness import Replica, start_secure_replica
+from tests.coordinator.harness import Replica, issue_pki, start_secure_replica
 
 HOSTILE = {
     "version 2**63-1": b'{"version": "9223372036854775807", "model": "tiny-llama"}',
@@ -60,10 +60,7 @@ async def signed_plan(
 def test_no_record_in_the_plan_key_stops_the_leader_or_uses_up_versions(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    init_pki(tmp_path)
-    for name, role in (("coord-a", "coordinator"), ("node-0", "shard"), ("node-1", "shard")):
-        issue_node(tmp_path, name, role)
-    identities = {n: load_bundle(tmp_path / "nodes" / n, role="shard").identity for n in ("node-0", "node-1")}
+    identities = issue_pki(tmp_path, "node-0", "node-1")
     verifier = RecordVerifier(load_bundle(tmp_path / "nodes" / "node-0", role="shard").trust)
     state_dir = tmp_path / "coordinator-state"
 

@@ -11,7 +11,8 @@ import pytest
 from cryptography import x509
 
 from mohawk_cli.compose_bundles import SERVICES
-from mohawk_common.bus.nats_auth import CONF_NAME, Credential
+from mohawk_common.bus.nats_auth import CONF_NAME, NatsAuth
+from mohawk_common.bus.nats_jwt import creds_jwt, creds_name, decode_claims
 from mohawk_pqc.pki_files import load_bundle, read_message
 from mohawk_proto.v1 import security_pb2
 from tests.cli.helpers import mohawk_in_process
@@ -50,7 +51,7 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
         assert mode(directory) == 0o700
         creds = directory / "nats.creds"
         assert mode(creds) == 0o600
-        users[service.name] = Credential.read(creds).user
+        users[service.name] = creds_name(creds.read_text())
         assert (directory / "nats-ca.pem").read_bytes() == ca  # MOHAWK_NATS_TLS_CA
         if service.cert_role is None:
             assert sorted(p.name for p in directory.iterdir()) == ["nats-ca.pem", "nats.creds", "root.pub"]
@@ -65,14 +66,9 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
         assert bool(seal_keys) == (service.cert_role == "shard")
         assert all(mode(key) == 0o600 for key in seal_keys)
         assert body.model == (MODEL if service.cert_role in ("shard", "gateway") else "")
-    assert users == {
-        "coordinator": "mohawk-coordinator",
-        "gateway": "mohawk-gateway",
-        "shard-node": "mohawk-shard",
-        "telemetry": "mohawk-telemetry",
-    }
+    assert users == {s.name: f"host1-{s.name}" for s in SERVICES}  # one user per process, its id
     conf = out / "nats" / CONF_NAME
-    assert mode(conf) == 0o600 and "authorization" in conf.read_text()
+    assert mode(conf) == 0o600 and "operator:" in conf.read_text() and "SEED" not in conf.read_text()
     tls_files = ["ca.pem", "nats-tls.conf", "route-tls.conf", "server-key.pem", "server.pem"]
     assert sorted(p.name for p in (out / "nats").iterdir()) == sorted([CONF_NAME, *tls_files])
     assert mode(out / "nats" / "server-key.pem") == 0o600
@@ -83,7 +79,7 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
     assert names.get_values_for_type(x509.DNSName) == ["nats", "host1", "localhost"]  # compose, host
 
 
-def test_a_second_host_gets_its_own_node_ids_and_the_same_nats_users(
+def test_a_second_host_gets_its_own_node_ids_and_nats_users_of_the_same_account(
     pki: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     host1, host2 = tmp_path / "host1", tmp_path / "host2"
@@ -92,9 +88,17 @@ def test_a_second_host_gets_its_own_node_ids_and_the_same_nats_users(
         assert cli(capsys, *args)[0] == 0
     cert = read_message(host2 / "shard-node" / "pki" / "node.cert", security_pb2.Certificate)
     assert security_pb2.CertificateBody.FromString(cert.body).node_id == "host2-shard-node"
-    for service in SERVICES:  # one set of NATS users per cluster, kept under <pki-dir>/nats-auth
-        for name in ("nats.creds", "nats-ca.pem"):  # and one bus CA
-            assert (host1 / service.name / name).read_bytes() == (host2 / service.name / name).read_bytes()
+    account = NatsAuth(pki / "nats-auth").key("account").public_key  # one per cluster, kept there
+    for service in SERVICES:
+        users = [
+            decode_claims(creds_jwt((h / service.name / "nats.creds").read_text())) for h in (host1, host2)
+        ]
+        assert [u["name"] for u in users] == [f"host1-{service.name}", f"host2-{service.name}"]
+        assert {u["iss"] for u in users} == {account}  # both signed by the cluster's account
+        assert (host1 / service.name / "nats-ca.pem").read_bytes() == (
+            host2 / service.name / "nats-ca.pem"
+        ).read_bytes()
+    assert (host1 / "nats" / CONF_NAME).read_text() == (host2 / "nats" / CONF_NAME).read_text()
 
 
 def test_a_rerun_replaces_what_was_there(

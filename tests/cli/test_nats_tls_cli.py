@@ -45,7 +45,8 @@ def test_nats_tls_writes_a_directory_per_server_named_for_its_mount(
 def test_revoke_and_bus_reach_a_tls_server_with_the_ca_from_the_environment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pki, bus_dir = tmp_path / "pki", tmp_path / "bus"
+    pki = tmp_path / "pki"
+    bus_dir = pki / "nats-auth"  # the operator `pki issue` made for gw-1's user, with the TLS beside it
     assert cli(capsys, "pki", "init", "--pki-dir", str(pki))[0] == 0
     code, out, err = cli(
         capsys, "pki", "issue", "--node-id", "gw-1", "--role", "gateway", "--pki-dir", str(pki)

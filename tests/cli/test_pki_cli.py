@@ -10,7 +10,7 @@ import pytest
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
-from mohawk_common.bus.nats_auth import ROLES, NatsAuth
+from mohawk_common.bus.nats_auth import NatsAuth
 from mohawk_common.bus.server import NatsServer, free_port
 from mohawk_pqc.certificates import Root, TrustStore
 from mohawk_pqc.errors import AuthenticationError
@@ -251,13 +251,14 @@ def test_revoke_with_nats_unreachable_changes_nothing(pki: Path) -> None:
 def test_nats_auth_makes_users_and_revoke_publishes_as_admin(
     pki: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`mohawk pki nats-auth DIR` writes the server's include file and one credential per role;
-    a nats-server using it refuses an anonymous revoke and takes the admin's."""
-    auth_dir = tmp_path / "nats-auth"
-    code, out, err = cli(capsys, "nats-auth", str(auth_dir))
+    """`mohawk pki nats-auth DIR` writes the server's include file and the tools' users (and
+    `--user` a process's); a nats-server using it refuses an anonymous revoke and takes the
+    admin's."""
+    auth_dir = pki / "nats-auth"  # where `pki issue` made the operator for gw-1's user
+    code, out, err = cli(capsys, "nats-auth", str(auth_dir), "--user", "tel-1:telemetry")
     assert code == 0, err
     auth = NatsAuth(auth_dir)
-    assert out.split() == [str(auth.conf), *(str(auth.creds(role)) for role in ROLES)]
+    assert out.split() == [str(auth.conf), *(str(auth.creds(u)) for u in ("ops", "admin", "tel-1"))]
     server = NatsServer(tmp_path / "nats", auth=auth).start()
     try:
         serial = str(serial_of(pki / "nodes" / "gw-1"))

@@ -23,7 +23,7 @@ import pytest
 
 from mohawk_cli.redis_server import find_redis_server
 from mohawk_common.bus.connect import connect
-from mohawk_common.bus.nats_auth import ROLES, NatsAuth
+from mohawk_common.bus.nats_auth import TOOL_USERS, NatsAuth
 from mohawk_common.bus.server import free_port
 
 # nats-server, redis-server (where installed), coordinator, shard node, gateway, telemetry
@@ -61,7 +61,7 @@ def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
         assert_nats_needs_credentials(
             f"tls://127.0.0.1:{nats_port}",
-            NatsAuth(tmp_path / "data" / "nats-auth"),
+            NatsAuth(tmp_path / "data" / "pki" / "nats-auth"),
             tmp_path / "data" / "pki" / "nats-tls" / "ca.pem",
         )
         telemetry = f"http://127.0.0.1:{telemetry_port}"
@@ -111,8 +111,11 @@ def test_mohawk_up_serves_restarts_crashed_children_and_ctrl_c_stops_everything(
 def assert_nats_needs_credentials(url: str, auth: NatsAuth, ca: Path) -> None:
     """TLS only: a plaintext client is told to use TLS and one that trusts only the system's CAs
     is refused; anonymous clients are refused over TLS; the ops credential with the bus CA
-    connects; the credentials and the CA's key are 0600."""
-    for path in (auth.conf, *(auth.creds(role) for role in ROLES), ca.with_name("ca.key")):
+    connects; the credentials, the NATS keys and the CA's key are 0600."""
+    nodes = auth.dir.parent / "nodes"
+    processes = [nodes / name / "nats.creds" for name in ("shard-1", "gateway", "coordinator-1")]
+    keys = list((auth.dir / "keys").iterdir())
+    for path in (auth.conf, *(auth.creds(u) for u in TOOL_USERS), *processes, *keys, ca.with_name("ca.key")):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     host, port = url.removeprefix("tls://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as plaintext:

@@ -33,12 +33,6 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DEV_FILE = ROOT / "docker-compose.dev.yml"  # the development PKI, opted into with -f
 BUNDLES_DIR = ROOT / "mohawk-bundles"  # `mohawk pki compose-bundles` writes it; compose's default
-NATS_ROLES = {
-    "coordinator": "coordinator",
-    "gateway": "gateway",
-    "shard-node": "shard",
-    "telemetry": "telemetry",
-}
 CLUSTER_FILE = ROOT / "config" / "nats" / "docker-compose.nats-cluster.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 MOHAWK_SERVICES = {"coordinator", "gateway", "shard-node", "telemetry"}
@@ -336,6 +330,7 @@ def test_the_development_override_resolves_to_a_shared_self_issuing_pki(compose:
     assert services["dev-nats-users"]["command"] == [
         *("pki", "nats-auth", "/pki"),
         *("--tls", "nats", "--seen-at", "/etc/nats/auth"),  # single.conf's nats-tls.conf, for `nats`
+        *("--user", "telemetry:telemetry"),  # the one service with no certificate to issue one beside
     ]
     assert depends_on(services["nats"])["dev-nats-users"] == "service_completed_successfully"
     assert mount_specs(services["nats"])["/etc/nats/auth"] == ("pki", True)
@@ -344,7 +339,9 @@ def test_the_development_override_resolves_to_a_shared_self_issuing_pki(compose:
         assert mount_specs(service)["/pki"] == ("pki", False), name  # the bundle's mount is replaced
         assert not any(s.startswith(str(BUNDLES_DIR)) for s, _ in mount_specs(service).values()), name
         env = env_of(service)
-        assert env["MOHAWK_NATS_CREDS"] == f"/pki/creds/{NATS_ROLES[name]}.creds", name
+        # each its own NATS user: issued beside its development certificate, telemetry's up front
+        expected = "/pki/creds/telemetry.creds" if name == "telemetry" else None
+        assert env["MOHAWK_NATS_CREDS"] == (expected or "null"), name
         assert env["MOHAWK_NATS_TLS_CA"] == "/pki/nats-tls/ca.pem", name
         if name != "telemetry":  # telemetry loads no certificate
             assert (env["MOHAWK_PKI_DIR"], env["MOHAWK_DEV_PKI_DIR"]) == ("null", "/pki"), name

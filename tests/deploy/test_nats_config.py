@@ -28,7 +28,14 @@ import pytest
 from mohawk_cli.compose_bundles import CREDS_FILE, NATS_CA_FILE, write_compose_bundles
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
-from mohawk_common.bus.nats_auth import NatsAuth, init_auth
+from mohawk_common.bus.nats_auth import (
+    NatsAuth,
+    init_auth,
+    issue_user,
+    push_account,
+    revoke_users,
+    users_named,
+)
 from mohawk_common.bus.nats_tls import LOCAL_HOSTS, NatsCa, init_ca, issue_server
 from mohawk_common.bus.server import free_port
 from mohawk_common.bus.setup import Buckets, BusLimits, ensure_buckets, ensure_streams
@@ -82,8 +89,12 @@ def test_the_expected_config_files_exist() -> None:
 
 
 def with_auth(directory: Path) -> NatsAuth:
-    """What `mohawk pki nats-auth <directory>/auth` makes, beside a config copied to `directory`."""
-    return init_auth(directory / "auth")
+    """What `mohawk pki nats-auth <directory>/auth --user coordinator-1:coordinator --user
+    gateway-1:gateway` makes, beside a config copied to `directory`."""
+    auth = init_auth(directory / "auth")
+    for name, role in (("coordinator-1", "coordinator"), ("gateway-1", "gateway"), ("shard-1", "shard")):
+        issue_user(auth, name, role, auth.creds(name))
+    return auth
 
 
 def with_tls(ca: NatsCa, directory: Path, name: str) -> None:
@@ -188,6 +199,7 @@ def test_single_server_runs_jetstream_with_a_1mb_payload_limit_for_mohawk_users_
             "listen: 0.0.0.0:4222": f"listen: 127.0.0.1:{ports.client}",
             "http: 0.0.0.0:8222": f"http: 127.0.0.1:{ports.http}",
             "store_dir: /data": f'store_dir: "{tmp_path / "data"}"',
+            '"/data/jwt"': f'"{tmp_path / "data" / "jwt"}"',
         },
     )
     conf = tmp_path / "single.conf"
@@ -258,6 +270,7 @@ def cluster(tmp_path: Path, auth: NatsAuth, ca: NatsCa) -> Iterator[dict[int, Se
                 "listen: 0.0.0.0:6222": f"listen: 127.0.0.1:{ports[i].route}",
                 f"advertise: nats-{i}:6222": f"advertise: 127.0.0.1:{ports[i].route}",
                 "store_dir: /data": f'store_dir: "{tmp_path / f"data-{i}"}"',
+                '"/data/jwt"': f'"{tmp_path / f"data-{i}" / "jwt"}"',
             }
             for j in CLUSTER:
                 if j != i:
@@ -307,12 +320,12 @@ def test_cluster_forms_over_tls_routes_and_replicated_streams_survive_losing_a_s
         with pytest.raises(ConnectionError, match=r"(?i)authorization violation"):
             await connect(urls, name="anonymous", attempts=1, tls_ca=ca.cert)
         with pytest.raises(ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):  # the system's CAs
-            await connect(urls, name="stranger", attempts=1, creds=auth.creds("coordinator"))
+            await connect(urls, name="stranger", attempts=1, creds=auth.creds("coordinator-1"))
         nc = await connect(
-            urls, name="deploy-test", attempts=5, creds=auth.creds("coordinator"), tls_ca=ca.cert
+            urls, name="deploy-test", attempts=5, creds=auth.creds("coordinator-1"), tls_ca=ca.cert
         )
         gateway = await connect(
-            urls, name="deploy-gateway", attempts=5, creds=auth.creds("gateway"), tls_ca=ca.cert
+            urls, name="deploy-gateway", attempts=5, creds=auth.creds("gateway-1"), tls_ca=ca.cert
         )
         try:
             js = nc.jetstream(timeout=10)
@@ -345,5 +358,35 @@ def test_cluster_forms_over_tls_routes_and_replicated_streams_survive_losing_a_s
         finally:
             await gateway.close()
             await nc.close()
+
+    asyncio.run(scenario())
+
+
+@needs_nats_server
+def test_a_revocation_pushed_to_one_server_drops_the_user_on_every_server(
+    cluster: dict[int, Server], auth: NatsAuth, ca: NatsCa
+) -> None:
+    """`mohawk pki revoke` pushes the account to one server (nats-1); a node connected to nats-3 is
+    dropped and refused there too (the full resolvers pass updates over the routes)."""
+
+    async def scenario() -> None:
+        nc = await connect(
+            [cluster[3].url], name="shard-1", attempts=5, creds=auth.creds("shard-1"), tls_ca=ca.cert
+        )
+        try:
+            token = revoke_users(auth, users_named(auth, ["shard-1"]))
+            started = time.monotonic()
+            await push_account([cluster[1].url], auth, token, tls_ca=ca.cert)
+            async with asyncio.timeout(10):
+                while nc.is_connected:
+                    await asyncio.sleep(0.02)
+            assert time.monotonic() - started < 5.0
+        finally:
+            await nc.close()
+        for server in cluster.values():
+            with pytest.raises(ConnectionError, match=r"(?i)authorization violation"):
+                await connect(
+                    [server.url], name="shard-1", attempts=1, creds=auth.creds("shard-1"), tls_ca=ca.cert
+                )
 
     asyncio.run(scenario())

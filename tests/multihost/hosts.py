@@ -1,6 +1,8 @@
 """A Mohawk cluster spread over the lab's hosts: one nats-server per host (a 3-server JetStream
-cluster, routes between hosts, Mohawk's streams and buckets at 3 replicas), NATS users per role
-from `nats_auth` (each service gets its own role's credential as MOHAWK_NATS_CREDS), TLS on client
+cluster, routes between hosts, Mohawk's streams and buckets at 3 replicas), a NATS user per process
+from `nats_auth` (each service gets its own, issued beside its certificate by
+`mohawk_cli.bus_identity`, as MOHAWK_NATS_CREDS; every server a full resolver of the account, so a
+revocation pushed to one reaches all), TLS on client
 and route links from the bus CA of `nats_tls` (MOHAWK_NATS_TLS_CA, tls:// URLs), development
 certificates from `pki_files`, and the services placed on the hosts the layout names.
 
@@ -32,13 +34,14 @@ from typing import Any
 
 from nats.aio.client import Client
 
+from mohawk_cli.bus_identity import NATS_AUTH_DIR, issue_with_identity
 from mohawk_common.bus import names
 from mohawk_common.bus.config import BUNDLED_MODEL_NAME
 from mohawk_common.bus.connect import CREDS_ENV, TLS_CA_ENV
-from mohawk_common.bus.nats_auth import Credential, NatsAuth, init_auth
+from mohawk_common.bus.nats_auth import NatsAuth, init_auth, resolver_block
 from mohawk_common.bus.nats_tls import NatsCa, client_context, init_ca, issue_server
 from mohawk_common.bus.server import find_nats_server
-from mohawk_pqc.pki_files import init_pki, issue_node
+from mohawk_pqc.pki_files import init_pki
 from tests.multihost.netns import Lab, call_in, wait_for
 
 NATS_PORT = 4222
@@ -70,7 +73,7 @@ class MultiHostCluster:
         self.layout = {host: [service(n) for n in names] for host, names in layout.items()}
         self.log_dir = data_dir / "logs"
         self.pki_dir = data_dir / "pki"
-        self.auth = NatsAuth(data_dir / "nats-auth")
+        self.auth = NatsAuth(self.pki_dir / NATS_AUTH_DIR)
         self.route_password = secrets.token_urlsafe(24)
         self.tls_ca = NatsCa(self.pki_dir / "nats-tls")  # made in start(): init_ca
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -83,6 +86,11 @@ class MultiHostCluster:
         """Every server's URL, `first`'s own first (a service dials its host's server first)."""
         hosts = sorted(self.layout, key=lambda h: h != first)
         return [self.nats_url(h) for h in hosts]
+
+    def creds(self, name: str) -> Path:
+        """The NATS user of service `name` (in its bundle) or of a tool user (ops, admin)."""
+        bundle = self.pki_dir / "nodes" / name / "nats.creds"
+        return bundle if bundle.is_file() else self.auth.creds(name)
 
     def host_of(self, name: str) -> str:
         return next(h for h, services in self.layout.items() if any(s.name == name for s in services))
@@ -135,7 +143,8 @@ class MultiHostCluster:
             f"http: {json.dumps(f'{address}:{MONITOR_PORT}')}\n"
             f"jetstream {{ store_dir: {json.dumps(str(store / 'js'))} }}\n"
             f"include {json.dumps(include)}\n"
-            f"include {json.dumps(client_tls)}\n"
+            + resolver_block(store / "jwt")
+            + f"include {json.dumps(client_tls)}\n"
             "cluster {\n"
             "  name: mohawk\n"
             f"  include {json.dumps(route_tls)}\n"
@@ -165,8 +174,7 @@ class MultiHostCluster:
 
         async def read() -> bool:
             nc = Client()
-            credential = Credential.read(self.auth.creds("ops"))
-            await nc.connect(self.nats_urls(), user=credential.user, password=credential.password,
+            await nc.connect(self.nats_urls(), user_credentials=str(self.auth.creds("ops")),
                              tls=client_context(self.tls_ca.cert), allow_reconnect=False,
                              connect_timeout=10)  # fmt: skip
             try:
@@ -194,7 +202,9 @@ class MultiHostCluster:
         return call_in(self.lab.host(host).netns, read, 10)
 
     def _start_service(self, host: str, svc: Service) -> None:
-        bundle = issue_node(self.pki_dir, svc.name, svc.role, models=(MODEL,), days=30)
+        bundle = self.pki_dir / "nodes" / svc.name
+        if not (bundle / "nats.creds").is_file():  # a service restarted keeps its identity
+            bundle = issue_with_identity(self.pki_dir, svc.name, svc.role, models=(MODEL,), days=30)
         args = ["--log-level", "info", "--pki-dir", str(bundle)]
         if svc.role == "coordinator":
             args += ["--coordinator-id", svc.name, "--state-dir", str(self.data_dir / "state" / svc.name)]
@@ -207,7 +217,7 @@ class MultiHostCluster:
             **os.environ,
             "MOHAWK_NATS_URL": self.nats_url(host),
             "MOHAWK_NATS_REPLICAS": "3",
-            CREDS_ENV: str(self.auth.creds(svc.role)),
+            CREDS_ENV: str(bundle / "nats.creds"),
             TLS_CA_ENV: str(self.tls_ca.cert),
             "TRANSFORMERS_VERBOSITY": "error",
             "TOKENIZERS_PARALLELISM": "false",

@@ -20,8 +20,8 @@ import httpx
 from nats.aio.client import Client
 
 from mohawk_common.bus import names
+from mohawk_common.bus.connect import credential_options
 from mohawk_common.bus.control import decode_json
-from mohawk_common.bus.nats_auth import Credential
 from mohawk_common.bus.nats_tls import client_context
 from mohawk_proto.v1 import bus_pb2
 from tests.multihost.hosts import MODEL
@@ -64,8 +64,7 @@ async def connect_as(
 
     auth: dict[str, Any] = {} if tls_ca is None else {"tls": client_context(tls_ca)}
     if creds is not None:
-        credential = Credential.read(creds)
-        auth |= {"user": credential.user, "password": credential.password}
+        auth |= credential_options(creds)
     try:
         await nc.connect(
             servers,

@@ -67,7 +67,7 @@ def on_bus(
 
     async def run() -> object:
         nc, _ = await connect_as(
-            cluster.nats_urls(), cluster.auth.creds(role), name=f"test-{role}", tls_ca=cluster.tls_ca.cert
+            cluster.nats_urls(), cluster.creds(role), name=f"test-{role}", tls_ca=cluster.tls_ca.cert
         )
         try:
             return await fn(nc)
@@ -88,7 +88,7 @@ def current_plan(
         try:
             nc, _ = await connect_as(
                 servers or cluster.nats_urls(),
-                cluster.auth.creds("ops"),
+                cluster.creds("ops"),
                 name="test-ops",
                 tls_ca=cluster.tls_ca.cert,
             )
@@ -226,7 +226,7 @@ def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, referen
     # plaintext: every server takes TLS only (nats-py may never return from a failed TLS upgrade)
     async def plaintext(url: str) -> str:
         try:
-            connecting = connect_as([url], cluster.auth.creds("gateway"), name="attacker")
+            connecting = connect_as([url], cluster.creds("gateway"), name="attacker")
             nc, _ = await asyncio.wait_for(connecting, 10)
         except Exception as exc:
             return str(exc) or type(exc).__name__
@@ -243,7 +243,7 @@ def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, referen
 
     async def as_gateway() -> tuple[list[bool], list[str], list[bytes]]:
         nc, errors = await connect_as(
-            servers, cluster.auth.creds("gateway"), name="attacker", tls_ca=cluster.tls_ca.cert
+            servers, cluster.creds("gateway"), name="attacker", tls_ca=cluster.tls_ca.cert
         )
         try:
             js = nc.jetstream(timeout=DENIED_WITHIN_S)
@@ -266,9 +266,7 @@ def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, referen
     assert all(decode_json(bus_pb2.Plan, r).HasField("signed") for r in history)
 
     async def request_stream_kept() -> bool:
-        nc, _ = await connect_as(
-            servers, cluster.auth.creds("ops"), name="test-ops", tls_ca=cluster.tls_ca.cert
-        )
+        nc, _ = await connect_as(servers, cluster.creds("ops"), name="test-ops", tls_ca=cluster.tls_ca.cert)
         try:
             info = await nc.jetstream().stream_info(names.REQUESTS_STREAM)
             return info.config.num_replicas == 3
@@ -284,7 +282,7 @@ def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, referen
     async def replay() -> bus_pb2.Plan:
         async with step("record the plan key's history as a gateway"):
             nc, _ = await connect_as(
-                servers, cluster.auth.creds("gateway"), name="attacker-recorder", tls_ca=cluster.tls_ca.cert
+                servers, cluster.creds("gateway"), name="attacker-recorder", tls_ca=cluster.tls_ca.cert
             )
             try:
                 records = await plan_history(nc)
@@ -296,7 +294,7 @@ def test_an_attacker_on_the_network(cluster: MultiHostCluster, lab: Lab, referen
         assert older, f"the plan key holds no record older than the last: {orders}"
         async with step("replay the oldest record as the coordinator's NATS user"):
             thief, _ = await connect_as(
-                servers, cluster.auth.creds("coordinator"), name="attacker", tls_ca=cluster.tls_ca.cert
+                servers, cluster.creds("coordinator-1"), name="attacker", tls_ca=cluster.tls_ca.cert
             )
             try:
                 plans = await thief.jetstream().key_value(names.PLAN_BUCKET)

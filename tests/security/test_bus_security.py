@@ -123,7 +123,10 @@ def _handshake(sniffer: Sniffer, bundle_dir: Path, target: str) -> bool:
         accept_peer=lambda _peer, _offer: None,
         kem=CryptographyKem(),
     )
-    return not sniffer.request(names.handshake_subject(target), initiator.init_message(), "init").refused
+    sender = bundle.identity.body.node_id
+    return not sniffer.request(
+        names.handshake_subject(target, sender), initiator.init_message(), "init"
+    ).refused
 
 
 def test_tampered_replayed_plaintext_forged_expired_revoked_and_downgraded_are_rejected(
@@ -165,7 +168,7 @@ def test_tampered_replayed_plaintext_forged_expired_revoked_and_downgraded_are_r
             version=1, suites=["x25519/aes-256-gcm/hkdf-sha256"], channel_id=b"d" * 16, responder_id="shard-2"
         )
         assert sniffer.request(
-            names.handshake_subject("shard-2"), downgrade.SerializeToString(), "init"
+            names.handshake_subject("shard-2", "shard-1"), downgrade.SerializeToString(), "init"
         ).refused
         heartbeats = sniffer.heartbeats()
     counts: dict[str, int] = {}
@@ -199,7 +202,8 @@ def _handshake_unchecked(sniffer: Sniffer, bundle_dir: Path, target: str) -> boo
         kem=CryptographyKem(),
     )
     try:
-        return not sniffer.request(names.handshake_subject(target), initiator.init_message(), "init").refused
+        subject = names.handshake_subject(target, identity.body.node_id)
+        return not sniffer.request(subject, initiator.init_message(), "init").refused
     except AuthenticationError:
         return False
 

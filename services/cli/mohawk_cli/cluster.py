@@ -8,9 +8,11 @@ under `<data_dir>/redis`) whose URL the gateways get as MOHAWK_REDIS_URL. Settin
 must agree on (the NATS URL, the lease TTL) go through the environment, exactly as docker-compose
 passes them.
 
-With `nats_auth` (what `mohawk up` does), nats-server admits only the users of
-`<data_dir>/nats-auth` (made on first start, `mohawk_common.bus.nats_auth`), and each child gets
-its own role's credential as MOHAWK_NATS_CREDS; `nats_creds(role)` names them (ops: `mohawk bus`).
+With `nats_auth` (what `mohawk up` does), nats-server admits only the users of the operator under
+`<data_dir>/pki/nats-auth` (made on first start, `mohawk_common.bus.nats_auth`), and each child
+gets its own NATS user, issued beside its certificate (`bus_identity`: `nats.creds` in its bundle,
+scoped to its id) as MOHAWK_NATS_CREDS; `nats_creds(name)` names them, and the tools' users
+(ops: `mohawk bus`; admin: `mohawk pki revoke`).
 With `nats_tls` (also `mohawk up`'s default), nats-server takes TLS only, with a certificate from
 the bus CA under `<data_dir>/pki/nats-tls` (`mohawk_common.bus.nats_tls`, made on first start;
 the server's own in `<data_dir>/nats-tls`, issued on every start), and each child gets the CA as
@@ -30,11 +32,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mohawk_cli.bus_identity import BUS_CREDS, NATS_AUTH_DIR, issue_bus_user
 from mohawk_cli.ports import choose_port
 from mohawk_cli.redis_server import REDIS_PORT, RedisServer
 from mohawk_common.bus.config import served_model_name
 from mohawk_common.bus.connect import CREDS_ENV, TLS_CA_ENV
-from mohawk_common.bus.nats_auth import NatsAuth, init_auth
+from mohawk_common.bus.nats_auth import TOOL_USERS, NatsAuth, init_auth, issue_user
 from mohawk_common.bus.nats_tls import CA_CERT, CA_DIR, LOCAL_HOSTS, ServerTls, init_ca, issue_server
 from mohawk_common.bus.server import NatsServer, free_port
 from mohawk_common.errors import MohawkError
@@ -80,8 +83,8 @@ class LocalCluster:
         self.data_dir = Path(spec.data_dir)
         self.log_dir = self.data_dir / "logs"
         nats_port = choose_port(spec.nats_port, NATS_PORT)
-        self.nats_auth = NatsAuth(self.data_dir / "nats-auth") if spec.nats_auth else None
         self.pki_dir = self.data_dir / "pki"
+        self.nats_auth = NatsAuth(self.pki_dir / NATS_AUTH_DIR) if spec.nats_auth else None
         self.nats_tls = ServerTls(self.data_dir / "nats-tls") if spec.nats_tls else None
         self.nats = NatsServer(
             self.data_dir / "nats",
@@ -137,7 +140,7 @@ class LocalCluster:
         args = ["--log-level", self.spec.log_level, "--host", "127.0.0.1", "--port", str(port)]
         if self.spec.secure:  # the root's public key: it shows only signed plans and heartbeats
             args += ["--trust-root", str(self.pki_dir / "root.pub")]
-        env = {**self._env(), **self._creds_env("telemetry")}
+        env = {**self._env(), **self._creds_env("telemetry", "telemetry")}
         self._commands["telemetry"] = ([sys.executable, "-m", "mohawk_telemetry", *args], env)
         self._launch("telemetry")
 
@@ -157,18 +160,32 @@ class LocalCluster:
         env.update(self.spec.env)
         return env
 
-    def nats_creds(self, role: str) -> Path | None:
-        """The credential file of NATS role `role`; None when the cluster runs NATS without auth."""
-        return None if self.nats_auth is None else self.nats_auth.creds(role)
+    def nats_creds(self, name: str) -> Path | None:
+        """The NATS credential of child `name` (shard-1, coordinator-1, gateway, telemetry) or of a
+        tool user (ops, admin); None when the cluster runs NATS without auth."""
+        if self.nats_auth is None:
+            return None
+        bundle = self.pki_dir / "nodes" / name
+        has_bundle = name not in TOOL_USERS and (bundle / "node.cert").is_file()
+        return bundle / BUS_CREDS if has_bundle else self.nats_auth.creds(name)
 
     @property
     def nats_tls_ca(self) -> Path | None:
         """The bus CA's certificate, which clients verify nats-server against; None without TLS."""
         return None if self.nats_tls is None else self.pki_dir / CA_DIR / CA_CERT
 
-    def _creds_env(self, role: str) -> dict[str, str]:
-        creds = self.nats_creds(role)
-        return {} if creds is None else {CREDS_ENV: str(creds)}
+    def _creds_env(self, name: str, role: str) -> dict[str, str]:
+        """MOHAWK_NATS_CREDS for child `name`: its own NATS user, issued on first use (kept after,
+        so a revoked child restarted stays revoked)."""
+        creds = self.nats_creds(name)
+        if creds is None or self.nats_auth is None:
+            return {}
+        if not creds.is_file():
+            if creds.name == BUS_CREDS:
+                issue_bus_user(self.nats_auth, creds.parent, models=(self.model_name,))
+            else:
+                issue_user(self.nats_auth, name, role, creds, models=(self.model_name,))
+        return {CREDS_ENV: str(creds)}
 
     def gateway_env(self) -> dict[str, str]:
         """What a gateway gets on top of every service's environment: the Redis URL, and the
@@ -191,7 +208,7 @@ class LocalCluster:
         role = {"mohawk_shard": "shard", "mohawk_gateway": "gateway"}.get(module, "coordinator")
         credentials = self.credentials(name, role)
         command = [sys.executable, "-m", module, "--log-level", self.spec.log_level, *credentials, *args]
-        self._commands[name] = (command, {**self._env(), **self._creds_env(role), **(env or {})})
+        self._commands[name] = (command, {**self._env(), **self._creds_env(name, role), **(env or {})})
         self._launch(name)
 
     def _launch(self, name: str) -> None:

@@ -1,12 +1,13 @@
 """`mohawk pki compose-bundles DIR --model M`: everything one Compose host needs, from the operator's
 PKI, so that no container ever holds the root key.
 
-    DIR/nats/nats-auth.conf          nats-server's users (bcrypt hashes), included by single.conf
+    DIR/nats/nats-auth.conf          nats-server's operator and accounts (JWTs), included by
+                                     single.conf
     DIR/nats/nats-tls.conf           its TLS, also included: server.pem and server-key.pem (a
                                      certificate from the bus CA naming nats, the host, localhost
                                      and 127.0.0.1) and ca.pem, beside it
     DIR/coordinator/pki/             the coordinator's certificate bundle (`pki issue`)
-    DIR/coordinator/nats.creds       and its NATS credential (role coordinator)
+    DIR/coordinator/nats.creds       and its own NATS user (`bus_identity`: scoped to its id)
     DIR/gateway/{pki/,nats.creds}    the gateway's, bound to the model
     DIR/shard-node/{pki/,nats.creds} the shard node's, bound to the model (it holds the sealing key)
     DIR/telemetry/nats.creds         telemetry reads the bus only
@@ -14,8 +15,9 @@ PKI, so that no container ever holds the root key.
     DIR/<service>/nats-ca.pem        every service's trust in NATS: the bus CA (MOHAWK_NATS_TLS_CA)
 
 docker-compose.yml mounts DIR/<service> read-only into that service alone, as /pki. The NATS
-users are made once per cluster under <pki-dir>/nats-auth (kept on later runs), so every host's
-bundles carry credentials of the same users, and the bus CA (<pki-dir>/nats-tls, `nats_tls`; its
+operator and account are made once per cluster under <pki-dir>/nats-auth (kept on later runs), so
+every host's users are signed by the same account (and `mohawk pki revoke` revokes them), each
+user new on every run and named as its process; the bus CA (<pki-dir>/nats-tls, `nats_tls`; its
 key stays there) is made once too; the certificates are new on every run. Node ids are
 `<host>-<service>`, the ids docker-compose.yml gives the services with MOHAWK_HOST_ID.
 """
@@ -27,13 +29,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from mohawk_common.bus.nats_auth import CONF_NAME, init_auth
+from mohawk_cli.bus_identity import BUS_CREDS, bus_auth, issue_bus_user
+from mohawk_common.bus.nats_auth import CONF_NAME, issue_user
 from mohawk_common.bus.nats_tls import LOCAL_HOSTS, init_ca, issue_server
 from mohawk_pqc.pki_files import issue_node, load_root_key
 
-NATS_AUTH_DIR = "nats-auth"  # under the PKI directory: the cluster's NATS users, kept across runs
 BUNDLE_DIR = "pki"
-CREDS_FILE = "nats.creds"
+CREDS_FILE = BUS_CREDS
 NATS_CA_FILE = "nats-ca.pem"
 ROOT_PUBLIC_FILE = "root.pub"
 NATS_SERVICE = "nats"  # its name on the compose network: what the services' tls:// URL says
@@ -69,7 +71,7 @@ def write_compose_bundles(
     Returns {service (and "nats"): its directory}. The root must exist (`mohawk pki init`).
     """
     load_root_key(pki)  # no root: say so before anything is written
-    auth = init_auth(pki / NATS_AUTH_DIR)
+    auth = bus_auth(pki)
     ca = init_ca(pki)
     written = {"nats": _fresh_dir(out / "nats")}
     _copy_private(auth.conf, written["nats"] / CONF_NAME)
@@ -80,10 +82,13 @@ def write_compose_bundles(
             bundle = issue_node(
                 pki, node_id(host, service.name), service.cert_role, models=(model,), days=days
             )
+            creds = issue_bus_user(auth, bundle, models=(model,))
             shutil.copytree(bundle, target / BUNDLE_DIR)  # modes kept: node.key and seal keys 0600
         else:  # a reader of signed control records: the root's public keys are all it needs
             shutil.copyfile(pki / ROOT_PUBLIC_FILE, target / ROOT_PUBLIC_FILE)
-        _copy_private(auth.creds(service.nats_role), target / CREDS_FILE)
+            name = node_id(host, service.name)
+            creds = issue_user(auth, name, service.nats_role, auth.creds(name))
+        _copy_private(creds, target / CREDS_FILE)
         _copy_private(ca.cert, target / NATS_CA_FILE)
     return written
 

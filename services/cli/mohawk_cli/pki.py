@@ -4,15 +4,19 @@ own users.
 
 Everything lives under one directory (default `.mohawk/pki`, laid out as `mohawk_pqc.pki_files`
 describes): the root, the newest signed revocation list, and one bundle per node under `nodes/`,
-which is what that node's service loads; `show` lists it (`mohawk_cli.pki_listing`). `revoke
---nats-url` also puts the new list into the PKI bucket, where running services pick it up (as
-NATS's admin user, `--creds`, where NATS has users), and rotates the request-sealing key of every
-model a revoked shard held (`rotate-seal` does that alone): the new key goes to the model's other
-shard nodes in a root-signed record on the same bucket (`mohawk_cli.pki_publish`). `nats-auth DIR`
-makes one NATS user per role (`mohawk_common.bus.nats_auth`): the server's include file and each
-role's credential, kept on later runs. `compose-bundles DIR --model M` issues what one Compose host
-needs (`mohawk_cli.compose_bundles`): a bundle and a NATS credential per service and the server's
-users, nothing of the root's private key. This module parses the flags and prints; operator
+which is what that node's service loads, with the node's own NATS user in it (`nats.creds`,
+`mohawk_cli.bus_identity`; the NATS operator's keys under `nats-auth/`); `show` lists it
+(`mohawk_cli.pki_listing`). `revoke` also revokes the users issued with the revoked certificates
+(the account's revocations); with `--nats-url` it pushes that to the servers, which drop those
+users' connections at once, puts the new list into the PKI bucket, where running services pick it
+up (as NATS's admin user, `--creds`, where NATS has users), and rotates the request-sealing key of
+every model a revoked shard held (`rotate-seal` does that alone): the new key goes to the model's
+other shard nodes in a root-signed record on the same bucket (`mohawk_cli.pki_publish`).
+`nats-auth DIR` makes a NATS operator and account (`mohawk_common.bus.nats_auth`): the server's
+include file and the tools' users, kept on later runs, and with `--user ID:ROLE` a process's user.
+`compose-bundles DIR --model M` issues what one Compose host needs (`mohawk_cli.compose_bundles`):
+a bundle and its own NATS user per service and the server's accounts, nothing of the root's
+private key. This module parses the flags and prints; operator
 mistakes (no root yet, a missing or foreign file, a bad flag) end as one line on stderr and exit
 status 2.
 """
@@ -25,12 +29,23 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from mohawk_cli.bus_identity import NATS_AUTH_DIR, issue_with_identity
 from mohawk_cli.compose_bundles import SERVICES, write_compose_bundles
 from mohawk_cli.pki_listing import fingerprint, issued_serials, listing
 from mohawk_cli.pki_publish import revoke_and_publish, rotate_and_publish
 from mohawk_common.bus import names
 from mohawk_common.bus.config import BusSettings
-from mohawk_common.bus.nats_auth import ROLES, init_auth
+from mohawk_common.bus.nats_auth import (
+    TOOL_USERS,
+    NatsAuth,
+    init_auth,
+    issue_user,
+    push_account,
+    revoked_account,
+    save_account,
+    users_of_serials,
+)
+from mohawk_common.bus.nats_permissions import ROLES
 from mohawk_common.bus.nats_tls import CONTAINER_DIR, LOCAL_HOSTS, init_ca, issue_server, write_servers
 from mohawk_common.errors import MohawkError
 from mohawk_common.logging import configure_logging
@@ -39,7 +54,6 @@ from mohawk_pqc.errors import PkiError
 from mohawk_pqc.pki_files import (
     describe,
     init_pki,
-    issue_node,
     load_root_key,
     read_message,
     revoke,
@@ -81,6 +95,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     revoke_cmd.add_argument(
         "--creds", type=Path, help="NATS credential of the admin role (default: MOHAWK_NATS_CREDS)"
     )
+    revoke_cmd.add_argument(
+        "--nats-auth",
+        type=Path,
+        help="the NATS operator's directory whose users to revoke (default: <pki-dir>/nats-auth)",
+    )
     rotate_cmd = commands.add_parser(
         "rotate-seal", help="a new request-sealing key for models, published to their valid shard nodes"
     )
@@ -94,10 +113,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show_cmd = commands.add_parser("show", help="the root, every issued bundle and the revocation list")
     nats_auth_cmd = commands.add_parser(
         "nats-auth",
-        help="one NATS user per role: DIR/nats-auth.conf for nats-server, DIR/creds/<role>.creds "
-        "for each service (kept if there)",
+        help="a NATS operator and account: DIR/nats-auth.conf for nats-server, DIR/creds/{ops,admin}"
+        ".creds for the tools (kept if there); --user: a process's own user",
     )
     nats_auth_cmd.add_argument("dir", type=Path, help="where to write them, e.g. config/nats/auth")
+    nats_auth_cmd.add_argument(
+        "--user",
+        action="append",
+        default=[],
+        type=_user_spec,
+        metavar="ID:ROLE[:MODEL]",
+        help="also a user for process ID in ROLE (shard: serving MODEL, else any), in "
+        "DIR/creds/ID.creds, kept if there (repeatable); a node's certificate bundle gets its own "
+        "from `mohawk pki issue`",
+    )
     nats_auth_cmd.add_argument(
         "--tls",
         metavar="NAME[,HOST...]",
@@ -171,11 +200,16 @@ def _nats_auth(args: argparse.Namespace) -> int:
         hosts = (*args.tls.split(","), *LOCAL_HOSTS)
         print(issue_server(init_ca(args.dir), args.dir, hosts, seen_at=args.seen_at).client_conf)
     print(auth.conf)
-    for role in ROLES:
-        print(auth.creds(role))
+    for name in TOOL_USERS:
+        print(auth.creds(name))
+    for name, role, models in args.user:
+        if not auth.creds(name).is_file():
+            issue_user(auth, name, role, auth.creds(name), models=models)
+        print(auth.creds(name))
     print(
-        f"mohawk pki: NATS users of {', '.join(ROLES)} in {args.dir}; include {auth.conf.name} in the "
-        "server config, give each service its creds file (MOHAWK_NATS_CREDS); never commit them",
+        f"mohawk pki: NATS operator and account in {args.dir}; include {auth.conf.name} in the server "
+        "config (with a full resolver), give each process its own user's creds file "
+        "(MOHAWK_NATS_CREDS); keep keys/ with the PKI and never commit any of it",
         file=sys.stderr,
     )
     return 0
@@ -210,7 +244,9 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _issue(args: argparse.Namespace) -> int:
-    bundle = issue_node(args.pki_dir, args.node_id, args.role, models=tuple(args.model), days=args.days)
+    bundle = issue_with_identity(
+        args.pki_dir, args.node_id, args.role, models=tuple(args.model), days=args.days
+    )
     print(bundle)
     print(describe(read_message(bundle / "node.cert", security_pb2.Certificate)))
     return 0
@@ -221,10 +257,27 @@ def _revoke(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.serial) - issued_serials(args.pki_dir))
     if unknown:
         raise PkiError(f"{args.pki_dir} never issued serial(s) {', '.join(map(str, unknown))}")
+    revoked = _bus_users_revoked(args)
     if args.nats_url is None:
+        if revoked is not None:
+            save_account(*revoked)
+            print("mohawk pki: the NATS users revoked (a server started now refuses them)", file=sys.stderr)
         crl = revoke(args.pki_dir, args.serial)
     else:
         settings = _bus_settings(args)
+
+        async def revoke_users_on_the_bus() -> None:  # first: their connections dropped at once
+            if revoked is None:
+                return
+            pushed = await push_account(settings.nats_servers, *revoked, tls_ca=settings.nats_tls_ca)
+            save_account(*revoked)
+            print(
+                "mohawk pki: the NATS users revoked on the servers"
+                if pushed
+                else "mohawk pki: that NATS has no users (no accounts to revoke them in)",
+                file=sys.stderr,
+            )
+
         crl = asyncio.run(
             revoke_and_publish(
                 args.pki_dir,
@@ -232,11 +285,25 @@ def _revoke(args: argparse.Namespace) -> int:
                 settings.nats_servers,
                 settings.bus_limits(),
                 creds=settings.nats_creds,
+                first=revoke_users_on_the_bus,
             )
         )
         print(f"mohawk pki: published to {names.PKI_BUCKET}/{names.CRL_KEY}", file=sys.stderr)
     print(security_pb2.RevocationListBody.FromString(crl.body).number)
     return 0
+
+
+def _bus_users_revoked(args: argparse.Namespace) -> tuple[NatsAuth, str] | None:
+    """The NATS operator's directory and its account re-signed with the users issued with
+    `args.serial` revoked (saved by the caller); None where there is no operator (a bus with no
+    users)."""
+    directory = args.nats_auth or args.pki_dir / NATS_AUTH_DIR
+    if not (directory / "keys").is_dir():
+        if args.nats_auth is not None:
+            raise PkiError(f"{directory} has no NATS operator (mohawk pki nats-auth makes one)")
+        return None
+    auth = NatsAuth(directory)
+    return auth, revoked_account(auth, users_of_serials(auth, args.serial))
 
 
 def _rotate_seal(args: argparse.Namespace) -> int:
@@ -289,6 +356,14 @@ def _days(text: str) -> float:
     if not days > 0:
         raise argparse.ArgumentTypeError(f"--days wants a positive number, got {text!r}")
     return days
+
+
+def _user_spec(text: str) -> tuple[str, str, tuple[str, ...]]:
+    name, _, rest = text.partition(":")
+    role, _, model = rest.partition(":")
+    if role not in ROLES:
+        raise argparse.ArgumentTypeError(f"--user wants ID:ROLE[:MODEL], ROLE one of {', '.join(ROLES)}")
+    return _node_id(name), role, (model,) if model else ()
 
 
 def _serial(text: str) -> int:

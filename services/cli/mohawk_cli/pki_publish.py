@@ -13,6 +13,7 @@ has changed is a `PkiError` that says what to rerun.
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from nats.aio.client import Client as NATS
@@ -33,17 +34,25 @@ CONNECT_DEADLINE_S = 4.0  # nats-py retries an unreachable server for a long tim
 
 
 async def revoke_and_publish(
-    pki: Path, serials: list[int], servers: list[str], limits: BusLimits, *, creds: Path | None = None
+    pki: Path,
+    serials: list[int],
+    servers: list[str],
+    limits: BusLimits,
+    *,
+    creds: Path | None = None,
+    first: Callable[[], Awaitable[None]] | None = None,
 ) -> security_pb2.RevocationList:
     """Sign the next revocation list and put it into the PKI bucket (created if absent), then rotate
     the sealing key of every model a revoked certificate held (`models_held_by`), leaving it out.
 
     NATS and its bucket are reached first, so when they cannot be (ConnectionError) nothing
-    changes on disk either.
+    changes on disk either; `first` (revoking the nodes' NATS users) runs once they are.
     """
     nc = await connect_or_give_up(servers, name="mohawk-pki", deadline_s=CONNECT_DEADLINE_S, creds=creds)
     try:
         bucket = await _pki_bucket(nc, servers, limits)
+        if first is not None:
+            await first()
         crl = revoke(pki, serials)
         try:
             await bucket.put(names.CRL_KEY, crl.SerializeToString(deterministic=True))

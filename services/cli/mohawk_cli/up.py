@@ -5,9 +5,11 @@ The cluster includes a redis-server from PATH (tenants, API keys, rate limits an
 under `<data-dir>/redis`) unless `--no-redis`; where none is installed, `mohawk up` says how to
 install one and runs without those. `--auth` makes every /v1 call need a tenant's key.
 
-NATS admits only Mohawk's users, one per role, made on first start under `<data-dir>/nats-auth`
-(`mohawk_common.bus.nats_auth`); each child gets its own role's credential, and `mohawk bus`
-takes the ops one (`--creds <data-dir>/nats-auth/creds/ops.creds`). `--no-nats-auth` turns this off.
+NATS admits only users of Mohawk's NATS operator, made on first start under
+`<data-dir>/pki/nats-auth` (`mohawk_common.bus.nats_auth`); each child gets a user of its own,
+issued beside its certificate and allowed only its own subjects, `mohawk bus` takes the ops user
+(`--creds <data-dir>/pki/nats-auth/creds/ops.creds`), and `mohawk pki revoke --pki-dir
+<data-dir>/pki` revokes a node's user on the bus too. `--no-nats-auth` turns this off.
 NATS also takes TLS only, its certificate from the bus CA under `<data-dir>/pki/nats-tls`
 (`mohawk_common.bus.nats_tls`), which every child trusts through MOHAWK_NATS_TLS_CA (and `mohawk
 bus` with the same variable); `--no-nats-tls` turns that off.

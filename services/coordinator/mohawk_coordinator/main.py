@@ -107,7 +107,7 @@ async def serve(settings: CoordinatorSettings, security: Security | None = None)
         nc = await connect(
             settings.nats_servers,
             name=f"coordinator-{settings.coordinator_id}",
-            creds=settings.nats_creds,
+            creds=settings.bus_creds(settings.coordinator_id),
             tls_ca=settings.nats_tls_ca,
         )
         try:

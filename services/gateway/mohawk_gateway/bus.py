@@ -61,8 +61,10 @@ class BusClient:
         verifier = RecordVerifier(bundle.trust if bundle is not None else None)
         self._plans = PlanFollower(None, verifier, self._reject_record)  # signed, never a replay
         self.live_nodes = LiveNodes(verifier, self._reject_record)  # whose heartbeats arrive now
-        # this process, as requests name it: stage 0 drops the requests of a gateway whose key lapsed
-        self.instance = names.subject_token(f"{settings.gateway_id}-{secrets.token_hex(4)}")
+        # this process, as requests name it: stage 0 drops the requests of a gateway whose key lapsed;
+        # its presence key is under the gateway's id, the only keys its bus user may write
+        self.gateway_id = names.subject_token(settings.gateway_id)
+        self.instance = names.gateway_presence_key(self.gateway_id, secrets.token_hex(4))
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="gateway-bus")
@@ -138,7 +140,7 @@ class BusClient:
 
     async def publish_telemetry(self, kind: str, data: bytes) -> None:
         """A report for the telemetry service (`mohawk_common.telemetry`); raises when not connected."""
-        await self._client().publish(names.telemetry_subject(kind, self.instance), data)
+        await self._client().publish(names.telemetry_subject(kind, self.gateway_id), data)
 
     async def cancel(self, request_id: str, token_key: bytes = b"") -> None:
         """Tell stage 0 to drop the request and free its KV blocks (best effort, never raises)."""
@@ -177,7 +179,7 @@ class BusClient:
         nc = await connect(
             settings.nats_servers,
             name="mohawk-gateway",
-            creds=settings.nats_creds,
+            creds=settings.bus_creds(settings.gateway_id),
             tls_ca=settings.nats_tls_ca,
         )
         self._nc = nc

@@ -89,10 +89,11 @@ def test_the_manager_of_the_offers_plan_answers_and_an_unserved_plan_is_refused(
     asyncio.run(scenario())
 
 
-async def ask(nc: Client, kind: str, data: bytes) -> security_pb2.HandshakeReply:
-    """One handshake message to shard-b, as any client on the bus may send it."""
+async def ask(nc: Client, kind: str, data: bytes, sender: str = "shard-a") -> security_pb2.HandshakeReply:
+    """One handshake message to shard-b on `sender`'s subject (on a bus with users, only `sender`'s
+    may publish there; this one has none, so any client may)."""
     msg = await nc.request(
-        names.handshake_subject("shard-b"), data, timeout=5, headers={"Mohawk-Handshake": kind}
+        names.handshake_subject("shard-b", sender), data, timeout=5, headers={"Mohawk-Handshake": kind}
     )
     return security_pb2.HandshakeReply.FromString(msg.data)
 
@@ -121,8 +122,13 @@ def test_a_bogus_finish_ends_no_handshake_and_a_peers_offers_past_its_cap_replac
         await b.start()
         await server_has_all(nc)
         try:
+            # shard-a's signed offer sent on shard-c's subject: the bus user and the signer differ
+            assert (await ask(nc, "init", initiator(a_sec).init_message(), sender="shard-c")).refused
+            assert b_sec.rejections.pop("untrusted") == 1
             real = initiator(a_sec)
             finish, keys = real.handle_response((await ask(nc, "init", real.init_message())).message)
+            assert (await ask(nc, "finish", finish, sender="shard-c")).refused  # the finish, likewise
+            assert b_sec.rejections.pop("untrusted") == 1
             # someone who sniffed the channel id sends a finish for it first: refused, counted...
             bogus = security_pb2.HandshakeFinish(channel_id=real.channel_id)
             bogus.signature.ecdsa_p256, bogus.signature.mldsa65 = b"\x30" * 70, b"\x00" * 3309
@@ -179,7 +185,7 @@ def test_no_one_but_the_peer_can_refuse_its_handshake(nats_server: NatsServer, p
             await msg.respond(security_pb2.HandshakeReply(refused=True).SerializeToString())
             await msg.respond(sign_reply(c_identity, msg.data, security_pb2.HandshakeReply(refused=True)))
 
-        await racer.subscribe(names.handshake_subject("shard-b"), cb=refuse_first)
+        await racer.subscribe(names.handshakes_to("shard-b"), cb=refuse_first)
         b = SlowManager(b_nc, b_sec, node_id="shard-b", plan_version=1, expected_peers=PEERS)
         a = ChannelManager(a_nc, a_sec, node_id="shard-a", plan_version=1, expected_peers=PEERS)
         await b.start()

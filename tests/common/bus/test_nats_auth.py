@@ -1,6 +1,7 @@
-"""NATS users per role (`nats_auth`), enforced by a real nats-server: anonymous clients are refused,
-each role can do its job, and what a role must not do is refused by the server (and so changes
-nothing on the bus)."""
+"""NATS users per process (`nats_auth`, `nats_permissions`), enforced by a real nats-server:
+anonymous and foreign clients are refused, each process can do its job, and what it must not do
+(speak for another process, write what is not its own) is refused by the server and so changes
+nothing on the bus; a revoked user is dropped and refused."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from nats.js.errors import NotFoundError
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect, credential_options, server_has_all
-from mohawk_common.bus.nats_auth import ROLES, NatsAuth, init_auth, role_permissions
+from mohawk_common.bus.nats_auth import NatsAuth, init_auth, issue_user
+from mohawk_common.bus.nats_jwt import creds_jwt, decode_claims
+from mohawk_common.bus.nats_permissions import ROLES, process_permissions
 from mohawk_common.bus.server import NatsServer
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
 from mohawk_common.bus.token_log import TokenLogReader
@@ -27,13 +30,34 @@ from mohawk_common.logging import redact_url
 from mohawk_proto.v1 import engine_pb2
 
 MODEL = "smollm2-135m-instruct"
+OTHER_MODEL = "qwen2-0-5b"
 WITHIN_S = 20.0  # what is allowed answers in milliseconds; this is room for a loaded machine
 DENIED_WITHIN_S = 0.5  # a refused JetStream call gets no reply; the server says why on the side
+# every process of the scenarios: name -> (role, model)
+PROCESSES = {
+    "coordinator-1": ("coordinator", None),
+    "shard-1": ("shard", MODEL),
+    "shard-2": ("shard", MODEL),
+    "shard-x": ("shard", OTHER_MODEL),
+    "gateway-1": ("gateway", None),
+    "gateway-2": ("gateway", None),
+    "telemetry": ("telemetry", None),
+}
 
 
 @pytest.fixture(scope="module")
 def auth(tmp_path_factory: pytest.TempPathFactory) -> NatsAuth:
-    return init_auth(tmp_path_factory.mktemp("nats-auth"))
+    auth = init_auth(tmp_path_factory.mktemp("nats-auth"))
+    for name, (role, model) in PROCESSES.items():
+        issue_user(
+            auth,
+            name,
+            role,
+            auth.creds(name),
+            models=(model,) if model else (),
+            serial=len(auth.users()) + 100,
+        )
+    return auth
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +72,17 @@ Bus = dict[str, Client]
 
 @pytest.fixture
 def on_bus(server: NatsServer, auth: NatsAuth) -> Callable[[Callable[[Bus], Awaitable[None]]], None]:
-    """Run a scenario with one connection per role, the streams and buckets made by the coordinator."""
+    """Run a scenario with one connection per process and tool user, the streams and buckets made by
+    the coordinator."""
 
     def run(scenario: Callable[[Bus], Awaitable[None]]) -> None:
         async def main() -> None:
             clients = {
-                role: await connect(server.url, name=role, attempts=1, creds=auth.creds(role))
-                for role in ROLES
+                name: await connect(server.url, name=name, attempts=1, creds=auth.creds(name))
+                for name in (*PROCESSES, "ops", "admin")
             }
             try:
-                js = clients["coordinator"].jetstream(timeout=WITHIN_S)
+                js = clients["coordinator-1"].jetstream(timeout=WITHIN_S)
                 await ensure_streams(js)
                 await ensure_buckets(js)
                 await scenario(clients)
@@ -80,17 +105,25 @@ async def refused(*calls: Awaitable[object]) -> None:
     await asyncio.gather(*(one(call) for call in calls))
 
 
-def test_init_writes_0600_files_and_keeps_the_credentials(tmp_path: Path) -> None:
+async def heard_nothing(queue: asyncio.Queue[Msg]) -> None:
+    await asyncio.sleep(0.2)
+    assert queue.empty(), [m.subject for m in queue._queue]  # type: ignore[attr-defined]
+
+
+def test_init_writes_0600_files_and_keeps_the_keys(tmp_path: Path) -> None:
     first = init_auth(tmp_path)
-    passwords = {role: json.loads(first.creds(role).read_text())["password"] for role in ROLES}
-    for path in [first.conf, *(first.creds(role) for role in ROLES)]:
+    issue_user(first, "shard-1", "shard", first.creds("shard-1"), models=(MODEL,), serial=7)
+    keys = {kind: first.key(kind).seed for kind in ("operator", "account", "system")}
+    private = [first.conf, first.account_jwt, first.ledger, *(first.dir / "keys").iterdir()]
+    for path in private + [first.creds(name) for name in ("ops", "admin", "system", "shard-1")]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     conf = first.conf.read_text()
-    assert all(password not in conf for password in passwords.values())  # only bcrypt hashes
-    assert conf.count('password: "$2b$') == len(ROLES)
-    assert "no_auth_user" not in conf
+    assert all(seed not in conf for seed in keys.values())  # public keys and JWTs only
+    assert "operator:" in conf and "resolver_preload" in conf and "no_auth_user" not in conf
     again = init_auth(tmp_path)
-    assert {role: json.loads(again.creds(role).read_text())["password"] for role in ROLES} == passwords
+    assert {kind: again.key(kind).seed for kind in keys} == keys
+    assert [u["name"] for u in again.users()] == ["ops", "admin", "shard-1"]
+    assert again.users()[-1]["serial"] == 7
 
 
 def test_init_replaces_a_planted_link_and_a_leftover_mode(tmp_path: Path) -> None:
@@ -98,41 +131,52 @@ def test_init_replaces_a_planted_link_and_a_leftover_mode(tmp_path: Path) -> Non
     elsewhere.write_text("untouched")
     auth = NatsAuth(tmp_path / "auth")
     auth.creds("ops").parent.mkdir(parents=True)
-    auth.creds("shard").symlink_to(elsewhere)  # dangling or not, it is not followed
+    auth.creds("ops").symlink_to(elsewhere)  # dangling or not, it is not followed
     auth.conf.write_text("old")
     auth.conf.chmod(0o644)
     init_auth(auth.dir)
-    assert elsewhere.read_text() == "untouched" and not auth.creds("shard").is_symlink()
+    assert elsewhere.read_text() == "untouched" and not auth.creds("ops").is_symlink()
     assert stat.S_IMODE(auth.conf.stat().st_mode) == 0o600
 
 
-def test_only_the_coordinator_may_write_the_plan() -> None:
+def test_each_user_names_only_its_own_subjects() -> None:
     plan_writes = f"$KV.{names.PLAN_BUCKET}.>"
-    writers = [role for role in ROLES if plan_writes in role_permissions(role).publish]
-    assert writers == ["coordinator"]
+    rules = {role: process_permissions(role, f"{role}-1", models=(MODEL,)) for role in ROLES}
+    assert [role for role in ROLES if plan_writes in rules[role].publish] == ["coordinator"]
     for role in ROLES:
-        assert not any(".PURGE." in s and "REQUESTS" in s for s in role_permissions(role).publish), role
-        assert not any(".DELETE." in s and ".STREAM." in s for s in role_permissions(role).publish), role
+        assert not any(".PURGE." in s and "REQUESTS" in s for s in rules[role].publish), role
+        assert not any(".DELETE." in s for s in rules[role].publish), role  # streams and watchers
+    shard = rules["shard"]
+    assert names.heartbeat_subject("shard-1") in shard.publish
+    assert names.HEARTBEAT_WILDCARD not in shard.publish
+    assert f"{names.PREFIX}.hs.*" not in shard.publish + shard.subscribe
+    assert "_INBOX.>" not in shard.subscribe and "_INBOX.shard-1.>" in shard.subscribe
+    assert not any(OTHER_MODEL in s for s in shard.publish)
 
 
-def test_anonymous_and_wrong_password_clients_are_refused(server: NatsServer, tmp_path: Path) -> None:
-    wrong = tmp_path / "wrong.creds"
-    wrong.write_text(json.dumps({"user": "mohawk-gateway", "password": "guess"}))
-    for creds in (None, wrong):
+def test_anonymous_and_foreign_clients_are_refused(server: NatsServer, tmp_path: Path) -> None:
+    stranger = init_auth(tmp_path / "another-operator")  # same shape, not this server's operator
+    issue_user(stranger, "shard-1", "shard", stranger.creds("shard-1"), models=(MODEL,))
+    for creds in (None, stranger.creds("shard-1"), stranger.creds("ops")):
         with pytest.raises(ConnectionError, match=r"(?i)authorization violation"):
             asyncio.run(connect(server.url, name="intruder", attempts=1, creds=creds))
 
 
 def test_credentials_come_from_mohawk_nats_creds(auth: NatsAuth, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MOHAWK_NATS_CREDS", str(auth.creds("shard")))
-    assert credential_options()["user"] == "mohawk-shard"
+    monkeypatch.setenv("MOHAWK_NATS_CREDS", str(auth.creds("shard-1")))
+    assert credential_options() == {
+        "user_credentials": str(auth.creds("shard-1")),
+        "inbox_prefix": "_INBOX.shard-1",
+    }
+    claims = decode_claims(creds_jwt(auth.creds("shard-1").read_text()))
+    assert claims["name"] == "shard-1" and claims["nats"]["type"] == "user"
     monkeypatch.delenv("MOHAWK_NATS_CREDS")
     assert credential_options() == {}
 
 
 def test_every_role_does_its_job(on_bus: Callable[[Callable[[Bus], Awaitable[None]]], None]) -> None:
     async def scenario(bus: Bus) -> None:
-        coordinator, shard, gateway = bus["coordinator"], bus["shard"], bus["gateway"]
+        coordinator, shard, gateway = bus["coordinator-1"], bus["shard-1"], bus["gateway-1"]
         # The coordinator hears heartbeats and writes the lease and the plan.
         heartbeats: asyncio.Queue[Msg] = asyncio.Queue()
         await coordinator.subscribe(names.HEARTBEAT_WILDCARD, cb=heartbeats.put)
@@ -145,7 +189,7 @@ def test_every_role_does_its_job(on_bus: Callable[[Callable[[Bus], Awaitable[Non
         revision = await buckets.plan.put(names.PLAN_KEY, b"plan v1")
 
         # Every other service adopts the bus at start (ensure_*), and reads the plan.
-        for role in ("shard", "gateway", "telemetry"):
+        for role in ("shard-1", "gateway-1", "telemetry"):
             js = bus[role].jetstream(timeout=WITHIN_S)
             if role != "telemetry":
                 await ensure_streams(js)
@@ -168,7 +212,7 @@ def test_every_role_does_its_job(on_bus: Callable[[Callable[[Bus], Awaitable[Non
 
         # The gateway keeps its presence, publishes a request; stage 0 pulls and acks it.
         gw_js, shard_js = gateway.jetstream(timeout=WITHIN_S), shard.jetstream(timeout=WITHIN_S)
-        await (await ensure_buckets(gw_js)).gateways.put("gateway-1", b"42")
+        await (await ensure_buckets(gw_js)).gateways.put(names.gateway_presence_key("gateway-1", "a1"), b"42")
         ack = await gw_js.publish(names.request_subject(MODEL), b"request", headers={"Nats-Msg-Id": "r1"})
         assert ack.stream == names.REQUESTS_STREAM
         pull = await shard_js.pull_subscribe(
@@ -197,7 +241,7 @@ def test_every_role_does_its_job(on_bus: Callable[[Callable[[Bus], Awaitable[Non
                     break
                 await asyncio.sleep(0.05)
         assert last.data == b"token 0"
-        for role in ("gateway", "shard"):  # a stage 0 taking a request over reads its tokens back
+        for role in ("gateway-1", "shard-2"):  # a stage 0 taking a request over reads its tokens back
             event = engine_pb2.TokenEvent(request_id="r1", index=0, token_id=7).SerializeToString()
             await shard.publish(names.token_subject("r1"), event)
             reader = TokenLogReader(bus[role].jetstream(timeout=WITHIN_S), "r1")
@@ -210,11 +254,11 @@ def test_every_role_does_its_job(on_bus: Callable[[Callable[[Bus], Awaitable[Non
         async def answer(msg: Msg) -> None:
             await msg.respond(b"finish")
 
-        await shard.subscribe(names.handshake_subject("shard-2"), cb=answer)
-        await server_has_all(shard)
-        other = bus["shard"]
+        other = bus["shard-2"]
+        await other.subscribe(names.handshakes_to("shard-2"), cb=answer)
+        await server_has_all(other)
         assert (
-            await other.request(names.handshake_subject("shard-2"), b"offer", timeout=WITHIN_S)
+            await shard.request(names.handshake_subject("shard-2", "shard-1"), b"offer", timeout=WITHIN_S)
         ).data == b"finish"
 
         # ops reads everything, writes nothing.
@@ -234,7 +278,7 @@ def test_admin_publishes_the_crl_and_slices_that_shards_read(
     async def scenario(bus: Bus) -> None:
         admin_js, shard_js = (
             bus["admin"].jetstream(timeout=WITHIN_S),
-            bus["shard"].jetstream(timeout=WITHIN_S),
+            bus["shard-1"].jetstream(timeout=WITHIN_S),
         )
         await (await ensure_buckets(admin_js)).pki.put(names.CRL_KEY, b"crl 2")
         assert (await (await ensure_buckets(shard_js)).pki.get(names.CRL_KEY)).value == b"crl 2"
@@ -244,9 +288,11 @@ def test_admin_publishes_the_crl_and_slices_that_shards_read(
         await store.put(name, b"package v2")  # replacing purges the old chunks
         fetched = await (await shard_js.object_store(names.SLICES_BUCKET)).get(name)
         assert fetched.data == b"package v2"
-        shard_store = await bus["shard"].jetstream(timeout=DENIED_WITHIN_S).object_store(names.SLICES_BUCKET)
+        shard_store = (
+            await bus["shard-1"].jetstream(timeout=DENIED_WITHIN_S).object_store(names.SLICES_BUCKET)
+        )
         await refused(shard_store.put(name, b"forged"))
-        gateway_pki = await bus["gateway"].jetstream(timeout=DENIED_WITHIN_S).key_value(names.PKI_BUCKET)
+        gateway_pki = await bus["gateway-1"].jetstream(timeout=DENIED_WITHIN_S).key_value(names.PKI_BUCKET)
         await refused(gateway_pki.put(names.CRL_KEY, b"forged"))
         assert (await gateway_pki.get(names.CRL_KEY)).value == b"crl 2"
 
@@ -257,9 +303,9 @@ def test_no_one_but_the_coordinator_writes_the_plan(
     on_bus: Callable[[Callable[[Bus], Awaitable[None]]], None],
 ) -> None:
     async def scenario(bus: Bus) -> None:
-        plan = (await ensure_buckets(bus["coordinator"].jetstream(timeout=WITHIN_S))).plan
+        plan = (await ensure_buckets(bus["coordinator-1"].jetstream(timeout=WITHIN_S))).plan
         revision = await plan.put(names.PLAN_KEY, b"the real plan")
-        for role in ("shard", "gateway", "telemetry", "ops", "admin"):
+        for role in ("shard-1", "gateway-1", "telemetry", "ops", "admin"):
             kv = await bus[role].jetstream(timeout=DENIED_WITHIN_S).key_value(names.PLAN_BUCKET)
             await refused(
                 kv.put(names.PLAN_KEY, b"forged"), kv.delete(names.PLAN_KEY), kv.purge(names.PLAN_KEY)
@@ -274,7 +320,7 @@ def test_gateway_cannot_purge_or_delete_streams(
     on_bus: Callable[[Callable[[Bus], Awaitable[None]]], None],
 ) -> None:
     async def scenario(bus: Bus) -> None:
-        gateway_js = bus["gateway"].jetstream(timeout=DENIED_WITHIN_S)
+        gateway_js = bus["gateway-1"].jetstream(timeout=DENIED_WITHIN_S)
         await gateway_js.publish(names.request_subject(MODEL), b"kept", headers={"Nats-Msg-Id": "kept"})
         streams = (names.REQUESTS_STREAM, names.TOKENS_STREAM, f"KV_{names.PLAN_BUCKET}")
         await refused(*(gateway_js.purge_stream(stream) for stream in streams))
@@ -282,10 +328,10 @@ def test_gateway_cannot_purge_or_delete_streams(
         await refused(
             *(
                 bus[role].jetstream(timeout=DENIED_WITHIN_S).purge_stream(names.REQUESTS_STREAM)
-                for role in ("shard", "telemetry", "ops", "admin")
+                for role in ("shard-1", "telemetry", "ops", "admin")
             )
         )
-        info = await bus["coordinator"].jetstream(timeout=WITHIN_S).stream_info(names.REQUESTS_STREAM)
+        info = await bus["coordinator-1"].jetstream(timeout=WITHIN_S).stream_info(names.REQUESTS_STREAM)
         assert info.state.messages >= 1
 
     on_bus(scenario)
@@ -296,10 +342,10 @@ def test_readers_cannot_publish_requests_or_forge_heartbeats(
 ) -> None:
     async def scenario(bus: Bus) -> None:
         seen: asyncio.Queue[Msg] = asyncio.Queue()
-        await bus["coordinator"].subscribe(names.HEARTBEAT_WILDCARD, cb=seen.put)
-        await server_has_all(bus["coordinator"])
+        await bus["coordinator-1"].subscribe(names.HEARTBEAT_WILDCARD, cb=seen.put)
+        await server_has_all(bus["coordinator-1"])
         before = (
-            await bus["coordinator"].jetstream(timeout=WITHIN_S).stream_info(names.REQUESTS_STREAM)
+            await bus["coordinator-1"].jetstream(timeout=WITHIN_S).stream_info(names.REQUESTS_STREAM)
         ).state.messages
         for role in ("telemetry", "ops", "admin"):
             js = bus[role].jetstream(timeout=DENIED_WITHIN_S)
@@ -308,16 +354,132 @@ def test_readers_cannot_publish_requests_or_forge_heartbeats(
             )
             await bus[role].publish(names.heartbeat_subject("forged"), b"{}")
             await server_has_all(bus[role])
-        await bus["gateway"].publish(names.heartbeat_subject("forged"), b"{}")
-        await server_has_all(bus["gateway"])
+        await bus["gateway-1"].publish(names.heartbeat_subject("forged"), b"{}")
+        await server_has_all(bus["gateway-1"])
         await asyncio.sleep(0.2)
         assert seen.empty()
         after = (
-            await bus["coordinator"].jetstream(timeout=WITHIN_S).stream_info(names.REQUESTS_STREAM)
+            await bus["coordinator-1"].jetstream(timeout=WITHIN_S).stream_info(names.REQUESTS_STREAM)
         ).state.messages
         assert after == before
 
     on_bus(scenario)
+
+
+def test_a_node_cannot_speak_for_another_or_hear_what_is_its(
+    on_bus: Callable[[Callable[[Bus], Awaitable[None]]], None],
+) -> None:
+    """With shard-1's credential: shard-2's heartbeat and telemetry, an offer as shard-2, offers to
+    shard-2 and shard-2's inbox are all refused; shard-2 hears none of it."""
+
+    async def scenario(bus: Bus) -> None:
+        thief, victim = bus["shard-1"], bus["shard-2"]
+        beats: asyncio.Queue[Msg] = asyncio.Queue()
+        await bus["coordinator-1"].subscribe(names.HEARTBEAT_WILDCARD, cb=beats.put)
+        reports: asyncio.Queue[Msg] = asyncio.Queue()
+        await bus["telemetry"].subscribe(names.TELEMETRY_WILDCARD, cb=reports.put)
+        offers: asyncio.Queue[Msg] = asyncio.Queue()
+        await victim.subscribe(names.handshakes_to("shard-2"), cb=offers.put)
+        stolen: asyncio.Queue[Msg] = asyncio.Queue()
+        await thief.subscribe(names.handshakes_to("shard-2"), cb=stolen.put)  # refused by the server
+        await thief.subscribe("_INBOX.shard-2.>", cb=stolen.put)  # refused too
+        for client in bus.values():
+            await server_has_all(client)
+        await thief.publish(names.heartbeat_subject("shard-2"), b"{}")
+        await thief.publish(names.telemetry_subject("step", "shard-2"), b"{}")
+        await thief.publish(names.handshake_subject("shard-x", "shard-2"), b"offer as shard-2")
+        await bus["shard-x"].publish(names.handshake_subject("shard-2", "shard-x"), b"a real offer")
+        await victim.publish("_INBOX.shard-2.reply", b"for shard-2 only")
+        for client in (thief, victim, bus["shard-x"]):
+            await server_has_all(client)
+        assert (await asyncio.wait_for(offers.get(), WITHIN_S)).data == b"a real offer"
+        for queue in (beats, reports, stolen, offers):
+            await heard_nothing(queue)
+
+    on_bus(scenario)
+
+
+def test_a_node_cannot_pull_another_models_requests(
+    on_bus: Callable[[Callable[[Bus], Awaitable[None]]], None],
+) -> None:
+    async def scenario(bus: Bus) -> None:
+        gw_js = bus["gateway-1"].jetstream(timeout=WITHIN_S)
+        await gw_js.publish(names.request_subject(MODEL), b"for model", headers={"Nats-Msg-Id": "m1"})
+        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT)
+        foreign = bus["shard-x"].jetstream(timeout=DENIED_WITHIN_S)
+        await refused(
+            foreign.pull_subscribe(
+                names.request_subject(MODEL),
+                durable=names.stage0_consumer(MODEL),
+                stream=names.REQUESTS_STREAM,
+                config=config,
+            ),
+            foreign.pull_subscribe(
+                names.request_subject(MODEL, 3),
+                durable=names.stage0_consumer(MODEL, 3),
+                stream=names.REQUESTS_STREAM,
+                config=config,
+            ),
+        )
+        own = bus["shard-x"].jetstream(timeout=WITHIN_S)
+        await own.pull_subscribe(
+            names.request_subject(OTHER_MODEL),
+            durable=names.stage0_consumer(OTHER_MODEL, 3),
+            stream=names.REQUESTS_STREAM,
+            config=config,
+        )
+
+    on_bus(scenario)
+
+
+def test_a_gateway_keeps_only_its_own_presence_and_no_one_deletes_a_watcher(
+    on_bus: Callable[[Callable[[Bus], Awaitable[None]]], None],
+) -> None:
+    async def scenario(bus: Bus) -> None:
+        mine = names.gateway_presence_key("gateway-1", "a1")
+        kv = (await ensure_buckets(bus["gateway-1"].jetstream(timeout=WITHIN_S))).gateways
+        revision = await kv.put(mine, b"alive")
+        other = await bus["gateway-2"].jetstream(timeout=DENIED_WITHIN_S).key_value(names.GATEWAYS_BUCKET)
+        await refused(other.delete(mine), other.purge(mine), other.put(mine, b"forged"))
+        await other.put(names.gateway_presence_key("gateway-2", "b2"), b"its own")
+        assert (await kv.get(mine)).revision == revision
+
+        watcher = await kv.watch(mine)  # an ordered consumer on the bucket's stream
+        stream = f"KV_{names.GATEWAYS_BUCKET}"
+        [consumer] = [c.name for c in await bus["ops"].jsm().consumers_info(stream)]
+        for name in ("gateway-2", "shard-1", "coordinator-1", "telemetry", "ops", "admin"):
+            await refused(bus[name].jsm().delete_consumer(stream, consumer))
+        assert [c.name for c in await bus["ops"].jsm().consumers_info(stream)] == [consumer]
+        await watcher.stop()
+
+    on_bus(scenario)
+
+
+def test_a_revoked_user_is_dropped_and_refused(server: NatsServer, auth: NatsAuth, tmp_path: Path) -> None:
+    """Revocation pushed as the system user: the connection closes within a second and the same
+    credential is refused; a user issued after it (a new key) is not."""
+    from mohawk_common.bus.nats_auth import push_account, revoke_users, users_named
+
+    issue_user(auth, "shard-9", "shard", tmp_path / "shard-9.creds", models=(MODEL,))
+
+    async def main() -> None:
+        nc = await connect(server.url, name="shard-9", attempts=1, creds=tmp_path / "shard-9.creds")
+        await server_has_all(nc)
+        token = revoke_users(auth, users_named(auth, ["shard-9"]))
+        started = asyncio.get_running_loop().time()
+        await push_account([server.url], auth, token)
+        async with asyncio.timeout(5):
+            while nc.is_connected:
+                await asyncio.sleep(0.01)
+        assert asyncio.get_running_loop().time() - started < 1.0
+        await nc.close()
+        with pytest.raises(ConnectionError, match=r"(?i)authorization violation"):
+            await connect(server.url, name="shard-9", attempts=1, creds=tmp_path / "shard-9.creds")
+        issue_user(auth, "shard-9", "shard", tmp_path / "again.creds", models=(MODEL,))
+        await (await connect(server.url, name="shard-9", attempts=1, creds=tmp_path / "again.creds")).close()
+
+    asyncio.run(main())
+    assert "shard-9" not in json.dumps(auth.conf.read_text()) or auth.revocations()  # kept for restarts
 
 
 def test_urls_are_logged_without_their_password() -> None:

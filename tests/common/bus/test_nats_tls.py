@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import json
 import socket
 import stat
 import time
@@ -20,6 +21,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from mohawk_common.bus.connect import TLS_CA_ENV, connect
 from mohawk_common.bus.nats_auth import NatsAuth, init_auth
+from mohawk_common.bus.nats_jwt import creds_jwt
 from mohawk_common.bus.nats_tls import LOCAL_HOSTS, NatsCa, init_ca, issue_server
 from mohawk_common.bus.server import NatsServer
 
@@ -76,7 +78,7 @@ def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NatsServer, 
     server.stop()
 
 
-def test_a_role_with_the_bus_ca_and_its_credential_is_served(
+def test_a_user_with_the_bus_ca_and_its_credential_is_served(
     bus: tuple[NatsServer, NatsCa, NatsAuth],
 ) -> None:
     server, ca, auth = bus
@@ -131,7 +133,7 @@ def test_a_plaintext_client_is_refused(bus: tuple[NatsServer, NatsCa, NatsAuth])
     """The server's greeting asks for TLS; a client that carries on in plaintext gets nothing back
     (no PONG, no error it could read) and its connection closed."""
     server, _, auth = bus
-    credential = auth.creds("ops").read_text()
+    credential = json.dumps({"jwt": creds_jwt(auth.creds("ops").read_text())})
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
         info = sock.recv(4096)
         assert info.startswith(b"INFO ") and b'"tls_required":true' in info

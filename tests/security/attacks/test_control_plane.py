@@ -91,7 +91,7 @@ def test_forged_shard_signed_and_replayed_plans_change_no_answer_and_are_counted
     shard = load_bundle(cluster.pki_dir / "nodes" / node_ids[0], role="shard").identity
     sign_record(by_a_shard, shard, "plan")
 
-    with BusClient(cluster.nats.url, creds=cluster.nats_creds("coordinator")) as writer:
+    with BusClient(cluster.nats.url, creds=cluster.nats_creds("coordinator-1")) as writer:
         # the one credential the bus lets write the plan: only the signature stops these
         plan_kv = writer.run(writer.nc.jetstream().key_value(names.PLAN_BUCKET))
         for record in (forged, by_a_shard, loading):
@@ -112,7 +112,7 @@ def test_a_forged_heartbeat_cannot_make_the_leader_nak_a_subject_it_names(cluste
     heartbeat = bus_pb2.Heartbeat(node_id="forged-node", role="shard", model="smollm2-135m-instruct")
     heartbeat.held_requests.append(victim)
     with (
-        BusClient(cluster.nats.url, creds=cluster.nats_creds("shard")) as forger,
+        BusClient(cluster.nats.url, creds=cluster.nats_creds("shard-1")) as forger,
         BusClient(cluster.nats.url, creds=cluster.nats_creds("ops")) as watcher,
     ):
         seen = watcher.run(watcher.nc.subscribe(victim))
@@ -167,7 +167,7 @@ def test_no_record_written_with_the_coordinators_credential_stops_re_planning(cl
     coordinator keeps running (it used to exit on `version = 2**63 - 1`, and `mohawk up` restarted
     it into the same record) and still re-plans when a node is killed, whose recorded heartbeat
     is replayed meanwhile. Last in this module: it kills a node of the shared cluster."""
-    with BusClient(cluster.nats.url, creds=cluster.nats_creds("coordinator")) as writer:
+    with BusClient(cluster.nats.url, creds=cluster.nats_creds("coordinator-1")) as writer:
         plan_kv = writer.run(writer.nc.jetstream().key_value(names.PLAN_BUCKET))
         history = writer.run(plan_kv.history(names.PLAN_KEY))
         oldest_signed = next(e.value for e in history if e.value and b'"signed"' in e.value)
@@ -189,7 +189,7 @@ def test_no_record_written_with_the_coordinators_credential_stops_re_planning(cl
     # planned (it used to: signed heartbeats carried nothing a replay could be told by)
     with (
         BusClient(cluster.nats.url, creds=cluster.nats_creds("ops")) as reader,
-        BusClient(cluster.nats.url, creds=cluster.nats_creds("shard")) as replayer,
+        BusClient(cluster.nats.url, creds=cluster.nats_creds("shard-1")) as replayer,
     ):
         beats = reader.run(reader.nc.subscribe(names.heartbeat_subject("shard-2")))
         recorded = reader.run(beats.next_msg(timeout=5)).data

@@ -115,7 +115,7 @@ class ChannelManager:
     async def start(self) -> None:
         if self.security.secure:
             _MANAGERS.setdefault(self._local_key, []).append(self)
-            self._sub = await self.nc.subscribe(names.handshake_subject(self.node_id), cb=self._on_handshake)
+            self._sub = await self.nc.subscribe(names.handshakes_to(self.node_id), cb=self._on_handshake)
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -265,7 +265,10 @@ class ChannelManager:
         sub = await self.nc.subscribe(inbox)
         try:
             await self.nc.publish(
-                names.handshake_subject(peer_id), data, reply=inbox, headers={_KIND_HEADER: kind}
+                names.handshake_subject(peer_id, self.node_id),
+                data,
+                reply=inbox,
+                headers={_KIND_HEADER: kind},
             )
             deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
             while True:
@@ -292,7 +295,8 @@ class ChannelManager:
             return
         reply = security_pb2.HandshakeReply(refused=True)
         try:
-            reply = security_pb2.HandshakeReply(message=self._handle(kind, msg.data))
+            sender = names.initiator_of(msg.subject) or ""
+            reply = security_pb2.HandshakeReply(message=self._handle(kind, msg.data, sender))
         except AuthenticationError as exc:
             self.security.reject(exc, what=f"handshake {kind}")
         except Exception as exc:  # never let a peer's bytes crash the node
@@ -300,7 +304,9 @@ class ChannelManager:
         with contextlib.suppress(Exception):
             await msg.respond(sign_reply(self.security.require().identity, msg.data, reply))
 
-    def _handle(self, kind: str, data: bytes) -> bytes:
+    def _handle(self, kind: str, data: bytes, sender: str) -> bytes:
+        """Answer handshake message `data` that `sender` (the subject's offering node, which only
+        its own bus user may publish as) sent: an offer or finish signed as anyone else is refused."""
         bundle = self.security.require()
         now = time.monotonic()
         for stale in [cid for cid, p in self._pending.items() if now - p.started > _PENDING_TTL_S]:
@@ -313,6 +319,8 @@ class ChannelManager:
                 bundle.identity, bundle.trust, accept_peer=self._accept_peer, kem=self.security.kem
             )
             response = responder.respond(data)  # the offer's signature verified: its peer is known
+            if responder.peer_id != sender:
+                raise AuthenticationError("untrusted", f"{responder.peer_id}'s offer sent as {sender!r}")
             self._seen_offers[channel_id] = None
             while len(self._seen_offers) > _SEEN_OFFERS:
                 self._seen_offers.pop(next(iter(self._seen_offers)))
@@ -324,6 +332,8 @@ class ChannelManager:
             pending = self._pending.get(channel_id)
             if pending is None:
                 raise AuthenticationError("unknown_channel", "finish without an offer")
+            if pending.peer_id != sender:
+                raise AuthenticationError("untrusted", f"{pending.peer_id}'s finish sent as {sender!r}")
             keys = pending.responder.finish(data)  # a finish that fails leaves the handshake pending
             del self._pending[channel_id]
             self._install(keys)

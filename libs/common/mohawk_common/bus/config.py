@@ -16,13 +16,15 @@ from mohawk_common.bus.setup import (
 from mohawk_common.settings import KVBlockSettings
 
 BUNDLED_MODEL_NAME = "smollm2-135m-instruct"
+BUNDLE_CREDS = "nats.creds"  # a node's own NATS user, beside its certificate in its bundle
 
 
 class BusSettings(KVBlockSettings):
     nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated")
     nats_creds: Path | None = Field(
         None,
-        description="this process's NATS credential (mohawk nats-auth init); none = anonymous",
+        description="this process's own NATS user (a .creds file: `mohawk pki issue` puts nats.creds in "
+        "the node's bundle); none = the bundle's nats.creds if there, else anonymous",
     )
     nats_tls_ca: Path | None = Field(
         None,
@@ -86,7 +88,17 @@ class BusSettings(KVBlockSettings):
         return [u.strip() for u in self.nats_url.split(",") if u.strip()]
 
     def bundle_dir(self, process_id: str) -> Path:
+        if self.pki_dir is None and self.dev_pki_dir is not None:
+            return self.dev_pki_dir / "nodes" / process_id  # where a development bundle is issued
         return self.pki_dir if self.pki_dir is not None else Path(".mohawk") / "pki" / "nodes" / process_id
+
+    def bus_creds(self, process_id: str) -> Path | None:
+        """The NATS user `process_id` connects as: `nats_creds`, else its bundle's own (nats.creds),
+        else none (anonymous)."""
+        if self.nats_creds is not None:
+            return self.nats_creds
+        in_bundle = self.bundle_dir(process_id) / BUNDLE_CREDS
+        return in_bundle if in_bundle.is_file() and not self.insecure else None
 
     def bus_limits(self) -> BusLimits:
         return BusLimits(

@@ -1,8 +1,10 @@
 """Connecting to NATS: keep trying, one clear log line per failed attempt, never a traceback loop.
 
-A process proves who it is with a credential file (`nats_auth.Credential`: its role's user and
-password), passed as `creds` or else named by MOHAWK_NATS_CREDS; URLs are logged with any password
-in them replaced by *** (`redact_url`). Where the bus runs TLS (`nats_tls`), the client trusts
+A process proves who it is with its NATS user's `.creds` file (`nats_auth.issue_user`: a user JWT
+scoped to that process and the seed that signs the server's nonce), passed as `creds` or else named
+by MOHAWK_NATS_CREDS; its inbox is then `_INBOX.<its name>` (`nats_permissions.inbox_prefix`), which
+no other process may subscribe to. URLs are logged with any password in them replaced by ***
+(`redact_url`). Where the bus runs TLS (`nats_tls`), the client trusts
 only the bus CA, passed as `tls_ca` or else named by MOHAWK_NATS_TLS_CA, and checks the server's
 name; a server that asks for TLS is never spoken to in plaintext (nats-py upgrades, and with no
 CA given it trusts only the system's CAs, which never signed the bus's certificates).
@@ -21,7 +23,8 @@ from typing import Any
 import structlog
 from nats.aio.client import Client
 
-from mohawk_common.bus.nats_auth import Credential
+from mohawk_common.bus.nats_jwt import creds_name
+from mohawk_common.bus.nats_permissions import inbox_prefix
 from mohawk_common.logging import redact_url
 from mohawk_common.tasks import cancel_and_wait
 
@@ -43,13 +46,14 @@ MAX_OUTSTANDING_PINGS = 2
 def credential_options(creds: str | Path | None = None) -> dict[str, Any]:
     """nats-py's connect options for credential file `creds`, else MOHAWK_NATS_CREDS's, else none."""
     path = creds or os.environ.get(CREDS_ENV) or None
-    if path is None:
+    if path is None or path == "null":  # "null": none, as settings read it
         return {}
     try:
-        credential = Credential.read(Path(path))
+        name = creds_name(Path(path).read_text())
+        prefix = inbox_prefix(name)
     except (OSError, ValueError, KeyError) as exc:
         raise ConnectionError(f"cannot read the NATS credential {path}: {exc}") from exc
-    return {"user": credential.user, "password": credential.password}
+    return {"user_credentials": str(path), "inbox_prefix": prefix}
 
 
 def tls_options(tls_ca: str | Path | None = None) -> dict[str, Any]:

@@ -13,7 +13,8 @@ shows the whole system and each entity can be filtered with one wildcard:
                                       stage's step results here (core NATS)
     mohawk.v1.hb.<node>               node heartbeats, JSON (core NATS)
     mohawk.v1.cancel.<request>        cancel a request (core NATS; a tag only the request's key makes)
-    mohawk.v1.hs.<node>               channel handshakes with <node> (core NATS request/reply)
+    mohawk.v1.hs.<node>.<from>        channel handshakes <from> offers <node> (core NATS
+                                      request/reply)
 
 KV buckets: mohawk_leader (the coordinator lease), mohawk_nodes (live registry, TTL),
 mohawk_plan (the versioned placement plan under key `current`), mohawk_pki (the root-signed
@@ -122,8 +123,41 @@ def telemetry_subject(kind: str, process_id: str) -> str:
     return f"{PREFIX}.tel.{kind}.{check_id('process id', process_id)}"
 
 
-def handshake_subject(node_id: str) -> str:
-    return f"{PREFIX}.hs.{check_id('node id', node_id)}"
+def handshake_subject(responder: str, initiator: str) -> str:
+    """Where `initiator` offers a channel handshake to `responder` (request/reply): the server lets
+    only `initiator`'s user publish here and only `responder`'s subscribe."""
+    return f"{PREFIX}.hs.{check_id('node id', responder)}.{check_id('node id', initiator)}"
+
+
+def handshakes_to(node_id: str) -> str:
+    """Every handshake offered to `node_id` (what it subscribes to)."""
+    return f"{PREFIX}.hs.{check_id('node id', node_id)}.*"
+
+
+def handshakes_from(node_id: str) -> str:
+    """Every handshake `node_id` may offer (its user's publish permission)."""
+    return f"{PREFIX}.hs.*.{check_id('node id', node_id)}"
+
+
+def initiator_of(subject: str) -> str | None:
+    """The offering node of a `handshake_subject`, None for any other subject."""
+    tokens = subject.split(".")
+    return tokens[4] if len(tokens) == 5 and tokens[2] == "hs" else None
+
+
+def telemetry_of(process_id: str) -> str:
+    """Every telemetry subject of `process_id` (its user's publish permission)."""
+    return f"{PREFIX}.tel.*.{check_id('process id', process_id)}"
+
+
+def gateway_presence_key(gateway_id: str, instance: str) -> str:
+    """The key in GATEWAYS_BUCKET of one run (`instance`) of gateway `gateway_id`."""
+    return f"{check_id('gateway id', gateway_id)}.{check_id('gateway instance', instance)}"
+
+
+def presence_keys_of(gateway_id: str) -> str:
+    """Every presence key gateway `gateway_id` may write (its user's publish permission)."""
+    return f"{check_id('gateway id', gateway_id)}.*"
 
 
 def seal_key_record_key(model: str) -> str:

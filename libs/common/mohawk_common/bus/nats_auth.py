@@ -1,77 +1,73 @@
-"""Who may do what on the bus: one NATS user per role, each with least-privilege permissions that
-nats-server enforces (server-config users: `authorization { users = [...] }`).
+"""Who may do what on the bus: one NATS user per process, each allowed only its own subjects
+(`nats_permissions`), in NATS's decentralised auth (`nats_jwt`: an operator, an account, users).
 
-`init_auth(dir)` makes, once, a random password per role and writes
+`init_auth(dir)` makes, once, the operator, the `MOHAWK` account and the system account (their
+NKey seeds under `keys/`, 0600), and writes
 
-    <dir>/nats-auth.conf           the server's `authorization {}` block: bcrypt hashes and each
-                                   role's publish/subscribe allow lists (include it from the server
-                                   config; anonymous clients are refused, there is no no_auth_user)
-    <dir>/creds/<role>.creds       one client credential per role, JSON {"user", "password"}, 0600
+    <dir>/nats-auth.conf           what nats-server includes: the operator's JWT, the system
+                                   account, and both accounts' JWTs preloaded (the MOHAWK one with
+                                   its revocations); the server's config adds the resolver
+                                   (`resolver_block`: a full resolver, which takes pushed updates)
+    <dir>/account.jwt              the account's newest JWT (its revocation list); beside it the
+                                   operator's and the system account's (operator.jwt, system.jwt)
+    <dir>/users.json               every user issued: name, role, public key, certificate serial
+    <dir>/creds/{ops,admin,system}.creds
+                                   a person's tools: `mohawk bus` (ops), `mohawk pki revoke` and
+                                   `slice push` (admin), pushing account updates (system)
 
-Roles and what they may do (every subject and bucket from `names`):
-
-    coordinator  read heartbeats; write the leader lease, node registry and plan; NAK requests a
-                 lost stage 0 held
-    shard        publish heartbeats, frames, tokens, handshakes, telemetry; pull and ack requests;
-                 read the plan, CRL, gateway presence and slices; never write the plan
-    gateway      publish requests and cancels; read tokens and heartbeats; keep its presence; read
-                 the plan and CRL; never write the plan, purge or delete a stream
-    telemetry    read heartbeats, telemetry reports, plan and leader
-    ops          `mohawk bus`: read every stream, consumer, bucket and subject; publish nothing
-    admin        `mohawk pki revoke` and `mohawk slice push`: ops, plus writing the CRL and slices
-
-Every role but ops may create (never update, purge or delete) Mohawk's own streams and buckets,
-as each service does at start (`setup.ensure_streams`/`ensure_buckets`): a create with an
-existing name and another configuration is refused by JetStream, so it changes nothing.
+`issue_user(auth, name, role, path, ...)` writes one process's `.creds` (JWT and seed; what
+nats-py and the NATS CLI read), scoped to that process. `revoke_users` adds users to the account's
+revocations and re-signs it; `push_account` (in `nats_revocation`) hands the JWT to running servers,
+which drop the revoked users' connections and refuse them from then on. Anonymous clients are
+refused: a server with an operator admits only users its accounts signed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import bcrypt
+from nats.errors import NoRespondersError
 
-from mohawk_common.bus import names
+from mohawk_common.bus.connect import connect_or_give_up
+from mohawk_common.bus.nats_jwt import (
+    UPDATE_SUBJECT,
+    NKey,
+    UserPermissions,
+    account_jwt,
+    creds_text,
+    operator_jwt,
+    user_jwt,
+    verify,
+)
+from mohawk_common.bus.nats_permissions import ROLES, process_permissions
 
-ROLES = ("coordinator", "shard", "gateway", "telemetry", "ops", "admin")
 CONF_NAME = "nats-auth.conf"
 CREDS_DIR = "creds"
-USER_PREFIX = "mohawk-"
-BCRYPT_COST = 11  # nats-server's own `nats server passwd` default
-_API = "$JS.API"
-_INBOX = "_INBOX.>"
+KEYS_DIR = "keys"
+LEDGER_NAME = "users.json"
+ACCOUNT_JWT_NAME = "account.jwt"
+OPERATOR_JWT_NAME = "operator.jwt"
+SYSTEM_JWT_NAME = "system.jwt"
+ACCOUNT_NAME = "MOHAWK"
+SYSTEM_ACCOUNT_NAME = "SYS"
+TOOL_USERS = ("ops", "admin")  # people's tools, one user each; processes get their own
+SYSTEM_USER = "system"
+# a shard node's JWT names its model's stage-0 consumers one by one (about 16 KB), and a client
+# sends its JWT in its CONNECT line: nats-server's default 4 KB would refuse it
+MAX_CONTROL_LINE = 64 * 1024
 
-
-@dataclass(frozen=True, slots=True)
-class Permissions:
-    publish: tuple[str, ...]
-    subscribe: tuple[str, ...]
-    allow_responses: bool = False  # may reply to requests it received (handshake responders)
-
-
-@dataclass(frozen=True, slots=True)
-class Credential:
-    user: str
-    password: str
-
-    @classmethod
-    def read(cls, path: Path) -> Credential:
-        data = json.loads(Path(path).read_text())
-        return cls(user=str(data["user"]), password=str(data["password"]))
-
-    def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_private(path, json.dumps({"user": self.user, "password": self.password}))
+__all__ = ["ROLES", "NatsAuth", "init_auth", "issue_user", "revoke_users"]
 
 
 @dataclass(frozen=True, slots=True)
 class NatsAuth:
-    """A directory `init_auth` filled: the server's include file and one credential per role."""
+    """A directory `init_auth` filled: the keys, the server's include file, the users issued."""
 
     dir: Path
 
@@ -79,30 +75,175 @@ class NatsAuth:
     def conf(self) -> Path:
         return self.dir / CONF_NAME
 
-    def creds(self, role: str) -> Path:
-        if role not in ROLES:
-            raise ValueError(f"unknown NATS role {role!r}; one of {', '.join(ROLES)}")
-        return self.dir / CREDS_DIR / f"{role}.creds"
+    @property
+    def ledger(self) -> Path:
+        return self.dir / LEDGER_NAME
+
+    @property
+    def account_jwt(self) -> Path:
+        return self.dir / ACCOUNT_JWT_NAME
+
+    def creds(self, name: str) -> Path:
+        """The `.creds` of a tool user (ops, admin, system) or of a process issued under `creds/`."""
+        return self.dir / CREDS_DIR / f"{name}.creds"
+
+    def key(self, kind: str) -> NKey:
+        return NKey((self.dir / KEYS_DIR / f"{kind}.nk").read_text().strip())
+
+    def users(self) -> list[dict[str, Any]]:
+        """Every user issued, in order: {name, role, public_key, serial, issued_at}."""
+        if not self.ledger.is_file():
+            return []
+        users = json.loads(self.ledger.read_text())
+        return list(users) if isinstance(users, list) else []
+
+    def revocations(self) -> dict[str, int]:
+        """The account's revoked users (public key -> when), from its newest JWT."""
+        if not self.account_jwt.is_file():
+            return {}
+        claims = verify(self.account_jwt.read_text().strip(), self.key("operator").public_key)
+        return {str(k): int(v) for k, v in claims["nats"].get("revocations", {}).items()}
 
 
 def init_auth(directory: Path) -> NatsAuth:
-    """Credentials for every role under `directory` (kept if there already) and the server's
-    include file for them (rewritten each time, so permission changes reach it)."""
+    """The operator, accounts and tool users under `directory` (kept if there already), and the
+    server's include file for them (rewritten each time)."""
     auth = NatsAuth(Path(directory))
-    credentials: dict[str, Credential] = {}
-    for role in ROLES:
-        path = auth.creds(role)
-        if path.is_file() and not path.is_symlink():
-            credentials[role] = Credential.read(path)
-        else:
-            credentials[role] = Credential(USER_PREFIX + role, secrets.token_urlsafe(32))
-            credentials[role].write(path)
-    _write_private(auth.conf, authorization_block(credentials))
+    (auth.dir / KEYS_DIR).mkdir(parents=True, exist_ok=True, mode=0o700)
+    for kind, prefix in (("operator", "operator"), ("account", "account"), ("system", "account")):
+        path = auth.dir / KEYS_DIR / f"{kind}.nk"
+        if not path.is_file() or path.is_symlink():
+            _write_private(path, NKey.create(prefix).seed)
+    operator, system = auth.key("operator"), auth.key("system")
+    claims = {
+        OPERATOR_JWT_NAME: lambda: operator_jwt(operator, name="mohawk", system_account=system.public_key),
+        SYSTEM_JWT_NAME: lambda: account_jwt(
+            operator, system.public_key, name=SYSTEM_ACCOUNT_NAME, jetstream=False
+        ),
+        ACCOUNT_JWT_NAME: lambda: _signed_account(auth, {}),
+    }
+    for name, sign in claims.items():  # signed once: the include file is the same on every host
+        if not (auth.dir / name).is_file() or (auth.dir / name).is_symlink():
+            _write_private(auth.dir / name, sign())
+    _write_private(auth.conf, server_include(auth))
+    for name in TOOL_USERS:
+        if not auth.creds(name).is_file() or auth.creds(name).is_symlink():
+            issue_user(auth, name, name, auth.creds(name))
+    if not auth.creds(SYSTEM_USER).is_file() or auth.creds(SYSTEM_USER).is_symlink():
+        _issue_system_user(auth)
     return auth
+
+
+def server_include(auth: NatsAuth) -> str:
+    system = auth.key("system")
+    op_jwt = (auth.dir / OPERATOR_JWT_NAME).read_text().strip()
+    sys_jwt = (auth.dir / SYSTEM_JWT_NAME).read_text().strip()
+    account = auth.key("account").public_key
+    return (
+        "# Generated by `mohawk pki nats-auth` / `mohawk up`: NATS's decentralised auth. Users are\n"
+        "# signed by the account below; their .creds are given to each process, never here.\n"
+        f"operator: {json.dumps(op_jwt)}\n"
+        f"system_account: {json.dumps(system.public_key)}\n"
+        f"max_control_line: {MAX_CONTROL_LINE}\n"
+        "resolver_preload: {\n"
+        f"  {account}: {json.dumps(auth.account_jwt.read_text().strip())}\n"
+        f"  {system.public_key}: {json.dumps(sys_jwt)}\n"
+        "}\n"
+    )
+
+
+def resolver_block(jwt_dir: str | Path) -> str:
+    """The server's `resolver {}`: a full resolver keeping account JWTs under `jwt_dir` (its own
+    per server), which takes newer ones pushed on `$SYS.REQ.CLAIMS.UPDATE` and passes them to the
+    servers it routes to."""
+    return f"resolver: {{ type: full, dir: {json.dumps(str(jwt_dir))}, allow_delete: false }}\n"
+
+
+def issue_user(
+    auth: NatsAuth,
+    name: str,
+    role: str,
+    path: Path,
+    *,
+    models: Sequence[str] = (),
+    serial: int | None = None,
+    expires_at: int | None = None,
+) -> Path:
+    """A new user for process `name` in `role`, its `.creds` written to `path` (0600) and entered
+    in the ledger (with the certificate `serial` it goes with, which `mohawk pki revoke` names)."""
+    user = NKey.create("user")
+    permissions = process_permissions(role, name, models=models)
+    token = user_jwt(
+        auth.key("account"), user.public_key, name=name, permissions=permissions, expires_at=expires_at
+    )
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _write_private(path, creds_text(token, user))
+    entry = {
+        "name": name,
+        "role": role,
+        "public_key": user.public_key,
+        "serial": serial,
+        "issued_at": int(time.time()),
+    }
+    _write_private(auth.ledger, json.dumps([*auth.users(), entry], indent=1))
+    return path
+
+
+def users_of_serials(auth: NatsAuth, serials: Iterable[int]) -> list[str]:
+    """The public keys of every user issued with one of `serials`' certificates."""
+    wanted = set(serials)
+    return [str(user["public_key"]) for user in auth.users() if user.get("serial") in wanted]
+
+
+def users_named(auth: NatsAuth, names_: Iterable[str]) -> list[str]:
+    wanted = set(names_)
+    return [str(user["public_key"]) for user in auth.users() if user.get("name") in wanted]
+
+
+def revoked_account(auth: NatsAuth, public_keys: Iterable[str], *, at: int | None = None) -> str:
+    """The account re-signed with `public_keys` also revoked (their JWTs issued up to `at`, default
+    now), written nowhere: `push_account` it, then `save_account`."""
+    revocations = auth.revocations()
+    when = int(time.time()) if at is None else at
+    for key in public_keys:
+        revocations[key] = max(revocations.get(key, 0), when)
+    return _signed_account(auth, revocations)
+
+
+def save_account(auth: NatsAuth, token: str) -> None:
+    """Keep the account's JWT `token` as its newest, in `account.jwt` and the server's include (so a
+    server started or restarted later preloads it)."""
+    _write_private(auth.account_jwt, token)
+    _write_private(auth.conf, server_include(auth))
+
+
+def revoke_users(auth: NatsAuth, public_keys: Iterable[str], *, at: int | None = None) -> str:
+    """`revoked_account`, saved; returned for `push_account`."""
+    token = revoked_account(auth, public_keys, at=at)
+    save_account(auth, token)
+    return token
+
+
+def _signed_account(auth: NatsAuth, revocations: dict[str, int]) -> str:
+    return account_jwt(
+        auth.key("operator"), auth.key("account").public_key, name=ACCOUNT_NAME, revocations=revocations
+    )
+
+
+def _issue_system_user(auth: NatsAuth) -> None:
+    """The system account's user, which may only push account updates (and read their answers)."""
+    user = NKey.create("user")
+    permissions = UserPermissions(publish=(UPDATE_SUBJECT,), subscribe=("_INBOX.>",))
+    token = user_jwt(
+        auth.key("system"), user.public_key, name=SYSTEM_USER, permissions=permissions, expires_at=None
+    )
+    auth.creds(SYSTEM_USER).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _write_private(auth.creds(SYSTEM_USER), creds_text(token, user))
 
 
 def _write_private(path: Path, text: str) -> None:
     """A new 0600 file whatever was there (a leftover file's mode, a planted link) and the umask."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if path.is_symlink() or path.exists():
         path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -111,196 +252,28 @@ def _write_private(path: Path, text: str) -> None:
         out.write(text)
 
 
-def authorization_block(credentials: Mapping[str, Credential]) -> str:
-    """nats-server's `authorization {}` for `credentials` (role -> credential), passwords hashed."""
-    users = []
-    for role, credential in credentials.items():
-        rules = role_permissions(role)
-        hashed = bcrypt.hashpw(credential.password.encode(), bcrypt.gensalt(BCRYPT_COST)).decode()
-        users.append(
-            "    {\n"
-            f"      user: {_quote(credential.user)}\n"
-            f"      password: {_quote(hashed)}\n"
-            "      permissions: {\n"
-            f"        publish: {{ allow: {_list(rules.publish)} }}\n"
-            f"        subscribe: {{ allow: {_list(rules.subscribe)} }}\n"
-            + ("        allow_responses: true\n" if rules.allow_responses else "")
-            + "      }\n"
-            "    }"
-        )
-    return (
-        "# Generated by `mohawk nats-auth init` / `mohawk up`: one user per Mohawk role (bcrypt\n"
-        "# hashes; the clients' passwords are in creds/<role>.creds beside this file).\n"
-        "authorization {\n  users = [\n" + "\n".join(users) + "\n  ]\n}\n"
+async def push_account(
+    servers: list[str], auth: NatsAuth, token: str, *, tls_ca: Path | None = None, deadline_s: float = 4.0
+) -> bool:
+    """Hand the account's JWT `token` to the running servers as the system user: the one that takes
+    it stores it and passes it on to the others, and each drops the connections of users it now
+    revokes. False when no server takes account updates (a NATS run without users: there is
+    nothing to revoke there); ConnectionError when none can be reached; PushRefused when one
+    refuses the update."""
+    nc = await connect_or_give_up(
+        servers, name="mohawk-pki-system", deadline_s=deadline_s, creds=auth.creds(SYSTEM_USER), tls_ca=tls_ca
     )
+    try:
+        reply = await nc.request(UPDATE_SUBJECT, token.encode(), timeout=deadline_s)
+    except NoRespondersError:
+        return False
+    finally:
+        await nc.close()
+    answer = json.loads(reply.data or b"{}")
+    if "error" in answer:
+        raise PushRefused(f"nats-server refused the account update: {answer['error']}")
+    return True
 
 
-def role_permissions(role: str) -> Permissions:
-    if role not in _ROLE_RULES:
-        raise ValueError(f"unknown NATS role {role!r}; one of {', '.join(ROLES)}")
-    return _ROLE_RULES[role]()
-
-
-def _coordinator() -> Permissions:
-    return Permissions(
-        publish=(
-            *_adopt(),
-            *_kv_read(names.LEADER_BUCKET, names.NODES_BUCKET, names.PLAN_BUCKET, names.PKI_BUCKET),
-            *_kv_read(names.GATEWAYS_BUCKET),
-            *_kv_write(names.LEADER_BUCKET, names.NODES_BUCKET, names.PLAN_BUCKET),
-            f"$JS.ACK.{names.REQUESTS_STREAM}.>",  # NAK what a lost stage 0 held
-        ),
-        subscribe=(names.HEARTBEAT_WILDCARD, _INBOX),
-    )
-
-
-def _shard() -> Permissions:
-    requests = names.REQUESTS_STREAM
-    return Permissions(
-        publish=(
-            *_adopt(),
-            f"{names.PREFIX}.hb.*",
-            f"{names.PREFIX}.act.>",
-            names.TOKENS_WILDCARD,
-            f"{names.PREFIX}.hs.*",
-            names.TELEMETRY_WILDCARD,
-            # stage 0: the shared and routed pull consumers of the requests stream
-            f"{_API}.CONSUMER.CREATE.{requests}.>",
-            f"{_API}.CONSUMER.DURABLE.CREATE.{requests}.*",
-            f"{_API}.CONSUMER.INFO.{requests}.*",
-            f"{_API}.CONSUMER.LIST.{requests}",
-            f"{_API}.CONSUMER.NAMES.{requests}",
-            f"{_API}.CONSUMER.MSG.NEXT.{requests}.*",
-            f"$JS.ACK.{requests}.>",
-            *_stream_read(names.TOKENS_STREAM),  # a new stage 0 reads back emitted tokens
-            *_kv_read(names.PLAN_BUCKET, names.PKI_BUCKET, names.GATEWAYS_BUCKET, names.NODES_BUCKET),
-            *_kv_read(names.LEADER_BUCKET),
-            *_object_read(names.SLICES_BUCKET),
-        ),
-        subscribe=(f"{names.PREFIX}.act.>", names.CANCEL_WILDCARD, f"{names.PREFIX}.hs.*", _INBOX),
-        allow_responses=True,  # handshake replies
-    )
-
-
-def _gateway() -> Permissions:
-    return Permissions(
-        publish=(
-            *_adopt(),
-            names.REQUESTS_WILDCARD,
-            names.CANCEL_WILDCARD,
-            names.TELEMETRY_WILDCARD,
-            *_stream_read(names.TOKENS_STREAM),
-            *_kv_read(names.PLAN_BUCKET, names.PKI_BUCKET, names.GATEWAYS_BUCKET, names.NODES_BUCKET),
-            *_kv_read(names.LEADER_BUCKET),
-            *_kv_write(names.GATEWAYS_BUCKET),
-        ),
-        subscribe=(names.TOKENS_WILDCARD, names.HEARTBEAT_WILDCARD, _INBOX),  # readiness: live nodes
-    )
-
-
-def _telemetry() -> Permissions:
-    return Permissions(
-        publish=(*_adopt(), *_kv_read(*_BUCKETS)),
-        subscribe=(names.HEARTBEAT_WILDCARD, names.TELEMETRY_WILDCARD, _INBOX),
-    )
-
-
-def _ops() -> Permissions:
-    return Permissions(
-        publish=(
-            f"{_API}.INFO",
-            f"{_API}.STREAM.NAMES",
-            f"{_API}.STREAM.LIST",
-            f"{_API}.STREAM.INFO.*",
-            f"{_API}.CONSUMER.NAMES.*",
-            f"{_API}.CONSUMER.LIST.*",
-            f"{_API}.CONSUMER.INFO.*.*",
-            *_kv_read(*_BUCKETS),
-        ),
-        subscribe=(f"{names.PREFIX}.>", _INBOX),
-    )
-
-
-def _admin() -> Permissions:
-    ops = _ops()
-    slices = _object_stream(names.SLICES_BUCKET)
-    return Permissions(
-        publish=(
-            *ops.publish,
-            *_adopt(),  # `pki revoke` adopts every bucket, as a service does
-            *_kv_write(names.PKI_BUCKET),
-            *_object_read(names.SLICES_BUCKET),
-            f"{_API}.STREAM.CREATE.{slices}",
-            f"{_API}.STREAM.PURGE.{slices}",  # replacing an object purges its old chunks
-            f"$O.{names.SLICES_BUCKET}.>",
-        ),
-        subscribe=ops.subscribe,
-    )
-
-
-_BUCKETS = (
-    names.LEADER_BUCKET,
-    names.NODES_BUCKET,
-    names.PLAN_BUCKET,
-    names.PKI_BUCKET,
-    names.GATEWAYS_BUCKET,
-)
-_ROLE_RULES = {
-    "coordinator": _coordinator,
-    "shard": _shard,
-    "gateway": _gateway,
-    "telemetry": _telemetry,
-    "ops": _ops,
-    "admin": _admin,
-}
-
-
-def _kv_stream(bucket: str) -> str:
-    return f"KV_{bucket}"
-
-
-def _object_stream(bucket: str) -> str:
-    return f"OBJ_{bucket}"
-
-
-def _adopt() -> tuple[str, ...]:
-    """Finding, else creating, Mohawk's streams and KV buckets (what every service does at start)."""
-    streams = (names.REQUESTS_STREAM, names.TOKENS_STREAM, *(_kv_stream(b) for b in _BUCKETS))
-    return tuple(f"{_API}.STREAM.{verb}.{stream}" for stream in streams for verb in ("INFO", "CREATE"))
-
-
-def _stream_read(stream: str) -> tuple[str, ...]:
-    """Reading `stream`: its info, single messages, and ordered consumers (watchers) with their
-    flow control."""
-    return (
-        f"{_API}.STREAM.INFO.{stream}",
-        f"{_API}.STREAM.MSG.GET.{stream}",
-        f"{_API}.DIRECT.GET.{stream}",
-        f"{_API}.DIRECT.GET.{stream}.>",
-        f"{_API}.CONSUMER.CREATE.{stream}",
-        f"{_API}.CONSUMER.CREATE.{stream}.>",
-        f"{_API}.CONSUMER.INFO.{stream}.*",
-        f"{_API}.CONSUMER.DELETE.{stream}.*",
-        f"$JS.FC.{stream}.>",
-    )
-
-
-def _kv_read(*buckets: str) -> tuple[str, ...]:
-    return tuple(subject for bucket in buckets for subject in _stream_read(_kv_stream(bucket)))
-
-
-def _kv_write(*buckets: str) -> tuple[str, ...]:
-    return tuple(f"$KV.{bucket}.>" for bucket in buckets)
-
-
-def _object_read(bucket: str) -> tuple[str, ...]:
-    # nats-py finds an object's chunk stream by subject (STREAM.NAMES) before reading it
-    return (*_stream_read(_object_stream(bucket)), f"{_API}.STREAM.NAMES")
-
-
-def _quote(text: str) -> str:
-    return json.dumps(text)
-
-
-def _list(items: Iterable[str]) -> str:
-    return "[" + ", ".join(_quote(item) for item in dict.fromkeys(items)) + "]"
+class PushRefused(ConnectionError):
+    """A server answered an account update with an error."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,7 +26,8 @@ from google.protobuf.message import DecodeError
 from nats.js.kv import KeyValue
 
 from mohawk_common.bus import names
-from mohawk_common.bus.config import BusSettings
+from mohawk_common.bus.config import BUNDLE_CREDS, BusSettings
+from mohawk_common.bus.nats_auth import CONF_NAME, NatsAuth, issue_user
 from mohawk_common.errors import ConfigError
 from mohawk_pqc.certificates import check_model
 from mohawk_pqc.errors import AuthenticationError, PkiError
@@ -89,7 +91,8 @@ class Security:
         if settings.pki_dir is None and settings.dev_pki_dir is not None and not settings.insecure:
             try:
                 bundle_dir = ensure_dev_bundle(settings.dev_pki_dir, process_id, role, models)
-            except (OSError, PkiError) as exc:
+                ensure_dev_bus_user(settings.dev_pki_dir, bundle_dir, process_id, role, models)
+            except (OSError, PkiError, ValueError) as exc:
                 raise ConfigError(f"development PKI at {settings.dev_pki_dir} unusable: {exc}") from exc
             log.warning(
                 "DEVELOPMENT PKI: issued this process its own certificate from a shared root; "
@@ -175,3 +178,18 @@ class Security:
         body = security_pb2.SealKeyRecordBody.FromString(record.body)
         log.info("sealing key rotated", model=body.model, number=body.number, role=self.role)
         return True
+
+
+def ensure_dev_bus_user(
+    dev_pki: Path, bundle_dir: Path, process_id: str, role: str, models: tuple[str, ...]
+) -> None:
+    """Development PKI: where the shared directory also holds a NATS operator (`mohawk pki
+    nats-auth DIR`: docker-compose.dev.yml's), this process's own NATS user in its bundle, issued
+    now (under a lock: processes starting together append to one ledger)."""
+    creds = bundle_dir / BUNDLE_CREDS
+    if not (dev_pki / CONF_NAME).is_file() or creds.is_file():
+        return
+    with (dev_pki / ".nats-lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not creds.is_file():
+            issue_user(NatsAuth(dev_pki), process_id, role, creds, models=models)

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from mohawk_common.bus.nats_auth import NatsAuth
+from mohawk_common.bus.nats_auth import NatsAuth, resolver_block
 from mohawk_common.bus.nats_tls import ServerTls
 from mohawk_common.errors import ConfigError
 from mohawk_common.processes import kill_process, stop_process
@@ -38,7 +38,8 @@ def free_port() -> int:
 
 class NatsServer:
     """One nats-server process on 127.0.0.1:`port` with JetStream data under `store_dir`; with
-    `auth` (`nats_auth.init_auth`), only its users may connect, each as its role permits; with `tls`
+    `auth` (`nats_auth.init_auth`), only users its account signed may connect, each as its JWT
+    permits (account updates pushed to it are kept under `store_dir/jwt`); with `tls`
     (`nats_tls.issue_server`), only over TLS (its `url` is then tls://)."""
 
     def __init__(
@@ -83,6 +84,8 @@ class NatsServer:
         ):
             included = os.path.relpath(include.resolve(), config.parent.resolve())
             lines.append(f"include {json.dumps(included)}")
+        if self.auth is not None:  # its own copy of the accounts, which revocations are pushed to
+            lines.append(resolver_block((self.store_dir / "jwt").resolve()).strip())
         if lines:
             config.write_text("\n".join(lines) + "\n")
             args += ["-c", str(config)]

@@ -89,7 +89,7 @@ class ShardNode:
         self.nc: Client = await connect(
             self.settings.nats_servers,
             name=f"shard-{self.node_id}",
-            creds=self.settings.nats_creds,
+            creds=self.settings.bus_creds(self.node_id),
             tls_ca=self.settings.nats_tls_ca,
         )
         self.js = self.nc.jetstream()

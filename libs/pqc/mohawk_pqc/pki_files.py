@@ -198,6 +198,18 @@ def seal_models(pki: Path) -> list[str]:
     return [read_body(read_message(path, security_pb2.Certificate)).model for path in paths]
 
 
+def seal_models_due(pki: Path, every_days: float, now: float | None = None) -> list[str]:
+    """The models whose request-sealing key was issued `every_days` or more ago (`now`: unix seconds,
+    default the clock's): those a rotation schedule rotates next."""
+    now = time.time() if now is None else now
+    due = []
+    for path in sorted((pki / "seal").glob("*.cert")):
+        body = read_body(read_message(path, security_pb2.Certificate))
+        if now - body.not_before >= every_days * DAY_S:
+            due.append(body.model)
+    return due
+
+
 def models_held_by(pki: Path, serials: list[int]) -> list[str]:
     """The models whose sealing private key the certificates `serials` were given: those in each
     one's shard bundle; every model when a serial's bundle is not under <pki>/nodes. Gateways and

@@ -33,6 +33,7 @@ from mohawk_cli.bus_identity import NATS_AUTH_DIR, issue_with_identity
 from mohawk_cli.compose_bundles import SERVICES, write_compose_bundles
 from mohawk_cli.pki_listing import fingerprint, issued_serials, listing
 from mohawk_cli.pki_publish import revoke_and_publish, rotate_and_publish
+from mohawk_cli.seal_schedule import DEFAULT_SEAL_ROTATION_DAYS
 from mohawk_common.bus import names
 from mohawk_common.bus.config import BusSettings
 from mohawk_common.bus.nats_auth import (
@@ -58,6 +59,7 @@ from mohawk_pqc.pki_files import (
     read_message,
     revoke,
     seal_models,
+    seal_models_due,
 )
 from mohawk_proto.v1 import security_pb2
 
@@ -105,6 +107,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     rotate_cmd.add_argument(
         "--model", action="append", default=[], help="a model to rotate (repeatable; default: every model)"
+    )
+    rotate_cmd.add_argument(
+        "--due",
+        action="store_true",
+        help="only the models whose key is --every days old or more (for cron or a timer)",
+    )
+    rotate_cmd.add_argument(
+        "--every",
+        type=_days,
+        default=DEFAULT_SEAL_ROTATION_DAYS,
+        help="with --due: the rotation period in days (default %(default)g)",
     )
     rotate_cmd.add_argument("--nats-url", help="NATS to publish on (default: MOHAWK_NATS_URL)")
     rotate_cmd.add_argument(
@@ -312,11 +325,18 @@ def _rotate_seal(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.model) - set(known))
     if unknown:
         raise PkiError(f"{args.pki_dir} has no sealing key of model(s) {', '.join(unknown)}")
+    models = args.model or known
+    if args.due:
+        due = set(seal_models_due(args.pki_dir, args.every))
+        models = [model for model in models if model in due]
+        if not models:
+            print(f"mohawk pki: no sealing key is {args.every:g} days old yet", file=sys.stderr)
+            return 0
     settings = _bus_settings(args)
     records = asyncio.run(
         rotate_and_publish(
             args.pki_dir,
-            args.model or known,
+            models,
             settings.nats_servers,
             settings.bus_limits(),
             creds=settings.nats_creds,

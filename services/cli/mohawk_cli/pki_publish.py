@@ -67,10 +67,18 @@ async def revoke_and_publish(
 
 
 async def rotate_and_publish(
-    pki: Path, models: list[str], servers: list[str], limits: BusLimits, *, creds: Path | None = None
+    pki: Path,
+    models: list[str],
+    servers: list[str],
+    limits: BusLimits,
+    *,
+    creds: Path | None = None,
+    tls_ca: Path | None = None,
 ) -> list[security_pb2.SealKeyRecord]:
     """A new request-sealing key for each of `models`, its record put into the PKI bucket."""
-    nc = await connect_or_give_up(servers, name="mohawk-pki", deadline_s=CONNECT_DEADLINE_S, creds=creds)
+    nc = await connect_or_give_up(
+        servers, name="mohawk-pki", deadline_s=CONNECT_DEADLINE_S, creds=creds, tls_ca=tls_ca
+    )
     try:
         return await _rotate_seal_keys(await _pki_bucket(nc, servers, limits), pki, models)
     finally:

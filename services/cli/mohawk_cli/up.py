@@ -26,6 +26,7 @@ from pathlib import Path
 from mohawk_cli.cluster import ClusterError, ClusterSpec, LocalCluster
 from mohawk_cli.load_watch import LoadWatch
 from mohawk_cli.redis_server import INSTALL_HINT, find_redis_server
+from mohawk_cli.seal_schedule import DEFAULT_SEAL_ROTATION_DAYS, SealSchedule
 from mohawk_cli.supervisor import Supervisor
 from mohawk_common.errors import MohawkError
 from mohawk_shard.config import add_format_flags
@@ -71,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run NATS in plaintext: the bus's traffic readable on this machine's loopback (development)",
     )
+    parser.add_argument(
+        "--seal-rotation-days",
+        type=float,
+        default=DEFAULT_SEAL_ROTATION_DAYS,
+        help="rotate each model's request-sealing key this often (default %(default)g; it also rotates "
+        "on every revocation)",
+    )
     parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
     add_format_flags(parser)  # passed on to every shard node
     parser.add_argument("--data-dir", default=".mohawk", help="NATS data and logs (default .mohawk)")
@@ -101,6 +109,9 @@ def redis_choice(args: argparse.Namespace) -> tuple[bool, str | None]:
 
 def run_up(args: argparse.Namespace) -> int:
     backends = tuple(b.strip() for b in (args.backends or "").split(",") if b.strip())
+    if not args.seal_rotation_days > 0:
+        print("mohawk up: error: --seal-rotation-days must be positive", file=sys.stderr)
+        return 2
     if args.nodes < 1 or args.coordinators < 1:
         print("mohawk up: error: --nodes and --coordinators must be at least 1", file=sys.stderr)
         return 2
@@ -166,12 +177,21 @@ def run_up(args: argparse.Namespace) -> int:
         if not stopping:
             _banner(cluster)
         supervisor = Supervisor(cluster)
+        seal_schedule = SealSchedule(
+            cluster.pki_dir,
+            [cluster.nats.url],
+            args.seal_rotation_days,
+            creds=cluster.nats_creds("admin"),
+            tls_ca=cluster.nats_tls_ca,
+        )
         while not stopping:
             time.sleep(0.5)
             # Ctrl-C in a terminal reaches the children too (one process group): once it has come,
             # a child that exits is one being stopped, not one to restart
             if not stopping:
                 supervisor.poll(time.monotonic(), on_event=_say)
+                for event in seal_schedule.poll(time.monotonic()):
+                    _say(event)
     except MohawkError as exc:  # ClusterError, or a server (nats, redis) that would not start
         print(f"mohawk up: error: {exc}", file=sys.stderr)
         return 1

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from mohawk_cli.redis_server import RedisServer, ensure_password, find_redis_server
 from mohawk_common.bus.server import free_port
 from mohawk_common.tenancy import Tenant, TenantStore, connect
 from tests.cli.helpers import mohawk, mohawk_in_process
@@ -155,3 +157,36 @@ def test_an_unreachable_redis_is_one_line_and_exit_1(
     assert code == 1 and out == ""
     line = one_line(err)
     assert "cannot reach Redis at redis://:***@127.0.0.1" in line and "hunter2" not in line
+
+
+def test_a_redis_with_a_password_takes_it_from_a_file_and_refuses_without(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mohawk up`'s Redis wants its password: `--redis-password-file` (or the variable) gives it;
+    without it, one line saying authentication failed, exit status 1."""
+    if find_redis_server() is None:
+        pytest.skip("redis-server is not installed (apt install redis-server)")
+    password_file = tmp_path / "password"
+    server = RedisServer(tmp_path / "redis", persist=False, password=ensure_password(password_file)).start()
+    try:
+        code, _, err = cli(capsys, "ls", "--redis-url", server.public_url)
+        assert code == 1 and len(err.strip().splitlines()) == 1 and "uthentication" in err, err
+        code, out, err = cli(
+            capsys,
+            "add",
+            "acme",
+            "--redis-url",
+            server.public_url,
+            "--redis-password-file",
+            str(password_file),
+        )
+        assert code == 0 and out.strip().startswith("mk-"), err
+        monkeypatch.setenv("MOHAWK_REDIS_PASSWORD_FILE", str(password_file))
+        code, out, err = cli(capsys, "ls", "--redis-url", server.public_url)
+        assert code == 0 and "acme" in out, err
+        code, _, err = cli(
+            capsys, "ls", "--redis-url", server.public_url, "--redis-password-file", str(tmp_path)
+        )
+        assert code == 2 and "cannot read the Redis password file" in err, err
+    finally:
+        server.stop()

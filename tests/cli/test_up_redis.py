@@ -1,11 +1,13 @@
 """`mohawk up`'s redis-server, without a whole cluster: which port it takes, what it says when
-redis-server is not installed, its persistence under the data dir, the URL the gateways get, and
-its supervision (an exited redis-server is reported and started again)."""
+redis-server is not installed, its password (made once under the data dir; a client without it
+refused), its persistence under the data dir, the URL the gateways get, and its supervision (an
+exited redis-server is reported and started again)."""
 
 from __future__ import annotations
 
 import argparse
 import socket
+import stat
 from pathlib import Path
 
 import pytest
@@ -59,10 +61,22 @@ def test_up_starts_a_persistent_redis_and_hands_its_url_to_the_gateways(tmp_path
     spec = ClusterSpec(data_dir=tmp_path, redis=True, redis_port=port, gateway_env={"MOHAWK_AUTH": "true"})
     cluster = LocalCluster(spec)
     assert cluster.redis is not None
-    assert cluster.gateway_env() == {"MOHAWK_REDIS_URL": f"redis://127.0.0.1:{port}/0", "MOHAWK_AUTH": "true"}
+    password_file = tmp_path / "redis" / "password"
+    password = password_file.read_text().strip()
+    assert stat.S_IMODE(password_file.stat().st_mode) == 0o600 and len(password) >= 32
+    assert LocalCluster(spec).redis.password == password  # type: ignore[union-attr]  # kept
+    assert cluster.gateway_env() == {
+        "MOHAWK_REDIS_URL": f"redis://:{password}@127.0.0.1:{port}/0",
+        "MOHAWK_AUTH": "true",
+    }
     assert LocalCluster(ClusterSpec(data_dir=tmp_path)).gateway_env() == {}  # redis is opt-in
     cluster.redis.start()
     try:
+        assert password not in " ".join(cluster.redis.process.args)  # type: ignore[union-attr]  # not in `ps`
+        stranger = redis.Redis.from_url(cluster.redis.public_url, socket_timeout=5)
+        with pytest.raises(redis.AuthenticationError):
+            stranger.get("mohawk:probe")
+        stranger.close()
         client = redis.Redis.from_url(cluster.redis.url, socket_timeout=5)
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         assert Path(client.config_get("dir")["dir"]) == (tmp_path / "redis").resolve()

@@ -316,6 +316,10 @@ def test_nats_admits_only_mohawk_users_and_listens_on_loopback_unless_told(compo
     assert mount_specs(nats)["/etc/nats/auth"] == (str(BUNDLES_DIR / "nats"), True)
     assert ("127.0.0.1", "4222", 4222) in port_bindings(nats)
     assert not any(ip in ("", "0.0.0.0") for ip, _, _ in port_bindings(nats))
+    # monitoring has no auth and /connz names every user: not published, and bound to the
+    # container's loopback, so no other container on the compose network reaches it either
+    assert not any(target == 8222 for _, _, target in port_bindings(nats))
+    assert "http: 127.0.0.1:8222" in Path(conf).read_text()
     shared = resolved(compose, COMPOSE_FILE, MOHAWK_NATS_BIND="0.0.0.0")["services"]["nats"]
     assert ("0.0.0.0", "4222", 4222) in port_bindings(shared)
 
@@ -362,6 +366,6 @@ def test_cluster_file_mounts_its_configs_and_takes_standard_ports_per_host(compo
     # One host: distinct host ports. Host 2 of three: the standard ones.
     assert ("4223", 4222) in published_ports(services["nats-2"])
     on_host_2 = resolved(
-        compose, CLUSTER_FILE, NATS_2_CLIENT_PORT="4222", NATS_2_ROUTE_PORT="6222", NATS_2_HTTP_PORT="8222"
+        compose, CLUSTER_FILE, NATS_2_CLIENT_PORT="4222", NATS_2_ROUTE_PORT="6222"
     )["services"]["nats-2"]
-    assert published_ports(on_host_2) == {("4222", 4222), ("6222", 6222), ("8222", 8222)}
+    assert published_ports(on_host_2) == {("4222", 4222), ("6222", 6222)}  # monitoring: not published

@@ -197,7 +197,7 @@ def test_single_server_runs_jetstream_with_a_1mb_payload_limit_for_mohawk_users_
         (NATS_DIR / "single.conf").read_text(),
         {
             "listen: 0.0.0.0:4222": f"listen: 127.0.0.1:{ports.client}",
-            "http: 0.0.0.0:8222": f"http: 127.0.0.1:{ports.http}",
+            "http: 127.0.0.1:8222": f"http: 127.0.0.1:{ports.http}",
             "store_dir: /data": f'store_dir: "{tmp_path / "data"}"',
             '"/data/jwt"': f'"{tmp_path / "data" / "jwt"}"',
         },
@@ -266,7 +266,7 @@ def cluster(tmp_path: Path, auth: NatsAuth, ca: NatsCa) -> Iterator[dict[int, Se
         for i in CLUSTER:
             replacements = {
                 "listen: 0.0.0.0:4222": f"listen: 127.0.0.1:{ports[i].client}",
-                "http: 0.0.0.0:8222": f"http: 127.0.0.1:{ports[i].http}",
+                "http: 127.0.0.1:8222": f"http: 127.0.0.1:{ports[i].http}",
                 "listen: 0.0.0.0:6222": f"listen: 127.0.0.1:{ports[i].route}",
                 f"advertise: nats-{i}:6222": f"advertise: 127.0.0.1:{ports[i].route}",
                 "store_dir: /data": f'store_dir: "{tmp_path / f"data-{i}"}"',

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import httpx
 from nats.aio.client import Client
+from nats.js.errors import ServiceUnavailableError
 
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import credential_options
@@ -93,11 +94,20 @@ async def read_plan_record(nc: Client) -> tuple[bytes, bus_pb2.Plan] | None:
     return entry.value, decode_json(bus_pb2.Plan, entry.value)
 
 
-async def plan_history(nc: Client) -> list[bytes]:
-    """Every stored record of the plan key, oldest first (what a reader of the bucket can record)."""
-    kv = await nc.jetstream().key_value(names.PLAN_BUCKET)
-    entries = await kv.history(names.PLAN_KEY)
-    return [e.value for e in entries if e.value]
+async def plan_history(nc: Client, within_s: float = 30.0) -> list[bytes]:
+    """Every stored record of the plan key, oldest first (what a reader of the bucket can record).
+    JetStream answers "temporarily unavailable" for a while after a host rejoins (its meta group
+    catching up): that is asked again, for up to `within_s`."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while True:
+        try:
+            kv = await nc.jetstream().key_value(names.PLAN_BUCKET)
+            entries = await kv.history(names.PLAN_KEY)
+            return [e.value for e in entries if e.value]
+        except ServiceUnavailableError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def heartbeats(nc: Client, node_ids: set[str], within_s: float) -> dict[str, bus_pb2.Heartbeat]:

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from mohawk_common.bus import names
+from mohawk_common.bus.connect import TLS_CA_ENV
 from mohawk_common.bus.control import decode_json
 from mohawk_common.bus.pipelines import pipelines
+from mohawk_pqc.pki_files import load_bundle
 from mohawk_proto.v1 import bus_pb2
 from tests.integration.cluster_helpers import PROMPTS
 from tests.multihost.hosts import MultiHostCluster
@@ -41,6 +47,7 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 32
 NUM_STREAMS = 16
 STREAMS_BOUND_S = 240.0  # 16 streams through an unplugged host and back
+DROPPED_WITHIN_S = 5.0  # a revoked node's connection, on every server
 DENIED_WITHIN_S = 1.0  # a refused JetStream call gets no reply; the server says why on the side
 SHARDS = {"shard-1", "shard-2", "shard-3"}
 
@@ -325,3 +332,113 @@ def _replayed_counts(cluster: MultiHostCluster) -> dict[str, int]:
     beats = on_bus(cluster, cluster.lab.host("user").netns, "ops", read)
     assert isinstance(beats, dict) and set(beats) == SHARDS, beats
     return {node: int(beat.security_rejections.get("replayed", 0)) for node, beat in beats.items()}
+
+
+def test_a_stolen_shard_credential_cannot_speak_for_another_node(cluster: MultiHostCluster, lab: Lab) -> None:
+    """shard-3's own NATS credential, used from the attacker's namespace: it connects (it is a real
+    user), but every server refuses it shard-1's heartbeat, handshake offers as shard-1, shard-1's
+    incoming offers and inbox, and another model's requests; the coordinators hear nothing."""
+    forged_hb = names.heartbeat_subject("shard-1")
+
+    async def as_shard_3() -> tuple[list[str], int]:
+        heard: list[str] = []
+        nc, _ = await connect_as(
+            cluster.nats_urls(), cluster.creds("ops"), name="test-ops", tls_ca=cluster.tls_ca.cert
+        )
+        thief, errors = await connect_as(
+            cluster.nats_urls(), cluster.creds("shard-3"), name="attacker", tls_ca=cluster.tls_ca.cert
+        )
+        try:
+
+            async def on_beat(msg: Msg) -> None:
+                if b"forged" in msg.data:
+                    heard.append(msg.subject)
+
+            await nc.subscribe(forged_hb, cb=on_beat)
+            await nc.flush()
+            await thief.subscribe(names.handshakes_to("shard-1"))
+            await thief.subscribe("_INBOX.shard-1.>")
+            await thief.publish(forged_hb, b"forged")
+            await thief.publish(names.handshake_subject("shard-2", "shard-1"), b"forged offer")
+            pull = thief.jetstream(timeout=DENIED_WITHIN_S).pull_subscribe(
+                names.request_subject("another-model"),
+                durable=names.stage0_consumer("another-model"),
+                stream=names.REQUESTS_STREAM,
+            )
+            assert await _refused(pull)
+            await thief.flush()
+            await asyncio.sleep(1.0)
+            return [str(e) for e in errors], len(heard)
+        finally:
+            await thief.close()
+            await nc.close()
+
+    violations, heard = in_ns(lab.host("attacker").netns, as_shard_3, 60)
+    assert heard == 0
+    refused = [v for v in violations if "permissions violation" in v.lower()]
+    assert len(refused) >= 4, violations  # 2 subscriptions, 2 publishes (and the pull's API call)
+    assert any("shard-1" in v for v in refused), refused
+
+
+def test_a_node_revoked_under_16_streams_is_dropped_and_loses_no_request(
+    cluster: MultiHostCluster, lab: Lab, reference: dict[str, str]
+) -> None:
+    """`mohawk pki revoke --nats-url` (the command, on host a) of a serving node that is not stage
+    0, while 16 greedy streams run: every server drops its connection within 5 s and refuses its
+    credential, and every stream finishes with the single process's text. Runs last: the node
+    stays revoked."""
+    user = lab.host("user").netns
+    wait_for(lambda: len(served_by(current_plan(cluster, user))) >= 2, 120, "a plan of 2+ nodes", poll_s=1.0)
+    plan = current_plan(cluster, user)
+    assert plan is not None
+    active = next(p for p in pipelines(plan) if p.active)
+    victim = active.stages[-1].node_id  # never stage 0: its requests resume elsewhere
+    serial = load_bundle(cluster.pki_dir / "nodes" / victim, role="shard").identity.body.serial
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(NUM_STREAMS)]
+    progress = Progress(NUM_STREAMS)
+    streams = start_in_ns(
+        user, lambda: stream_many(cluster.gateway_url, prompts, MAX_TOKENS, progress), STREAMS_BOUND_S
+    )
+    wait_for(lambda: min(progress.snapshot()) > 0, 120, "all 16 streams are generating")
+    started = time.monotonic()
+    revoke = subprocess.Popen(
+        [
+            *("ip", "netns", "exec", lab.host("a").netns, sys.executable, "-m", "mohawk_cli", "pki"),
+            *("revoke", "--serial", str(serial), "--pki-dir", str(cluster.pki_dir)),
+            *("--nats-url", ",".join(cluster.nats_urls("a")), "--creds", str(cluster.creds("admin"))),
+        ],
+        env={**os.environ, TLS_CA_ENV: str(cluster.tls_ca.cert)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    name = f"shard-{victim}"  # the connection name its service gives
+    wait_for(
+        lambda: not any(name in conns for conns in cluster.connections().values()),
+        DROPPED_WITHIN_S * 4,
+        f"no server holds {victim}'s connection",
+        poll_s=0.05,
+    )
+    dropped_s = time.monotonic() - started
+    _, err = revoke.communicate(timeout=60)
+    assert revoke.returncode == 0, err.decode()
+
+    async def with_its_credential() -> str:
+        try:
+            nc, _ = await connect_as(
+                cluster.nats_urls(), cluster.creds(victim), name="thief", tls_ca=cluster.tls_ca.cert
+            )
+        except ConnectionError as exc:
+            return str(exc)
+        await nc.close()
+        return "connected"
+
+    refusal = in_ns(lab.host("attacker").netns, with_its_credential, 30)
+    results = streams.result(STREAMS_BOUND_S)
+    print(
+        f"\nrevoked {victim} under 16 streams: its connection closed on every server "
+        f"{dropped_s:.2f} s after the command"
+    )
+    assert dropped_s < DROPPED_WITHIN_S
+    assert "authorization violation" in refusal.lower(), refusal
+    assert len(results) == NUM_STREAMS
+    assert_complete(results, reference)

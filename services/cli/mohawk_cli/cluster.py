@@ -34,7 +34,7 @@ from pathlib import Path
 
 from mohawk_cli.bus_identity import BUS_CREDS, NATS_AUTH_DIR, issue_bus_user
 from mohawk_cli.ports import choose_port
-from mohawk_cli.redis_server import REDIS_PORT, RedisServer
+from mohawk_cli.redis_server import PASSWORD_FILE, REDIS_PORT, RedisServer, ensure_password
 from mohawk_common.bus.config import served_model_name
 from mohawk_common.bus.connect import CREDS_ENV, TLS_CA_ENV
 from mohawk_common.bus.nats_auth import TOOL_USERS, NatsAuth, init_auth, issue_user
@@ -98,7 +98,10 @@ class LocalCluster:
         self.redis: RedisServer | None = None
         if spec.redis:
             redis_port = choose_port(spec.redis_port, REDIS_PORT)
-            self.redis = RedisServer(self.data_dir / "redis", redis_port, log_file=self.log_dir / "redis.log")
+            password = ensure_password(self.data_dir / "redis" / PASSWORD_FILE)
+            self.redis = RedisServer(
+                self.data_dir / "redis", redis_port, log_file=self.log_dir / "redis.log", password=password
+            )
         self.model_name = served_model_name(spec.model, spec.env.get("MOHAWK_SERVED_MODEL_NAME"))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._commands: dict[str, tuple[list[str], dict[str, str]]] = {}

@@ -3,11 +3,16 @@
 Redis is not a Python wheel, so this runs the `redis-server` on PATH (Debian's, Homebrew's). With
 `persist` its data lives under `data_dir` as an append-only file, so tenants and their keys
 survive a restart; without it nothing is written (the tests' servers). It listens on 127.0.0.1
-only, with Redis's protected mode on.
+only, with Redis's protected mode on. With `password` it refuses every client that does not `AUTH`
+with it: the password goes into a 0600 config file under `data_dir` (never onto the command line,
+where `ps` shows it), and `url` carries it for the gateways (MOHAWK_REDIS_URL); `password_file`
+(`ensure_password`) keeps one per data dir, which `mohawk tenant` reads too.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -19,6 +24,23 @@ from mohawk_common.errors import MohawkError
 from mohawk_common.processes import kill_process, stop_process
 
 REDIS_PORT = 6379  # Redis's usual port; `mohawk up` takes it when free
+PASSWORD_FILE = "password"  # under the server's data dir: `mohawk up`'s Redis password
+
+
+def ensure_password(path: Path) -> str:
+    """The password in `path`, made (random, 0600) on first use."""
+    if path.is_file() and not path.is_symlink():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    password = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(password + "\n")
+    return password
+
+
 INSTALL_HINT = "install it with `apt install redis-server` (Debian, Ubuntu) or `brew install redis` (macOS)"
 
 
@@ -42,8 +64,10 @@ class RedisServer:
         persist: bool = True,
         log_file: Path | None = None,
         binary: str | None = None,
+        password: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.password = password
         self.port = port or free_port()
         self.persist = persist
         self.log_file = log_file
@@ -52,16 +76,35 @@ class RedisServer:
 
     @property
     def url(self) -> str:
+        """Where clients reach it, with its password (for the gateways' environment)."""
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def public_url(self) -> str:
+        """Its URL without the password (what to print)."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     def command(self) -> list[str]:
         binary = self.binary or find_redis_server()
         if binary is None:
             raise RedisServerError(f"redis-server not found; {INSTALL_HINT}")
-        args = [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir)]
+        args = [binary]
+        if self.password:  # the config file first: the flags after it add to it
+            args.append(str(self._auth_conf()))
+        args += ["--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir)]
         if self.persist:
             return [*args, "--appendonly", "yes"]
         return [*args, "--save", "", "--appendonly", "no"]
+
+    def _auth_conf(self) -> Path:
+        path = self.data_dir / "auth.conf"
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(f'requirepass "{self.password}"\n')
+        return path
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -81,10 +124,17 @@ class RedisServer:
 
     def answers(self) -> bool:
         """Whether the server answers PING (not while it is still loading its data)."""
+        auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(64).startswith(b"+PONG")
+                sock.sendall(auth + b"PING\r\n")
+                reply = b""
+                while reply.count(b"\r\n") < (2 if auth else 1):
+                    chunk = sock.recv(64)
+                    if not chunk:
+                        break
+                    reply += chunk
+                return reply.endswith(b"+PONG\r\n")
         except OSError:
             return False
 

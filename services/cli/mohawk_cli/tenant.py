@@ -1,7 +1,9 @@
 """`mohawk tenant add|ls|show|update|rotate-key|rm`: the tenants and API keys every gateway checks.
 
 They live in Redis (`mohawk_common.tenancy`), at `--redis-url`, else MOHAWK_REDIS_URL, else
-redis://127.0.0.1:6379/0 (where `mohawk up` starts its redis-server when that port is free). A new
+redis://127.0.0.1:6379/0 (where `mohawk up` starts its redis-server when that port is free), with
+the password in `--redis-password-file`, else MOHAWK_REDIS_PASSWORD_FILE, else `mohawk up`'s
+(.mohawk/redis/password) where there is one. A new
 key is printed once, alone on stdout (so `KEY=$(mohawk tenant add acme)` works), and never again:
 Redis keeps only its SHA-256. An unknown tenant or a bad limit ends as one line on stderr and exit
 status 2, an unreachable Redis as one line and exit status 1.
@@ -15,6 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
     from mohawk_common.tenancy import Tenant, TenantStore
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_PASSWORD_FILE = ".mohawk/redis/password"  # `mohawk up`'s, in its default data dir
 _PRIORITIES = ("high", "normal", "low")
 _KEEP_IT = "save it now: it cannot be shown again (mohawk tenant rotate-key makes a new one)"
 
@@ -62,13 +66,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "--redis-url",
             help=f"the Redis of the tenants (default: MOHAWK_REDIS_URL, or {DEFAULT_REDIS_URL})",
         )
+        command.add_argument(
+            "--redis-password-file",
+            type=Path,
+            help="a file holding its password (default: MOHAWK_REDIS_PASSWORD_FILE, or "
+            f"{DEFAULT_PASSWORD_FILE} where `mohawk up` keeps it, if there)",
+        )
 
 
 def run(args: argparse.Namespace) -> int:
     """Run one `mohawk tenant` subcommand; 2 on an operator error, 1 when Redis cannot be reached."""
-    from mohawk_common.tenancy import TenancyError, TenancyUnavailable, TenantStore, connect
+    from mohawk_common.errors import ConfigError
+    from mohawk_common.tenancy import TenancyError, TenancyUnavailable, TenantStore, connect, read_password
 
     url = args.redis_url or os.environ.get("MOHAWK_REDIS_URL") or DEFAULT_REDIS_URL
+    password_file = args.redis_password_file or os.environ.get("MOHAWK_REDIS_PASSWORD_FILE")
+    if password_file is None and Path(DEFAULT_PASSWORD_FILE).is_file():
+        password_file = DEFAULT_PASSWORD_FILE
     handlers: dict[str, Callable[[TenantStore, argparse.Namespace], Awaitable[None]]] = {
         "add": _add,
         "update": _update,
@@ -79,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     }
 
     async def main() -> None:
-        client = connect(url)
+        client = connect(url, password=read_password(Path(password_file)) if password_file else None)
         try:
             await handlers[args.tenant_command](TenantStore(client), args)
         finally:
@@ -95,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    except TenancyError as exc:
+    except (TenancyError, ConfigError) as exc:
         print(f"mohawk tenant: error: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # a malformed URL

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from mohawk_cli.cluster import ClusterError, ClusterSpec, LocalCluster
 from mohawk_cli.load_watch import LoadWatch
-from mohawk_cli.redis_server import INSTALL_HINT, find_redis_server
+from mohawk_cli.redis_server import INSTALL_HINT, PASSWORD_FILE, find_redis_server
 from mohawk_cli.seal_schedule import DEFAULT_SEAL_ROTATION_DAYS, SealSchedule
 from mohawk_cli.supervisor import Supervisor
 from mohawk_common.errors import MohawkError
@@ -166,7 +166,7 @@ def run_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
-        redis = f"redis on {cluster.redis.url}, " if cluster.redis is not None else ""
+        redis = f"redis on {cluster.redis.public_url}, " if cluster.redis is not None else ""
         print(
             f"mohawk up: nats on {cluster.nats.url}, {redis}{spec.coordinators} coordinator(s), "
             f"{spec.nodes} shard node(s), gateway on {cluster.url}; logs in {cluster.log_dir}/",
@@ -228,7 +228,8 @@ def _banner(cluster: LocalCluster) -> None:
     auth = ' -H "Authorization: Bearer $KEY"' if cluster.spec.gateway_env.get("MOHAWK_AUTH") else ""
     tenants = (
         f"""
-  KEY=$(mohawk tenant add acme --rpm 60 --redis-url {cluster.redis.url})   # a tenant and its API key"""
+  KEY=$(mohawk tenant add acme --rpm 60 --redis-url {cluster.redis.public_url} \\
+    --redis-password-file {cluster.data_dir / "redis" / PASSWORD_FILE})   # a tenant and its API key"""
         if cluster.redis is not None
         else ""
     )

@@ -20,7 +20,15 @@ import hmac
 import structlog
 
 from mohawk_common.errors import ConfigError
-from mohawk_common.tenancy import RateDecision, RateLimiter, TenancyUnavailable, Tenant, TenantStore, connect
+from mohawk_common.tenancy import (
+    RateDecision,
+    RateLimiter,
+    TenancyUnavailable,
+    Tenant,
+    TenantStore,
+    connect,
+    read_password,
+)
 from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.errors import GatewayError, unavailable_after
 
@@ -44,7 +52,11 @@ class Access:
         if settings.auth and not settings.redis_url:
             raise ConfigError("auth needs a Redis for its tenants: set redis_url (MOHAWK_REDIS_URL)")
         self.settings = settings
-        self.redis = connect(settings.redis_url) if settings.redis_url else None
+        self.redis = (
+            connect(settings.redis_url, password=read_password(settings.redis_password_file))
+            if settings.redis_url
+            else None
+        )
         self.tenants = TenantStore(self.redis) if self.redis is not None else None
         self.limiter = RateLimiter(self.redis) if self.redis is not None else None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field, SecretStr
@@ -57,6 +58,11 @@ class GatewaySettings(BusSettings):
     )
     redis_url: str | None = Field(
         None, description="Redis of tenants, rate limits and sessions (redis://host:port/db); none = off"
+    )
+    redis_password_file: Path | None = Field(
+        None,
+        description="a file holding the Redis password (`mohawk up` makes one, compose passes it as "
+        "a secret); none = the URL's own, if any",
     )
     auth: bool = Field(
         False, description="every /v1 call needs `Authorization: Bearer KEY` of a tenant (needs redis_url)"

@@ -58,6 +58,7 @@ ACCOUNT_NAME = "MOHAWK"
 SYSTEM_ACCOUNT_NAME = "SYS"
 TOOL_USERS = ("ops", "admin")  # people's tools, one user each; processes get their own
 SYSTEM_USER = "system"
+SYSTEM_REQUESTS = "$SYS.REQ.>"  # servers' own reports (CONNZ, VARZ, JSZ) to the system account
 # a shard node's JWT names its model's stage-0 consumers one by one (about 16 KB), and a client
 # sends its JWT in its CONNECT line: nats-server's default 4 KB would refuse it
 MAX_CONTROL_LINE = 64 * 1024
@@ -231,9 +232,11 @@ def _signed_account(auth: NatsAuth, revocations: dict[str, int]) -> str:
 
 
 def _issue_system_user(auth: NatsAuth) -> None:
-    """The system account's user, which may only push account updates (and read their answers)."""
+    """The system account's user (the operator's): it pushes account updates and asks the servers
+    about themselves (`$SYS.REQ.>`: what `nats server report connections` does over NATS, where
+    auth applies, instead of the unauthenticated monitoring port), and reads their answers."""
     user = NKey.create("user")
-    permissions = UserPermissions(publish=(UPDATE_SUBJECT,), subscribe=("_INBOX.>",))
+    permissions = UserPermissions(publish=(UPDATE_SUBJECT, SYSTEM_REQUESTS), subscribe=("_INBOX.>",))
     token = user_jwt(
         auth.key("system"), user.public_key, name=SYSTEM_USER, permissions=permissions, expires_at=None
     )

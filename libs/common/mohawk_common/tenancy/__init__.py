@@ -9,10 +9,13 @@ in Redis, requests with token buckets and tokens with a sliding-window log of ch
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from mohawk_common.errors import ConfigError
 from mohawk_common.tenancy.errors import TenancyError, TenancyUnavailable, TenantExists, TenantNotFound
 from mohawk_common.tenancy.keys import hash_api_key, new_api_key
 from mohawk_common.tenancy.rate_limits import (
@@ -49,17 +52,35 @@ __all__ = [
     "connect",
     "hash_api_key",
     "new_api_key",
+    "read_password",
 ]
 
 
-def connect(url: str) -> redis.Redis:
+def read_password(path: Path | None) -> str | None:
+    """The Redis password in file `path` (its first line), None without one; ConfigError when the
+    file cannot be read or is empty."""
+    if path is None:
+        return None
+    try:
+        password = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the Redis password file {path}: {exc}") from exc
+    if not password:
+        raise ConfigError(f"the Redis password file {path} is empty")
+    return password
+
+
+def connect(url: str, password: str | None = None) -> redis.Redis:
     """A client of the Redis at `url` (redis://host:port/db); connects on first use, gives up on
     an unreachable server within about a second and retries a broken connection once, at once.
     Its pool holds up to `POOL_SIZE` connections; a command finding them all busy waits up to
     `POOL_WAIT_S` for one (redis-py's own pool raises "Too many connections" at once instead,
-    which a burst of 1,000 sessions on a busy gateway reached)."""
+    which a burst of 1,000 sessions on a busy gateway reached). `password`: the server's (`AUTH`),
+    else the URL's own, if any."""
+    extra = {} if password is None else {"password": password}
     pool = redis.BlockingConnectionPool.from_url(
         url,
+        **extra,
         max_connections=POOL_SIZE,
         timeout=POOL_WAIT_S,
         socket_connect_timeout=CONNECT_TIMEOUT_S,

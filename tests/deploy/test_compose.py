@@ -365,7 +365,7 @@ def test_cluster_file_mounts_its_configs_and_takes_standard_ports_per_host(compo
         assert "/data" in sources
     # One host: distinct host ports. Host 2 of three: the standard ones.
     assert ("4223", 4222) in published_ports(services["nats-2"])
-    on_host_2 = resolved(
-        compose, CLUSTER_FILE, NATS_2_CLIENT_PORT="4222", NATS_2_ROUTE_PORT="6222"
-    )["services"]["nats-2"]
+    on_host_2 = resolved(compose, CLUSTER_FILE, NATS_2_CLIENT_PORT="4222", NATS_2_ROUTE_PORT="6222")[
+        "services"
+    ]["nats-2"]
     assert published_ports(on_host_2) == {("4222", 4222), ("6222", 6222)}  # monitoring: not published

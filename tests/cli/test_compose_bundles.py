@@ -41,7 +41,8 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
     code, stdout, stderr = cli(capsys, "compose-bundles", str(out), "--model", MODEL, "--pki-dir", str(pki))
     assert code == 0, stderr
     assert "MOHAWK_HOST_ID=host1" in stderr
-    assert {Path(line).name for line in stdout.split()} == {"nats", *(s.name for s in SERVICES)}
+    assert {Path(line).name for line in stdout.split()} == {"nats", "redis", *(s.name for s in SERVICES)}
+    assert "sudo chown -R 999" in stderr  # the redis image's user reads its config
     assert not list(out.rglob("root.key")) and not list(out.rglob("*.tmp"))
     assert not list(out.rglob("ca.key"))  # the bus CA's key stays in <pki-dir>/nats-tls
     ca = (pki / "nats-tls" / "ca.pem").read_bytes()
@@ -67,6 +68,11 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
         assert all(mode(key) == 0o600 for key in seal_keys)
         assert body.model == (MODEL if service.cert_role in ("shard", "gateway") else "")
     assert users == {s.name: f"host1-{s.name}" for s in SERVICES}  # one user per process, its id
+    # Redis's password: its config (a compose secret) and the gateway's copy, one per cluster
+    password = (out / "gateway" / "redis-password").read_text().strip()
+    assert len(password) >= 32 and mode(out / "gateway" / "redis-password") == 0o600
+    assert (out / "redis" / "redis.conf").read_text() == f'requirepass "{password}"\n'
+    assert (pki / "redis-password").read_text().strip() == password
     conf = out / "nats" / CONF_NAME
     assert mode(conf) == 0o600 and "operator:" in conf.read_text() and "SEED" not in conf.read_text()
     tls_files = ["ca.pem", "nats-tls.conf", "route-tls.conf", "server-key.pem", "server.pem"]

@@ -369,3 +369,14 @@ def test_cluster_file_mounts_its_configs_and_takes_standard_ports_per_host(compo
         "services"
     ]["nats-2"]
     assert published_ports(on_host_2) == {("4222", 4222), ("6222", 6222)}  # monitoring: not published
+
+
+@compose_impls
+def test_redis_takes_a_password_from_a_secret_and_the_gateway_from_its_bundle(compose: list[str]) -> None:
+    config = resolved(compose, COMPOSE_FILE)
+    redis = config["services"]["redis"]
+    assert redis["command"][:2] == ["redis-server", "/run/secrets/redis-conf"]  # requirepass, not argv
+    assert [s if isinstance(s, str) else s["source"] for s in redis["secrets"]] == ["redis-conf"]
+    assert Path(config["secrets"]["redis-conf"]["file"]) == BUNDLES_DIR / "redis" / "redis.conf"
+    assert not port_bindings(redis)  # this host's gateways only, unless published on purpose
+    assert env_of(config["services"]["gateway"])["MOHAWK_REDIS_PASSWORD_FILE"] == "/pki/redis-password"

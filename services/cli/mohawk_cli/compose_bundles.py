@@ -13,13 +13,16 @@ PKI, so that no container ever holds the root key.
     DIR/telemetry/nats.creds         telemetry reads the bus only
     DIR/telemetry/root.pub           and verifies plans and heartbeats against the root (no key)
     DIR/<service>/nats-ca.pem        every service's trust in NATS: the bus CA (MOHAWK_NATS_TLS_CA)
+    DIR/gateway/redis-password       the cluster's Redis password (MOHAWK_REDIS_PASSWORD_FILE)
+    DIR/redis/redis.conf             and Redis's `requirepass` with it (a compose secret)
 
 docker-compose.yml mounts DIR/<service> read-only into that service alone, as /pki. The NATS
 operator and account are made once per cluster under <pki-dir>/nats-auth (kept on later runs), so
 every host's users are signed by the same account (and `mohawk pki revoke` revokes them), each
 user new on every run and named as its process; the bus CA (<pki-dir>/nats-tls, `nats_tls`; its
-key stays there) is made once too; the certificates are new on every run. Node ids are
-`<host>-<service>`, the ids docker-compose.yml gives the services with MOHAWK_HOST_ID.
+key stays there) is made once too, as is the Redis password (<pki-dir>/redis-password: a second
+host's gateway reaches the first host's Redis with it); the certificates are new on every run.
+Node ids are `<host>-<service>`, the ids docker-compose.yml gives the services with MOHAWK_HOST_ID.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mohawk_cli.bus_identity import BUS_CREDS, bus_auth, issue_bus_user
+from mohawk_cli.redis_server import ensure_password
 from mohawk_common.bus.nats_auth import CONF_NAME, issue_user
 from mohawk_common.bus.nats_tls import LOCAL_HOSTS, init_ca, issue_server
 from mohawk_pqc.pki_files import issue_node, load_root_key
@@ -37,6 +41,8 @@ from mohawk_pqc.pki_files import issue_node, load_root_key
 BUNDLE_DIR = "pki"
 CREDS_FILE = BUS_CREDS
 NATS_CA_FILE = "nats-ca.pem"
+REDIS_PASSWORD_FILE = "redis-password"
+REDIS_CONF_FILE = "redis.conf"
 ROOT_PUBLIC_FILE = "root.pub"
 NATS_SERVICE = "nats"  # its name on the compose network: what the services' tls:// URL says
 NATS_SEEN_AT = "/etc/nats/auth"  # where docker-compose.yml mounts DIR/nats in the nats container
@@ -90,6 +96,10 @@ def write_compose_bundles(
             creds = issue_user(auth, name, service.nats_role, auth.creds(name))
         _copy_private(creds, target / CREDS_FILE)
         _copy_private(ca.cert, target / NATS_CA_FILE)
+    password = ensure_password(pki / REDIS_PASSWORD_FILE)
+    _write_new_private(written["gateway"] / REDIS_PASSWORD_FILE, password + "\n")
+    written["redis"] = _fresh_dir(out / "redis")
+    _write_new_private(written["redis"] / REDIS_CONF_FILE, f'requirepass "{password}"\n')
     return written
 
 
@@ -105,7 +115,11 @@ def _fresh_dir(path: Path) -> Path:
 
 def _copy_private(source: Path, target: Path) -> None:
     """A copy of `source` that is 0600 from its creation (the target is new: `_fresh_dir`)."""
+    _write_new_private(target, source.read_text())
+
+
+def _write_new_private(target: Path, text: str) -> None:
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as out:
+    with os.fdopen(fd, "w") as out:
         os.fchmod(out.fileno(), 0o600)
-        out.write(source.read_bytes())
+        out.write(text)

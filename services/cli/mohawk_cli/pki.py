@@ -243,7 +243,8 @@ def _compose_bundles(args: argparse.Namespace) -> int:
         f"mohawk pki: bundles for host {args.host!r} in {args.dir}; set MOHAWK_HOST_ID={args.host} "
         f"(and MOHAWK_BUNDLES_DIR={args.dir} unless it is ./mohawk-bundles) in .env; the files are "
         "0600, so give the services' directories to the image's user (uid 10001): sudo chown -R "
-        f"10001 {' '.join(str(args.dir / s.name) for s in SERVICES)}",
+        f"10001 {' '.join(str(args.dir / s.name) for s in SERVICES)}; and Redis's to the redis "
+        f"image's (uid 999): sudo chown -R 999 {args.dir / 'redis'}",
         file=sys.stderr,
     )
     return 0

@@ -89,15 +89,18 @@ def test_ls_and_show_print_every_limit(redis_url: str, capsys: pytest.CaptureFix
     code, out, _ = cli(capsys, "ls", "--redis-url", redis_url)
     assert code == 0
     rows = [line.split() for line in out.splitlines()]
-    assert rows[0] == ["NAME", "PRIORITY", "WEIGHT", "RPM", "TPM", "CONCURRENCY", "KEY"]
-    assert rows[1] == ["alpha", "normal", "1", "-", "-", "-", rows[1][6]]
-    assert rows[2] == ["beta", "normal", "2.5", "-", "10000", "4", f"{key.strip()[:8]}..."]
+    assert rows[0] == ["NAME", "LABEL", "PRIORITY", "WEIGHT", "RPM", "TPM", "CONCURRENCY", "KEY"]
+    assert rows[1] == ["alpha", rows[1][1], "normal", "1", "-", "-", "-", rows[1][7]]
+    assert rows[2] == ["beta", rows[2][1], "normal", "2.5", "-", "10000", "4", f"{key.strip()[:8]}..."]
+    # the label telemetry shows for it: not its name, and another for each tenant
+    assert rows[1][1].startswith("t-") and rows[1][1] != rows[2][1] and "beta" not in rows[2][1]
     assert key.strip() not in out  # only its prefix is ever shown again
     code, out, _ = cli(capsys, "show", "beta", "--redis-url", redis_url)
     assert code == 0
     shown = dict(line.split(":", 1) for line in out.splitlines())
     assert {k: v.strip() for k, v in shown.items() if k != "created"} == {
         "name": "beta",
+        "label": f"{rows[2][1]} (its name in telemetry)",
         "priority": "normal",
         "weight": "2.5",
         "rpm": "-",
@@ -170,7 +173,7 @@ def test_a_redis_with_a_password_takes_it_from_a_file_and_refuses_without(
     server = RedisServer(tmp_path / "redis", persist=False, password=ensure_password(password_file)).start()
     try:
         code, _, err = cli(capsys, "ls", "--redis-url", server.public_url)
-        assert code == 1 and len(err.strip().splitlines()) == 1 and "uthentication" in err, err
+        assert code == 1 and len(err.strip().splitlines()) == 1 and "give its password" in err, err
         code, out, err = cli(
             capsys,
             "add",

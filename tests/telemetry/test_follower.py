@@ -1,5 +1,5 @@
-"""The telemetry service, given the operator root, shows only signed plans and heartbeats: a forged
-node or plan never reaches the dashboard (real nats-server)."""
+"""The telemetry service, given the operator root, shows only signed plans, heartbeats and reports:
+a forged node, plan or report never reaches the dashboard (real nats-server)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from mohawk_common.bus.control import encode_json
 from mohawk_common.bus.control_records import sign_record
 from mohawk_common.bus.server import NatsServer
 from mohawk_common.bus.setup import ensure_buckets
+from mohawk_common.bus.telemetry_records import seal_report
+from mohawk_common.telemetry import REQUESTS, STEP, RequestReport, RequestSample, StepReport
 from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
 from mohawk_proto.v1 import bus_pb2
 from mohawk_telemetry.cluster_state import ClusterState
@@ -59,6 +61,76 @@ def test_only_signed_heartbeats_and_plans_reach_the_dashboard(
         assert "node-x" not in state.nodes
         assert state.plan.version == 3
         assert follower.rejections["unsigned"] >= 4  # three heartbeats and the plan
+        await nc.close()
+        await follower.stop()
+
+    asyncio.run(scenario())
+
+
+def test_only_signed_reports_about_their_signer_reach_the_dashboard(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Step and request reports count only when signed by their sender's certificate, about that
+    sender, on its subject: unsigned, another node's report signed by node-a, node-a's report on
+    node-b's subject, and a gateway's report about another gateway are each refused and counted."""
+    init_pki(tmp_path)
+    issue_node(tmp_path, "node-a", "shard")
+    issue_node(tmp_path, "gw-a", "gateway")
+    node = load_bundle(tmp_path / "nodes" / "node-a", role="shard")
+    gateway = load_bundle(tmp_path / "nodes" / "gw-a", role="gateway").identity
+
+    def step(node_id: str) -> str:
+        return StepReport(
+            node_id=node_id, model="m", runtime="torch", device="cpu", window_s=1.0, emitted=5
+        ).model_dump_json()
+
+    def requests(instance: str) -> str:
+        sample = RequestSample(model="m", tenant="ten_1234", ttft_s=0.1, tokens=3)
+        return RequestReport(gateway=instance, requests=[sample]).model_dump_json()
+
+    async def scenario() -> None:
+        state = ClusterState(node_ttl_s=5.0)
+        follower = BusFollower([nats_server.url], state, Exporter(state), node.trust)
+        await follower.start()
+        nc = await connect(nats_server.url, name="test-writer")
+        deadline = time.monotonic() + 10
+        while follower.nc is None or not follower.nc.is_connected:
+            assert time.monotonic() < deadline, "telemetry did not connect"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        forged = [
+            (names.telemetry_subject(STEP, "node-x"), seal_report(STEP, "node-x", step("node-x"), None)),
+            (
+                names.telemetry_subject(STEP, "node-a"),
+                seal_report(STEP, "node-a", step("node-b"), node.identity),
+            ),
+            (
+                names.telemetry_subject(STEP, "node-b"),
+                seal_report(STEP, "node-a", step("node-a"), node.identity),
+            ),
+            (
+                names.telemetry_subject(REQUESTS, "gw-a"),
+                seal_report(REQUESTS, "gw-a", requests("gw-b.1"), gateway),
+            ),
+            (names.telemetry_subject(STEP, "node-a"), b'{"kind": "step", "body": 7}'),
+        ]
+        for subject, data in forged:
+            await nc.publish(subject, data)
+        await nc.publish(
+            names.telemetry_subject(STEP, "node-a"),
+            seal_report(STEP, "node-a", step("node-a"), node.identity),
+        )
+        await nc.publish(
+            names.telemetry_subject(REQUESTS, "gw-a"),
+            seal_report(REQUESTS, "gw-a", requests("gw-a.1"), gateway),
+        )
+        while "node-a" not in state.nodes or not state.latencies:
+            assert time.monotonic() < deadline, "the signed reports did not arrive"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        assert set(state.nodes) == {"node-a"} and len(state.latencies) == 1
+        assert follower.rejections["unsigned"] == 1 and follower.rejections["untrusted"] == 3
+        assert follower.rejections["malformed"] == 1
         await nc.close()
         await follower.stop()
 

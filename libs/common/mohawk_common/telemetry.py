@@ -3,8 +3,9 @@
 Shard nodes publish a `StepReport` every heartbeat interval: the counters of the last window
 (compute time, steps, tokens, sequences, tokens emitted), stage 0's queue and KV use, hop times and
 failed steps. Gateways publish a `RequestReport` every second with the requests that finished in
-it (time to first token, inter-token gaps, tokens, outcome, tenant). Like heartbeats, these are
-control-plane records in the clear: counts and timings, never prompts or tokens. The telemetry
+it (time to first token, inter-token gaps, tokens, outcome, the tenant's label, not its name).
+Like heartbeats, these are control-plane records in the clear, signed by their sender
+(`bus/telemetry_records.py`): counts and timings, never prompts, tokens or tenant names. The telemetry
 service (`services/telemetry`) turns them into one Prometheus endpoint and the dashboard.
 """
 
@@ -50,7 +51,7 @@ class StepReport(BaseModel):
 
 class RequestSample(BaseModel):
     model: str
-    tenant: str = ""
+    tenant: str = ""  # its label (`Tenant.label`), never its name: "" for the anonymous tenant
     ttft_s: float | None = None
     gaps_s: list[float] = Field(default_factory=list)  # inter-token latencies
     tokens: int = 0

@@ -103,6 +103,14 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(main())
     except TenancyUnavailable as exc:
         cause = exc.__cause__ or exc
+        if _refused_for_a_password(cause):
+            print(
+                f"mohawk tenant: error: Redis at {_redacted(url)} refused us ({cause}): give its password "
+                "with --redis-password-file or MOHAWK_REDIS_PASSWORD_FILE (`mohawk up` keeps it in "
+                "<data-dir>/redis/password)",
+                file=sys.stderr,
+            )
+            return 1
         print(
             f"mohawk tenant: error: cannot reach Redis at {_redacted(url)} ({cause}); start one "
             "(`mohawk up` does) or point --redis-url / MOHAWK_REDIS_URL at it",
@@ -116,6 +124,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"mohawk tenant: error: --redis-url {_redacted(url)}: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _refused_for_a_password(cause: BaseException) -> bool:
+    """Whether Redis refused for want of (the right) password: redis-py says so in several ways."""
+    text = str(cause).lower()
+    return any(word in text for word in ("authenticat", "noauth", "wrongpass", "invalid password"))
 
 
 async def _add(store: TenantStore, args: argparse.Namespace) -> None:
@@ -134,11 +148,12 @@ async def _ls(store: TenantStore, args: argparse.Namespace) -> None:
     if not tenants:
         print("no tenants (mohawk tenant add NAME)", file=sys.stderr)
         return
-    rows = [("NAME", "PRIORITY", "WEIGHT", "RPM", "TPM", "CONCURRENCY", "KEY")]
+    rows = [("NAME", "LABEL", "PRIORITY", "WEIGHT", "RPM", "TPM", "CONCURRENCY", "KEY")]
     for t in tenants:
         rows.append(
             (
                 t.name,
+                t.label,
                 t.priority,
                 f"{t.weight:g}",
                 _text(t.rpm),
@@ -161,6 +176,7 @@ async def _show(store: TenantStore, args: argparse.Namespace) -> None:
     created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(tenant.created))
     for label, value in (
         ("name", tenant.name),
+        ("label", f"{tenant.label} (its name in telemetry)"),
         ("priority", tenant.priority),
         ("weight", f"{tenant.weight:g}"),
         ("rpm", _text(tenant.rpm)),

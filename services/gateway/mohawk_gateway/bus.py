@@ -33,6 +33,7 @@ from mohawk_common.bus.plan_follower import LiveNodes, PlanFollower
 from mohawk_common.bus.requests import cancel_tag, seal_request
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
+from mohawk_common.bus.telemetry_records import seal_report
 from mohawk_common.bus.token_log import TokenLogReader
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_gateway.config import GatewaySettings
@@ -139,8 +140,12 @@ class BusClient:
             ) from exc
 
     async def publish_telemetry(self, kind: str, data: bytes) -> None:
-        """A report for the telemetry service (`mohawk_common.telemetry`); raises when not connected."""
-        await self._client().publish(names.telemetry_subject(kind, self.gateway_id), data)
+        """A report (its JSON) for the telemetry service (`mohawk_common.telemetry`), signed by this
+        gateway's certificate; raises when not connected."""
+        bundle = self.security.bundle
+        identity = bundle.identity if bundle is not None else None
+        sealed = seal_report(kind, self.gateway_id, data.decode(), identity)
+        await self._client().publish(names.telemetry_subject(kind, self.gateway_id), sealed)
 
     async def cancel(self, request_id: str, token_key: bytes = b"") -> None:
         """Tell stage 0 to drop the request and free its KV blocks (best effort, never raises)."""

@@ -72,6 +72,7 @@ class GenerationObservers:
         self._metrics, self._reports, self._model = metrics, reports, model
         self._endpoint = submission.endpoint
         self._tenant = submission.tenant_name
+        self._tenant_label = submission.tenant_label  # on the bus: never the name
         self._log = log.bind(request_id=submission.request_id)
         self.record = TokenRecord(arrived)
         self.trace = RequestTrace(
@@ -108,7 +109,7 @@ class GenerationObservers:
         self._metrics.in_flight.labels(endpoint=self._endpoint).dec()
         if elapsed_s is not None:
             self._metrics.request_duration.labels(endpoint=self._endpoint).observe(elapsed_s)
-        self._reports.record(self._model, self._tenant, record.arrived, record.token_times, outcome)
+        self._reports.record(self._model, self._tenant_label, record.arrived, record.token_times, outcome)
         self.trace.end(outcome, record.num_tokens, record.ttft_s)
 
 

@@ -51,6 +51,12 @@ class Submission:
         """The tenant's name, "" for the anonymous tenant (metrics, reports and spans use it)."""
         return self.tenant.name if self.tenant is not None else ""
 
+    @property
+    def tenant_label(self) -> str:
+        """The tenant's label (`Tenant.label`), "" for the anonymous tenant: what telemetry reports
+        on the bus carry instead of its name."""
+        return self.tenant.label if self.tenant is not None else ""
+
     def describe_tenant(self, request: bus_pb2.GenerateRequest) -> None:
         """Who the request is for, as stage 0's fair-share scheduler reads it."""
         tenant = self.tenant

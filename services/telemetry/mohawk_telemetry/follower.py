@@ -2,9 +2,11 @@
 
 One NATS connection, three subscriptions and two key watches; a record that does not parse is
 dropped with a warning (the service never trusts a sender to be well-formed), and a second-long
-tick appends the charts' series. Given the operator root (`trust`), plans and heartbeats count
-only when their signatures verify, as for nodes and gateways (`control_records.py`): a forged
-heartbeat or plan never reaches the dashboard; what was refused is logged and counted by reason.
+tick appends the charts' series. Given the operator root (`trust`), plans, heartbeats and step and
+request reports count only when their signatures verify, as for nodes and gateways
+(`control_records.py`, `telemetry_records.py`), and a report only when it is about its signer and
+came on its signer's subject: a forged one never reaches the dashboard; what was refused is logged
+and counted by reason.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control_records import RecordVerifier
 from mohawk_common.bus.plan_follower import LiveNodes, PlanFollower
 from mohawk_common.bus.setup import ensure_buckets
+from mohawk_common.bus.telemetry_records import open_report
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_common.telemetry import REQUESTS, STEP, RequestReport, StepReport
 from mohawk_pqc.certificates import TrustStore
@@ -48,7 +51,7 @@ class BusFollower:
         self._tasks: list[asyncio.Task[None]] = []
         self.num_dropped = 0
         self.rejections: Counter[str] = Counter()
-        verifier = RecordVerifier(trust)
+        self._verifier = verifier = RecordVerifier(trust)
         self._plans = PlanFollower(None, verifier, self._reject)
         self._heartbeats = LiveNodes(verifier, self._reject)
 
@@ -105,17 +108,45 @@ class BusFollower:
         self.rejections[exc.reason] += 1
         log.warning("control record refused", reason=exc.reason, detail=exc.detail)
 
-    async def _on_step(self, msg: Msg) -> None:
+    def _opened(self, msg: Msg, kind: str) -> tuple[str, str] | None:
+        """(sender, the report's JSON) once it verifies as sent by the node or gateway its subject
+        names; None (counted) when it does not."""
         try:
-            self.state.on_step_report(StepReport.model_validate_json(msg.data), time.monotonic())
+            record = open_report(msg.data, kind, self._verifier)
+            if msg.subject != names.telemetry_subject(kind, record.sender):
+                raise AuthenticationError("untrusted", f"{record.sender}'s report on {msg.subject}")
+        except AuthenticationError as exc:
+            self._reject(exc)
+            return None
+        return record.sender, record.body
+
+    async def _on_step(self, msg: Msg) -> None:
+        opened = self._opened(msg, STEP)
+        if opened is None:
+            return
+        sender, body = opened
+        try:
+            report = StepReport.model_validate_json(body)
         except Exception as exc:
             self._drop(msg.subject, exc)
+            return
+        if report.node_id != sender:
+            self._reject(AuthenticationError("untrusted", f"{sender} reported for {report.node_id!r}"))
+            return
+        self.state.on_step_report(report, time.monotonic())
 
     async def _on_requests(self, msg: Msg) -> None:
+        opened = self._opened(msg, REQUESTS)
+        if opened is None:
+            return
+        sender, body = opened
         try:
-            report = RequestReport.model_validate_json(msg.data)
+            report = RequestReport.model_validate_json(body)
         except Exception as exc:
             self._drop(msg.subject, exc)
+            return
+        if report.gateway.split(".")[0] != sender:  # the gateway's instance: `<its id>.<run>`
+            self._reject(AuthenticationError("untrusted", f"{sender} reported for {report.gateway!r}"))
             return
         self.state.on_request_report(report, time.monotonic())
         self.exporter.on_request_report(report)

@@ -1,5 +1,6 @@
 """Signed control records: plans signed by the leader coordinator, heartbeats by their nodes, gateway
-presence by its gateway.
+presence by its gateway, telemetry reports by their sender (step reports: shard nodes; request
+reports: gateways).
 
 Design. A control record travels as protobuf's canonical JSON (readable with the NATS CLI) and
 carries its own `signed` field: the signer's certificate and a hybrid signature (ECDSA P-256 +
@@ -28,11 +29,17 @@ from mohawk_pqc.identity import Identity
 from mohawk_pqc.signing import VerifyKey
 from mohawk_proto.v1 import bus_pb2, security_pb2
 
-RecordKind = Literal["plan", "heartbeat", "presence"]
-Record = TypeVar("Record", bus_pb2.Plan, bus_pb2.Heartbeat, bus_pb2.GatewayPresence)
-AnyRecord = bus_pb2.Plan | bus_pb2.Heartbeat | bus_pb2.GatewayPresence
+RecordKind = Literal["plan", "heartbeat", "presence", "step-report", "request-report"]
+Record = TypeVar("Record", bus_pb2.Plan, bus_pb2.Heartbeat, bus_pb2.GatewayPresence, bus_pb2.TelemetryReport)
+AnyRecord = bus_pb2.Plan | bus_pb2.Heartbeat | bus_pb2.GatewayPresence | bus_pb2.TelemetryReport
 
-SIGNER_ROLE: dict[RecordKind, str] = {"plan": "coordinator", "heartbeat": "shard", "presence": "gateway"}
+SIGNER_ROLE: dict[RecordKind, str] = {
+    "plan": "coordinator",
+    "heartbeat": "shard",
+    "presence": "gateway",
+    "step-report": "shard",
+    "request-report": "gateway",
+}
 MAX_CACHED_SIGNERS = 1024  # verified certificates kept (one per node or coordinator)
 
 
@@ -62,6 +69,8 @@ def claimed_signer(record: AnyRecord, kind: RecordKind) -> str:
         return record.leader
     if isinstance(record, bus_pb2.GatewayPresence):
         return record.gateway_id
+    if isinstance(record, bus_pb2.TelemetryReport):
+        return record.sender
     return record.node_id
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from typing import Any, Literal
@@ -38,6 +39,13 @@ class Tenant(BaseModel):
         again under the same name owns nothing of the old one's. A tenant stored before ids existed
         is told apart by when it was added (stored with it, so it is as stable as an id)."""
         return self.id or f"{self.name}@{self.created!r}"
+
+    @property
+    def label(self) -> str:
+        """What names it where its name must not go (telemetry reports on the bus): a digest of its
+        `owner_id`, stable for the tenant's life, meaningless to a reader of the bus; `mohawk tenant
+        ls` shows it beside the name."""
+        return "t-" + hashlib.sha256(self.owner_id.encode()).hexdigest()[:12]
 
     @property
     def is_limited(self) -> bool:

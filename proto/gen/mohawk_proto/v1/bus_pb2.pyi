@@ -241,6 +241,18 @@ class GatewayPresence(_message.Message):
     signed: ControlSignature
     def __init__(self, gateway_id: _Optional[str] = ..., instance: _Optional[str] = ..., pid: _Optional[int] = ..., at_ms: _Optional[int] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ...) -> None: ...
 
+class TelemetryReport(_message.Message):
+    __slots__ = ("kind", "sender", "body", "signed")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    sender: str
+    body: str
+    signed: ControlSignature
+    def __init__(self, kind: _Optional[str] = ..., sender: _Optional[str] = ..., body: _Optional[str] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ...) -> None: ...
+
 class ControlSignature(_message.Message):
     __slots__ = ("signer", "signature")
     SIGNER_FIELD_NUMBER: _ClassVar[int]

@@ -31,6 +31,7 @@ from mohawk_common.bus.control_records import RecordVerifier, sign_record
 from mohawk_common.bus.plan_follower import PlanFollower, placed_on_earlier_run
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
+from mohawk_common.bus.telemetry_records import seal_report
 from mohawk_common.errors import ModelLoadError
 from mohawk_common.memory_trim import IdleTrim, load_malloc_trim
 from mohawk_common.metrics_port import serve_metrics
@@ -229,10 +230,11 @@ class ShardNode:
                 heartbeat.sequence = sequence = sequence + 1  # with sent_at: readers refuse replays
                 await self.nc.publish(subject, encode_json(self._signed(heartbeat)))
             if self.settings.telemetry:
-                with contextlib.suppress(Exception):  # for the telemetry service
-                    await self.nc.publish(
-                        stats_subject, step_report(snapshot, window).model_dump_json().encode()
-                    )
+                with contextlib.suppress(Exception):  # for the telemetry service, signed as heartbeats are
+                    report = step_report(snapshot, window).model_dump_json()
+                    bundle = self.security.bundle
+                    identity = bundle.identity if bundle is not None else None
+                    await self.nc.publish(stats_subject, seal_report(STEP, self.node_id, report, identity))
             if trim is not None and (trimming is None or trimming.done()):
                 trimming = asyncio.create_task(self._trim_if_idle(trim, idle))
             await asyncio.sleep(self.settings.heartbeat_interval_s)

@@ -1,6 +1,7 @@
 """Shard nodes with no model on their disk: each loads its signed, encrypted slice package from the
 mohawk_slices object store, the planner gives each exactly its slice, and the pipeline serves the
-same greedy text as the model file; a package made for another node is refused."""
+same greedy text as the model file; a package made for another node is refused, and so is an
+older signed package of a node's own put back in place of the newer one it loaded (a rollback)."""
 
 from __future__ import annotations
 
@@ -29,9 +30,15 @@ def test_nodes_serve_from_slice_packages_and_refuse_another_nodes_package(tmp_pa
     with LocalCluster(spec) as cluster:
         pki = cluster.pki_dir
         issue_node(pki, "shard-3", "shard", models=(MODEL,))
-        for node_id, (start, end) in {"shard-1": (0, 14), "shard-2": (14, 30)}.items():
-            issue_node(pki, node_id, "shard", models=(MODEL,))
-            out = tmp_path / "packages" / node_id
+        slices = {
+            "shard-1-old": ("shard-1", 0, 14),
+            "shard-1": ("shard-1", 0, 14),
+            "shard-2": ("shard-2", 14, 30),
+        }
+        for package, (node_id, start, end) in slices.items():  # shard-1's old package first
+            if not (pki / "nodes" / node_id / "node.cert").exists():
+                issue_node(pki, node_id, "shard", models=(MODEL,))
+            out = tmp_path / "packages" / package
             mohawk_ok(
                 "slice",
                 "pack",
@@ -73,6 +80,14 @@ def test_nodes_serve_from_slice_packages_and_refuse_another_nodes_package(tmp_pa
         code = cluster.processes[name].wait(120)
         log = (cluster.log_dir / f"{name}.log").read_text()
         assert code != 0 and "refused" in log and "Traceback" not in log
+        # shard-1's older package (signed, its own) put back: shard-1, restarted, refuses it
+        old = tmp_path / "packages" / "shard-1-old"
+        mohawk_ok("slice", "push", "--package", str(old), "--nats-url", cluster.nats.url)
+        cluster.kill("shard-1")
+        cluster.respawn("shard-1")
+        code = cluster.processes["shard-1"].wait(120)
+        log = (cluster.log_dir / "shard-1.log").read_text()
+        assert code != 0 and "replayed" in log and "Traceback" not in log
 
 
 async def _copy_object(url: str, source_node: str, target_node: str) -> None:

@@ -258,6 +258,7 @@ class LocalCluster:
         self._node_count += 1
         name = f"shard-{self._node_count}"
         args = ["--node-id", name, "--num-threads", str(self.spec.threads_per_node or os.cpu_count() or 1)]
+        args += ["--state-dir", str(self.spec.data_dir / "state" / name)]
         args += self.spec.node_args
         if self._node_count <= len(self.spec.backends):
             args += ["--backend", self.spec.backends[self._node_count - 1]]

@@ -19,6 +19,11 @@ def _default_node_id() -> str:
 
 
 class NodeSettings(BusSettings, EngineSettings):
+    @property
+    def state_path(self) -> Path:
+        """Where `state_dir` points, or its default."""
+        return self.state_dir if self.state_dir is not None else Path(".mohawk") / "state" / self.node_id
+
     node_id: str = Field(
         default_factory=_default_node_id,
         description="unique per node; default (or `null`, as docker-compose.dev.yml sets): hostname",
@@ -59,7 +64,13 @@ class NodeSettings(BusSettings, EngineSettings):
     model_revision: str | None = Field(
         None,
         description="with weights_from bus: the model revision the slice package must carry "
-        "(`mohawk slice pack --revision`); none = any",
+        "(`mohawk slice pack --revision`); none = one packed no earlier than the newest this node "
+        "has loaded (an older signed package is refused as a rollback)",
+    )
+    state_dir: Path | None = Field(
+        None,
+        description="what this node keeps across restarts (the newest slice package it has loaded); "
+        "none = .mohawk/state/<node id>",
     )
     make_before_break: bool = Field(
         True,

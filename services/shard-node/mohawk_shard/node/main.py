@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--weights-from", choices=("disk", "bus"), help="model file, or slice package on the bus"
     )
     parser.add_argument("--model-revision", help="with --weights-from bus: the revision the slice must carry")
+    parser.add_argument("--state-dir", help="kept across restarts (default: .mohawk/state/<node id>)")
     parser.add_argument("--pki-dir", help="certificate bundle (default: .mohawk/pki/nodes/<node id>)")
     parser.add_argument(
         "--insecure",
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
             "insecure",
             "weights_from",
             "model_revision",
+            "state_dir",
         )
         if (value := getattr(args, key, None)) is not None
     }

@@ -48,6 +48,7 @@ from mohawk_shard.node.heartbeat import build_heartbeat
 from mohawk_shard.node.host_cores import HostCores
 from mohawk_shard.node.metrics import node_metrics
 from mohawk_shard.node.roles import Role
+from mohawk_shard.node.slice_high_water import SliceHighWater
 from mohawk_shard.node.snapshot import NodeSnapshot
 from mohawk_shard.node.stage_follower import StageFollower
 from mohawk_shard.node.step_stats import StepWindow, TimedExecutor, step_report
@@ -136,6 +137,7 @@ class ShardNode:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.executor, open_model, self.settings.model)
         bundle = self.security.require()
+        marks = SliceHighWater(self.settings.state_path)
         try:
             source = await fetch_slice_source(
                 self.js,
@@ -145,6 +147,8 @@ class ShardNode:
                 bundle.trust,
                 expect_model_revision=self.settings.model_revision,
             )
+            marks.check(self.model, source.manifest)  # never older than what it loaded before
+            marks.accept(self.model, source.manifest)
         except AuthenticationError as exc:
             self.security.reject(exc, what="slice package")
             raise ModelLoadError(

@@ -131,7 +131,7 @@ def test_sub_shows_senders_and_sizes_but_no_payload(bus: NatsServer) -> None:
         await nc.publish(names.heartbeat_subject("shard-9"), encode_json(beat))
         header = security_pb2.FrameHeader(plan_version=4, stage=1, step_id=12, kind=KIND_ACTIVATIONS)
         for message in encode_frames(header, b"SECRET-ACTIVATIONS", 1 << 20, None):
-            await nc.publish(names.activation_subject(4, 0, 1), message)
+            await nc.publish(names.activation_subject("shard-9", 4, 0, 1), message)
         await server_has_all(nc)
         await nc.close()
 

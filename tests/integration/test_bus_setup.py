@@ -86,4 +86,4 @@ def test_connect_retries_until_the_server_comes_up(tmp_path) -> None:
 def test_ids_that_would_break_subjects_are_refused() -> None:
     with pytest.raises(ValueError):
         names.token_subject("a.b")
-    assert names.activation_subject(3, 2, 1) == "mohawk.v1.act.3.2.1"
+    assert names.activation_subject("shard-4", 3, 2, 1) == "mohawk.v1.act.shard-4.3.2.1"

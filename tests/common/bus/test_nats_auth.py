@@ -370,7 +370,8 @@ def test_a_node_cannot_speak_for_another_or_hear_what_is_its(
     on_bus: Callable[[Callable[[Bus], Awaitable[None]]], None],
 ) -> None:
     """With shard-1's credential: shard-2's heartbeat and telemetry, an offer as shard-2, offers to
-    shard-2 and shard-2's inbox are all refused; shard-2 hears none of it."""
+    shard-2, shard-2's inbox and the frames into shard-2 are all refused; shard-2 hears none of it
+    (a frame shard-1 sends it, as its previous stage does, arrives)."""
 
     async def scenario(bus: Bus) -> None:
         thief, victim = bus["shard-1"], bus["shard-2"]
@@ -383,6 +384,9 @@ def test_a_node_cannot_speak_for_another_or_hear_what_is_its(
         stolen: asyncio.Queue[Msg] = asyncio.Queue()
         await thief.subscribe(names.handshakes_to("shard-2"), cb=stolen.put)  # refused by the server
         await thief.subscribe("_INBOX.shard-2.>", cb=stolen.put)  # refused too
+        await thief.subscribe(names.activations_to("shard-2"), cb=stolen.put)  # and its frames
+        frames: asyncio.Queue[Msg] = asyncio.Queue()
+        await victim.subscribe(names.activations_to("shard-2"), cb=frames.put)
         for client in bus.values():
             await server_has_all(client)
         await thief.publish(names.heartbeat_subject("shard-2"), b"{}")
@@ -390,10 +394,12 @@ def test_a_node_cannot_speak_for_another_or_hear_what_is_its(
         await thief.publish(names.handshake_subject("shard-x", "shard-2"), b"offer as shard-2")
         await bus["shard-x"].publish(names.handshake_subject("shard-2", "shard-x"), b"a real offer")
         await victim.publish("_INBOX.shard-2.reply", b"for shard-2 only")
+        await thief.publish(names.activation_subject("shard-2", 1, 0, 1), b"a frame into shard-2")
         for client in (thief, victim, bus["shard-x"]):
             await server_has_all(client)
         assert (await asyncio.wait_for(offers.get(), WITHIN_S)).data == b"a real offer"
-        for queue in (beats, reports, stolen, offers):
+        assert (await asyncio.wait_for(frames.get(), WITHIN_S)).data == b"a frame into shard-2"
+        for queue in (beats, reports, stolen, offers, frames):
             await heard_nothing(queue)
 
     on_bus(scenario)

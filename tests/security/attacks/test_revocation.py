@@ -47,7 +47,7 @@ def test_a_node_revoked_under_16_streams_is_dropped_from_the_bus_and_no_request_
         plan = wait_for_stages(cluster, 3)
         revoked = plan.stages[1].node_id
         pipeline = plan.pipelines[0]
-        into_revoked = names.activation_subject(pipeline.epoch, pipeline.id, 1)
+        into_revoked = names.activation_subject(revoked, pipeline.epoch, pipeline.id, 1)
         offers_to_revoked = names.handshakes_to(revoked)[: -len("*")]
         serial = load_bundle(cluster.pki_dir / "nodes" / revoked, role="shard").identity.body.serial
         prompts = [f"Write a short story about the number {i}." for i in range(NUM_STREAMS)]

@@ -69,7 +69,7 @@ async def pipeline(url: str, pki: Path) -> AsyncIterator[list[Stage]]:
             async def record(msg: Msg, inbox: list[bytes] = inbox) -> None:
                 inbox.append(msg.data)
 
-            await nc.subscribe(names.activation_subject(PLAN.version, 0, index), cb=record)
+            await nc.subscribe(names.activation_subject(node, PLAN.version, 0, index), cb=record)
             await link.start()
             await server_has_all(nc)
             stages.append(Stage(nc, sec, link, inbox))
@@ -138,7 +138,7 @@ async def send_as(sender: Stage, receiver: int, kind: int, payload: bytes) -> No
     channel = await sender.link.channels.channel_to(NODES[receiver])
     header = security_pb2.FrameHeader(plan_version=PLAN.version, stage=receiver, step_id=9, kind=kind)
     for message in encode_frames(header, payload, sender.nc.max_payload, channel):
-        await sender.nc.publish(names.activation_subject(PLAN.version, 0, receiver), message)
+        await sender.nc.publish(names.activation_subject(NODES[receiver], PLAN.version, 0, receiver), message)
 
 
 def test_channels_and_frame_kinds_follow_the_pipelines_positions(nats_server: NatsServer, pki: Path) -> None:

@@ -7,9 +7,10 @@ shows the whole system and each entity can be filtered with one wildcard:
                                       whichever pipeline has room first
     mohawk.v1.req.<model>.p<id>       requests routed to pipeline <id> (round robin, prefix affinity)
     mohawk.v1.tok.<request>           token events (JetStream stream MOHAWK_TOKENS, kept briefly)
-    mohawk.v1.act.<epoch>.<pipeline>.<stage>
+    mohawk.v1.act.<node>.<epoch>.<pipeline>.<stage>
                                       activation frames into stage <stage> of pipeline <pipeline>,
-                                      formed by plan version <epoch>; stage 0 receives the last
+                                      formed by plan version <epoch>, served by node <node> (only
+                                      its bus user may subscribe); stage 0 receives the last
                                       stage's step results here (core NATS)
     mohawk.v1.hb.<node>               node heartbeats, JSON (core NATS)
     mohawk.v1.cancel.<request>        cancel a request (core NATS; a tag only the request's key makes)
@@ -96,8 +97,14 @@ def cancel_subject(request_id: str) -> str:
     return f"{PREFIX}.cancel.{check_id('request id', request_id)}"
 
 
-def activation_subject(epoch: int, pipeline: int, stage: int) -> str:
-    return f"{PREFIX}.act.{int(epoch)}.{int(pipeline)}.{int(stage)}"
+def activation_subject(node_id: str, epoch: int, pipeline: int, stage: int) -> str:
+    """Frames into stage `stage` of `pipeline` (plan version `epoch`), which node `node_id` serves."""
+    return f"{PREFIX}.act.{check_id('node id', node_id)}.{int(epoch)}.{int(pipeline)}.{int(stage)}"
+
+
+def activations_to(node_id: str) -> str:
+    """Every activation subject of `node_id` (what its bus user may subscribe to)."""
+    return f"{PREFIX}.act.{check_id('node id', node_id)}.>"
 
 
 def heartbeat_subject(node_id: str) -> str:

@@ -1,14 +1,15 @@
 """What one process may do on the bus: the publish and subscribe allow lists of its NATS user,
 scoped to that process's own id wherever a subject carries it (nats-server enforces them).
 
-`process_permissions(role, process_id, model=...)` gives a process's lists; every subject and bucket
+`process_permissions(role, process_id, models=...)` gives a process's lists; every subject and bucket
 comes from `names`. A process's inbox is `_INBOX.<process id>` (`inbox_prefix`), so replies to its
 requests, its JetStream API answers and its KV watchers' messages reach no other process.
 
     shard        its own heartbeat, telemetry and handshake subjects (it offers on
-                 `hs.<peer>.<itself>` and answers on `hs.<itself>.*`); activations and token
-                 events (shared: see below); pulling and acking its model's stage-0 consumers;
-                 reading the plan, CRL, gateway presence, nodes, leader and slices
+                 `hs.<peer>.<itself>` and answers on `hs.<itself>.*`); frames into its own
+                 stages (`act.<itself>.>`); sending frames and token events (shared: see below);
+                 pulling and acking its model's stage-0 consumers; reading the plan, CRL,
+                 gateway presence, nodes, leader and slices
     coordinator  reading heartbeats; writing the leader lease, node registry and plan; NAKing
                  requests a lost stage 0 held
     gateway      publishing requests and cancels; its own presence keys (`<gateway id>.*`) and
@@ -18,13 +19,13 @@ requests, its JetStream API answers and its KV watchers' messages reach no other
     admin        `mohawk pki revoke`, `mohawk slice push`: ops, plus writing the CRL and slices
 
 What stays shared, and why: which node serves which stage is the plan's to say, and a plan comes
-after a credential is issued, so a node may publish to any activation subject and any request's
-token subject, and subscribe to every activation. Every activation frame is sealed with the pair
-of nodes' channel key and every token event with its request's key, so a node reads and forges
-nothing there; what it can do is drop or delay what it was sent, as any stage can. Likewise any
-node serving a model may pull that model's requests (which node is stage 0 is the plan's choice);
-a node of another model may not. No role may delete a consumer (another process's KV watcher):
-ephemeral consumers go on their own once idle.
+after a credential is issued, so a node may publish to any node's activation subjects and any
+request's token subject (it subscribes only to its own activations, `act.<its id>.>`). Every
+activation frame is sealed with the pair of nodes' channel key and every token event with its
+request's key, so a node reads and forges nothing there; what it can do is drop or delay what it was
+sent, as any stage can. Likewise any node serving a model may pull that model's requests (which node
+is stage 0 is the plan's choice); a node of another model may not. No role may delete a consumer
+(another process's KV watcher): ephemeral consumers go on their own once idle.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def _shard(node_id: str, models: Sequence[str]) -> UserPermissions:
             *_object_read(names.SLICES_BUCKET),
         ),
         subscribe=(
-            f"{names.PREFIX}.act.>",
+            names.activations_to(node_id),  # frames into its own stages only
             names.CANCEL_WILDCARD,
             names.handshakes_to(node_id),  # offers to it
             _inbox(node_id),

@@ -178,7 +178,8 @@ class HeadDriver:
         await self.intake.subscribe()
         self._subs.append(await self.nc.subscribe(names.CANCEL_WILDCARD, cb=self._on_cancel))
         if self.tokens is None:
-            subject = names.activation_subject(self.view.epoch, self.view.pipeline, 0)
+            stage_0 = self.view.stages[0].node_id
+            subject = names.activation_subject(stage_0, self.view.epoch, self.view.pipeline, 0)
             self._subs.append(await self.nc.subscribe(subject, cb=self._on_result))
         self._tasks = [
             *self.intake.loops(),

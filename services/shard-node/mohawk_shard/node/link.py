@@ -81,7 +81,9 @@ class StageLink:
             sent_at=time.time(),
         )
         channel = await self._channel(target)
-        subject = names.activation_subject(self.epoch, self.pipeline, target)
+        subject = names.activation_subject(
+            self.view.stages[target].node_id, self.epoch, self.pipeline, target
+        )
         for message in encode_frames(header, activation_payload(step, hidden), self.nc.max_payload, channel):
             await self.nc.publish(subject, message)
 
@@ -94,7 +96,7 @@ class StageLink:
             sent_at=time.time(),
         )
         channel = await self._channel(0)
-        subject = names.activation_subject(self.epoch, self.pipeline, 0)
+        subject = names.activation_subject(self.view.stages[0].node_id, self.epoch, self.pipeline, 0)
         for message in encode_frames(header, result.SerializeToString(), self.nc.max_payload, channel):
             await self.nc.publish(subject, message)
 

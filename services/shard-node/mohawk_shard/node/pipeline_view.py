@@ -3,7 +3,7 @@
 Design. The plan a coordinator publishes (`bus_pb2.Plan`) has a version of its own and lists its
 pipelines, each formed at some epoch. A node serves one of them and reads it as a `Plan` too
 (`node_view`: the pipeline's stages, its KV pool, its state), a message whose `version` field then
-holds the pipeline's epoch, the number its subjects (`mohawk.v1.act.<epoch>.<pipeline>.<stage>`),
+holds the pipeline's epoch, the number its subjects (`mohawk.v1.act.<node>.<epoch>.<pipeline>.<stage>`),
 channels and frames carry. Inside the node that value is `PipelineView.epoch` and a plan's
 version is only ever the whole plan's: the wire format is unchanged, and the wire message stays at
 hand (`plan`) for what reads it (`same_assignment`).

@@ -1,9 +1,9 @@
 """Stages 1..N-1: activation frames in, the stage's layers, frames on to the next stage or tokens out.
 
-Frames of one pipeline arrive on `mohawk.v1.act.<epoch>.<pipeline>.<stage>` in step order (core NATS keeps one
-publisher's order), are opened on the channel with the previous stage (`StageLink`), and are
-processed one at a time, in that order, so every stage sees a
-sequence's steps in the order stage 0 scheduled them. The model runs on the node's compute thread,
+Frames of one pipeline arrive on `mohawk.v1.act.<node>.<epoch>.<pipeline>.<stage>` in step order
+(core NATS keeps one publisher's order), are opened on the channel with the previous stage
+(`StageLink`), and are processed one at a time, in that order, so every stage sees a sequence's
+steps in the order stage 0 scheduled them. The model runs on the node's compute thread,
 so the event loop keeps receiving the next step's frames meanwhile. The last stage samples,
 publishes token events and answers stage 0 with a `StepResult` for every step, even an empty one,
 so stage 0 can count its steps in flight. A step this stage cannot run is not dropped: it goes on
@@ -82,7 +82,8 @@ class StageWorker:
 
     async def start(self) -> None:
         await self.link.start()
-        subject = names.activation_subject(self.view.epoch, self.view.pipeline, self.stage_index)
+        node_id = self.view.stages[self.stage_index].node_id
+        subject = names.activation_subject(node_id, self.view.epoch, self.view.pipeline, self.stage_index)
         self._sub = await self.nc.subscribe(subject, cb=self._on_message, pending_bytes_limit=1 << 30)
         self._task = asyncio.create_task(self._run())
         self._log.info("stage serving", subject=subject, last=self.tokens is not None)

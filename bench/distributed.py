@@ -154,10 +154,11 @@ class ClusterSetup:
         name: str | None = None,
         telemetry: bool = False,
         nats_security: bool = False,
+        nats_users: bool | None = None,
         model: str | None = None,
     ) -> None:
-        """`nats_security`: NATS users per role and TLS only, as `mohawk up` runs it; `model`: a
-        GGUF file (default the bundled model)."""
+        """`nats_security`: NATS with a user per process and TLS only, as `mohawk up` runs it
+        (`nats_users=False`: TLS only, no users); `model`: a GGUF file (default the bundled model)."""
         self.name = name or f"mohawk up --nodes {num_nodes}"
         spec = ClusterSpec(
             nodes=num_nodes,
@@ -171,7 +172,7 @@ class ClusterSetup:
             env=({} if prefix_cache else {"MOHAWK_ENABLE_PREFIX_CACHING": "false"}) | (env or {}),
             telemetry=telemetry,
             telemetry_port=free_port() if telemetry else None,
-            nats_auth=nats_security,
+            nats_auth=nats_security if nats_users is None else nats_users,
             nats_tls=nats_security,
             model=model,
         )

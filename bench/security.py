@@ -13,6 +13,10 @@
    users), and --insecure (plaintext frames) on open NATS. The first two compare NATS's TLS and
    auth, the last two Mohawk's own encryption. The short form runs the first and the last only
    (what `mohawk up` runs against everything off), one cluster fewer on CI's two cores.
+5. `--identities`: what a NATS user per process costs (its JWT, its scoped permissions checked on
+   every publish and subscription), two 3-node clusters side by side in ABBA order: as `mohawk up`
+   runs, and the same NATS with TLS but no users. (The role users it replaced are gone, so this
+   is measured against no users at all: the stricter baseline.)
 Figures are medians (min–max). `python bench/security.py` runs the short form, `--full` the full
 form (`make bench`); `--micro-only` parts 1–3 alone (`make test`, in seconds).
 """
@@ -122,6 +126,7 @@ def _frame_round_trip(key: bytes, size: int) -> Callable[[], None]:
 NATS_SECURE = "encrypted, NATS TLS + auth"  # what `mohawk up` runs
 ENCRYPTED = "encrypted"  # NATS with neither TLS nor users
 PLAINTEXT = "plaintext (--insecure)"
+TLS_ONLY = "encrypted, NATS TLS, no users"
 
 
 def end_to_end(form: Form) -> dict[str, Stat]:
@@ -145,6 +150,45 @@ def end_to_end(form: Form) -> dict[str, Stat]:
             for setup in setups.values():
                 setup.close()
     return {name: Stat.of(values) for name, values in runs.items()}
+
+
+def identities(form: Form) -> dict[str, Stat]:
+    """Part 5: `mohawk up`'s bus (a user per process, TLS) against the same with TLS and no users."""
+    qs = questions(form.num_concurrent)
+    with tempfile.TemporaryDirectory(prefix="mohawk-ids-") as root:
+        setups: dict[str, ClusterSetup] = {}
+        try:
+            setups[NATS_SECURE] = ClusterSetup(form.nodes, Path(root) / "users", nats_security=True)
+            setups[TLS_ONLY] = ClusterSetup(
+                form.nodes, Path(root) / "tls", nats_security=True, nats_users=False
+            )
+            runs: dict[str, list[float]] = {name: [] for name in setups}
+            for setup in setups.values():
+                setup.batch1(qs[0], 4)
+                setup.concurrent(qs, 2)
+            for repeat in range(form.repeats):
+                order = list(setups.items())
+                for name, setup in order if repeat % 2 == 0 else reversed(order):  # ABBA
+                    runs[name].append(setup.concurrent(qs, form.tokens))
+        finally:
+            for setup in setups.values():
+                setup.close()
+    return {name: Stat.of(values) for name, values in runs.items()}
+
+
+def identities_report(e2e: dict[str, Stat], form: Form) -> str:
+    users, tls = e2e[NATS_SECURE], e2e[TLS_ONLY]
+    return "\n".join(
+        [
+            f"{form.nodes}-node cluster, {form.num_concurrent} concurrent streams × {form.tokens} tokens, "
+            f"aggregate tokens/s, medians (min–max) of {form.repeats} run(s) each, in ABBA order:",
+            "",
+            "| bus | tokens/s | × TLS, no users |",
+            "|---|---|---|",
+            f"| {TLS_ONLY} | {tls} | 1.00 |",
+            f"| {NATS_SECURE}: a user per process (mohawk up) | {users} | {users.median / tls.median:.3f} |",
+        ]
+    )
 
 
 def report(micro_results: dict[str, Stat], e2e: dict[str, Stat], form: Form) -> str:
@@ -182,9 +226,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--micro-only", action="store_true", help="the per-operation costs alone, without the clusters"
     )
+    parser.add_argument(
+        "--identities",
+        action="store_true",
+        help="part 5 alone: a NATS user per process against TLS with no users (3-node clusters)",
+    )
     args = parser.parse_args(argv)
     configure_logging("warning")
     form = FULL if args.full else SHORT
+    if args.identities:
+        form = FULL
+        e2e = identities(form)
+        table = identities_report(e2e, form)
+        print(table)
+        if args.json:
+            data = {"form": form.__dict__, "end_to_end_tps": {k: v.__dict__ for k, v in e2e.items()}}
+            write_results(args.json, data, table, argv)
+        return 0
     with tempfile.TemporaryDirectory(prefix="mohawk-pki-") as pki:
         micro_results = micro(form, Path(pki))
     e2e = {} if args.micro_only else end_to_end(form)

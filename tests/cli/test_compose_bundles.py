@@ -4,15 +4,22 @@ bus CA's private key."""
 
 from __future__ import annotations
 
+import asyncio
 import stat
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import redis.exceptions
 from cryptography import x509
 
 from mohawk_cli.compose_bundles import SERVICES
+from mohawk_cli.redis_server import find_redis_server
 from mohawk_common.bus.nats_auth import CONF_NAME, NatsAuth
 from mohawk_common.bus.nats_jwt import creds_jwt, creds_name, decode_claims
+from mohawk_common.bus.server import free_port
+from mohawk_common.tenancy import connect
 from mohawk_pqc.pki_files import load_bundle, read_message
 from mohawk_proto.v1 import security_pb2
 from tests.cli.helpers import mohawk_in_process
@@ -71,8 +78,12 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
     # Redis's password: its config (a compose secret) and the gateway's copy, one per cluster
     password = (out / "gateway" / "redis-password").read_text().strip()
     assert len(password) >= 32 and mode(out / "gateway" / "redis-password") == 0o600
-    assert (out / "redis" / "redis.conf").read_text() == f'requirepass "{password}"\n'
+    conf = (out / "redis" / "redis.conf").read_text()
+    assert f'requirepass "{password}"' in conf and "port 0" in conf and "tls-port 6379" in conf
+    assert mode(out / "redis" / "redis.conf") == 0o600 and mode(out / "redis" / "server-key.pem") == 0o600
+    assert (out / "redis" / "ca.pem").read_bytes() == ca  # gateways verify it with nats-ca.pem
     assert (pki / "redis-password").read_text().strip() == password
+    serve_the_redis_conf(out / "redis", password, tmp_path)
     conf = out / "nats" / CONF_NAME
     assert mode(conf) == 0o600 and "operator:" in conf.read_text() and "SEED" not in conf.read_text()
     tls_files = ["ca.pem", "nats-tls.conf", "route-tls.conf", "server-key.pem", "server.pem"]
@@ -83,6 +94,38 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
     server.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
     names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert names.get_values_for_type(x509.DNSName) == ["nats", "host1", "localhost"]  # compose, host
+
+
+def serve_the_redis_conf(redis_dir: Path, password: str, tmp_path: Path) -> None:
+    """The redis.conf compose-bundles wrote, run by a real redis-server (its container paths and
+    port rewritten to here): TLS with the password, verified against the bus CA, is served."""
+    if find_redis_server() is None:
+        return
+    port = free_port()
+    conf = (redis_dir / "redis.conf").read_text().replace("/etc/redis/tls", str(redis_dir))
+    local = tmp_path / "redis-local.conf"
+    local.write_text(conf.replace("tls-port 6379", f"tls-port {port}") + f'dir {tmp_path}\nsave ""\n')
+    process = subprocess.Popen([str(find_redis_server()), str(local)], stdout=subprocess.DEVNULL)
+    try:
+
+        async def ping() -> object:
+            client = connect(f"rediss://127.0.0.1:{port}/0", password=password, tls_ca=redis_dir / "ca.pem")
+            try:
+                return await client.ping()
+            finally:
+                await client.aclose()
+
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert asyncio.run(ping()) is True
+                break
+            except redis.exceptions.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server with the compose config did not answer"
+                time.sleep(0.1)
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 def test_a_second_host_gets_its_own_node_ids_and_nats_users_of_the_same_account(

@@ -241,7 +241,7 @@ def test_defaults_resolve_to_the_single_host_setup(compose: list[str]) -> None:
             assert Path(source).is_file(), f"bind mount {source} does not exist"
     assert ("8000", 8000) in published_ports(services["gateway"])
     gateway = env_of(services["gateway"])
-    assert gateway["MOHAWK_REDIS_URL"] == "redis://redis:6379/0"
+    assert gateway["MOHAWK_REDIS_URL"] == "rediss://redis:6379/0"  # TLS only, verified against the bus CA
     assert str(gateway["MOHAWK_AUTH"]).lower() == "true"
     assert depends_on(services["gateway"])["redis"] == "service_healthy"
     no_auth = resolved(compose, COMPOSE_FILE, MOHAWK_AUTH="false")["services"]["gateway"]
@@ -285,7 +285,8 @@ def test_no_service_holds_the_root_key_and_each_mounts_only_its_own_bundle_read_
                 bundle_sources[source] = name
         assert "MOHAWK_DEV_PKI_DIR" not in env_of(service), name
     expected = {str(BUNDLES_DIR / name): name for name in MOHAWK_SERVICES} | {
-        str(BUNDLES_DIR / "nats"): "nats"
+        str(BUNDLES_DIR / "nats"): "nats",
+        str(BUNDLES_DIR / "redis"): "redis",  # its TLS certificate
     }
     assert bundle_sources == expected
     for name in MOHAWK_SERVICES:

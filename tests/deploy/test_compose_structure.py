@@ -45,7 +45,7 @@ def test_redis_keeps_an_append_only_file_on_a_volume_and_only_the_gateway_uses_i
     assert redis["restart"] == "unless-stopped"
     gateway = services["gateway"]
     env = env_of(gateway)
-    assert env["MOHAWK_REDIS_URL"] == "${MOHAWK_REDIS_URL:-redis://redis:6379/0}"
+    assert env["MOHAWK_REDIS_URL"] == "${MOHAWK_REDIS_URL:-rediss://redis:6379/0}"
     assert env["MOHAWK_AUTH"] == "${MOHAWK_AUTH:-true}"
     assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"
     assert gateway["depends_on"]["nats"]["condition"] == "service_healthy"

@@ -6,7 +6,10 @@ survive a restart; without it nothing is written (the tests' servers). It listen
 only, with Redis's protected mode on. With `password` it refuses every client that does not `AUTH`
 with it: the password goes into a 0600 config file under `data_dir` (never onto the command line,
 where `ps` shows it), and `url` carries it for the gateways (MOHAWK_REDIS_URL); `password_file`
-(`ensure_password`) keeps one per data dir, which `mohawk tenant` reads too.
+(`ensure_password`) keeps one per data dir, which `mohawk tenant` reads too. With `tls` (a
+certificate from the bus CA, `nats_tls.issue_server_certificate`) it speaks TLS only, on the same
+port: `url` is then rediss://, and clients verify it against the bus CA (what a second host's
+gateway does, `mohawk pki compose-bundles`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ import os
 import secrets
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
 
+from mohawk_common.bus.nats_tls import ServerTls, client_context
 from mohawk_common.bus.server import free_port
 from mohawk_common.errors import MohawkError
 from mohawk_common.processes import kill_process, stop_process
@@ -65,9 +70,11 @@ class RedisServer:
         log_file: Path | None = None,
         binary: str | None = None,
         password: str | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.password = password
+        self.tls = tls
         self.port = port or free_port()
         self.persist = persist
         self.log_file = log_file
@@ -78,12 +85,16 @@ class RedisServer:
     def url(self) -> str:
         """Where clients reach it, with its password (for the gateways' environment)."""
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"{self._scheme}://{auth}127.0.0.1:{self.port}/0"
 
     @property
     def public_url(self) -> str:
         """Its URL without the password (what to print)."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{self._scheme}://127.0.0.1:{self.port}/0"
+
+    @property
+    def _scheme(self) -> str:
+        return "rediss" if self.tls is not None else "redis"
 
     def command(self) -> list[str]:
         binary = self.binary or find_redis_server()
@@ -92,7 +103,13 @@ class RedisServer:
         args = [binary]
         if self.password:  # the config file first: the flags after it add to it
             args.append(str(self._auth_conf()))
-        args += ["--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir)]
+        args += ["--bind", "127.0.0.1", "--dir", str(self.data_dir)]
+        if self.tls is None:
+            args += ["--port", str(self.port)]
+        else:  # TLS only: no plaintext port at all
+            args += ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"]
+            args += ["--tls-cert-file", str(self.tls.cert), "--tls-key-file", str(self.tls.key)]
+            args += ["--tls-ca-cert-file", str(self.tls.ca)]
         if self.persist:
             return [*args, "--appendonly", "yes"]
         return [*args, "--save", "", "--appendonly", "no"]
@@ -126,7 +143,7 @@ class RedisServer:
         """Whether the server answers PING (not while it is still loading its data)."""
         auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+            with self._connection() as sock:
                 sock.sendall(auth + b"PING\r\n")
                 reply = b""
                 while reply.count(b"\r\n") < (2 if auth else 1):
@@ -135,8 +152,14 @@ class RedisServer:
                         break
                     reply += chunk
                 return reply.endswith(b"+PONG\r\n")
-        except OSError:
+        except (OSError, ssl.SSLError):
             return False
+
+    def _connection(self) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
+        if self.tls is None:
+            return sock
+        return client_context(self.tls.ca).wrap_socket(sock, server_hostname="127.0.0.1")
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (Redis then writes what it holds), SIGKILL after `timeout`."""

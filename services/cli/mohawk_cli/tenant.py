@@ -93,7 +93,12 @@ def run(args: argparse.Namespace) -> int:
     }
 
     async def main() -> None:
-        client = connect(url, password=read_password(Path(password_file)) if password_file else None)
+        tls_ca = os.environ.get("MOHAWK_REDIS_TLS_CA")  # a rediss:// Redis: its CA (the gateway's)
+        client = connect(
+            url,
+            password=read_password(Path(password_file)) if password_file else None,
+            tls_ca=Path(tls_ca) if tls_ca else None,
+        )
         try:
             await handlers[args.tenant_command](TenantStore(client), args)
         finally:

@@ -53,7 +53,11 @@ class Access:
             raise ConfigError("auth needs a Redis for its tenants: set redis_url (MOHAWK_REDIS_URL)")
         self.settings = settings
         self.redis = (
-            connect(settings.redis_url, password=read_password(settings.redis_password_file))
+            connect(
+                settings.redis_url,
+                password=read_password(settings.redis_password_file),
+                tls_ca=settings.redis_tls_ca,
+            )
             if settings.redis_url
             else None
         )

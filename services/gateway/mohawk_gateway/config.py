@@ -64,6 +64,11 @@ class GatewaySettings(BusSettings):
         description="a file holding the Redis password (`mohawk up` makes one, compose passes it as "
         "a secret); none = the URL's own, if any",
     )
+    redis_tls_ca: Path | None = Field(
+        None,
+        description="with a rediss:// redis_url: the CA its certificate must chain to (compose: the "
+        "bus CA in the gateway's bundle); none = the system's",
+    )
     auth: bool = Field(
         False, description="every /v1 call needs `Authorization: Bearer KEY` of a tenant (needs redis_url)"
     )

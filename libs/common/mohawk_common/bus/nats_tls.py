@@ -123,6 +123,18 @@ def issue_server(
     """A certificate for a nats-server reached as any of `hosts` (DNS names or IP addresses), and
     its config includes, in `out`. `seen_at` is where that server finds `out` (a container's mount,
     e.g. /etc/nats/tls); default `out` itself."""
+    server = issue_server_certificate(ca, out, hosts, days=days)
+    where = Path(seen_at) if seen_at is not None else server.dir.resolve()
+    write_public(server.client_conf, tls_block(where, comment="clients"))
+    write_public(server.route_conf, tls_block(where, comment="cluster routes (verified both ways)"))
+    return server
+
+
+def issue_server_certificate(
+    ca: NatsCa, out: Path, hosts: Sequence[str], *, days: float = SERVER_DAYS
+) -> ServerTls:
+    """A certificate from the bus CA for any server reached as one of `hosts` (nats-server, or
+    Redis beside it): server.pem, server-key.pem (0600) and the CA's ca.pem, in `out`."""
     if not hosts:
         raise ValueError("a server certificate needs at least one host name or address")
     ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
@@ -151,9 +163,6 @@ def issue_server(
     write_private(server.key, _key_pem(key))
     write_public(server.cert, cert.public_bytes(serialization.Encoding.PEM))
     write_public(server.ca, ca.cert.read_bytes())
-    where = Path(seen_at) if seen_at is not None else server.dir.resolve()
-    write_public(server.client_conf, tls_block(where, comment="clients"))
-    write_public(server.route_conf, tls_block(where, comment="cluster routes (verified both ways)"))
     return server
 
 

@@ -70,14 +70,17 @@ def read_password(path: Path | None) -> str | None:
     return password
 
 
-def connect(url: str, password: str | None = None) -> redis.Redis:
+def connect(url: str, password: str | None = None, tls_ca: Path | None = None) -> redis.Redis:
     """A client of the Redis at `url` (redis://host:port/db); connects on first use, gives up on
     an unreachable server within about a second and retries a broken connection once, at once.
     Its pool holds up to `POOL_SIZE` connections; a command finding them all busy waits up to
     `POOL_WAIT_S` for one (redis-py's own pool raises "Too many connections" at once instead,
     which a burst of 1,000 sessions on a busy gateway reached). `password`: the server's (`AUTH`),
-    else the URL's own, if any."""
-    extra = {} if password is None else {"password": password}
+    else the URL's own, if any; `tls_ca`: with a rediss:// URL, the CA the server's certificate
+    must chain to (the bus CA), else the system's."""
+    extra: dict[str, object] = {} if password is None else {"password": password}
+    if tls_ca is not None and url.startswith("rediss://"):
+        extra["ssl_ca_certs"] = str(tls_ca)
     pool = redis.BlockingConnectionPool.from_url(
         url,
         **extra,

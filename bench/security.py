@@ -130,14 +130,30 @@ TLS_ONLY = "encrypted, NATS TLS, no users"
 
 
 def end_to_end(form: Form) -> dict[str, Stat]:
+    """Part 4: `mohawk up` as it runs, Mohawk's encryption on open NATS, and --insecure."""
+    clusters: dict[str, dict[str, Any]] = {NATS_SECURE: {"nats_security": True}}
+    if form.open_nats_encrypted:
+        clusters[ENCRYPTED] = {"secure": True}
+    clusters[PLAINTEXT] = {"secure": False}
+    return side_by_side(form, clusters)
+
+
+def identities(form: Form) -> dict[str, Stat]:
+    """Part 5: `mohawk up`'s bus (a user per process, TLS) against the same with TLS and no users."""
+    return side_by_side(
+        form, {NATS_SECURE: {"nats_security": True}, TLS_ONLY: {"nats_security": True, "nats_users": False}}
+    )
+
+
+def side_by_side(form: Form, clusters: dict[str, dict[str, Any]]) -> dict[str, Stat]:
+    """The same concurrent streams through each of `clusters` (name -> `ClusterSetup` options),
+    in ABC-CBA order so drift hits all alike, after a warm-up of each."""
     qs = questions(form.num_concurrent)
     with tempfile.TemporaryDirectory(prefix="mohawk-sec-") as root:
         setups: dict[str, ClusterSetup] = {}
         try:
-            setups[NATS_SECURE] = ClusterSetup(form.nodes, Path(root) / "nats", nats_security=True)
-            if form.open_nats_encrypted:
-                setups[ENCRYPTED] = ClusterSetup(form.nodes, Path(root) / "secure", secure=True)
-            setups[PLAINTEXT] = ClusterSetup(form.nodes, Path(root) / "insecure", secure=False)
+            for index, (name, options) in enumerate(clusters.items()):
+                setups[name] = ClusterSetup(form.nodes, Path(root) / str(index), **options)
             runs: dict[str, list[float]] = {name: [] for name in setups}
             for setup in setups.values():  # warm-up: first batched shapes, channels, prefix cache
                 setup.batch1(qs[0], 4)
@@ -145,30 +161,6 @@ def end_to_end(form: Form) -> dict[str, Stat]:
             for repeat in range(form.repeats):
                 order = list(setups.items())
                 for name, setup in order if repeat % 2 == 0 else reversed(order):  # ABC-CBA: drift cancels
-                    runs[name].append(setup.concurrent(qs, form.tokens))
-        finally:
-            for setup in setups.values():
-                setup.close()
-    return {name: Stat.of(values) for name, values in runs.items()}
-
-
-def identities(form: Form) -> dict[str, Stat]:
-    """Part 5: `mohawk up`'s bus (a user per process, TLS) against the same with TLS and no users."""
-    qs = questions(form.num_concurrent)
-    with tempfile.TemporaryDirectory(prefix="mohawk-ids-") as root:
-        setups: dict[str, ClusterSetup] = {}
-        try:
-            setups[NATS_SECURE] = ClusterSetup(form.nodes, Path(root) / "users", nats_security=True)
-            setups[TLS_ONLY] = ClusterSetup(
-                form.nodes, Path(root) / "tls", nats_security=True, nats_users=False
-            )
-            runs: dict[str, list[float]] = {name: [] for name in setups}
-            for setup in setups.values():
-                setup.batch1(qs[0], 4)
-                setup.concurrent(qs, 2)
-            for repeat in range(form.repeats):
-                order = list(setups.items())
-                for name, setup in order if repeat % 2 == 0 else reversed(order):  # ABBA
                     runs[name].append(setup.concurrent(qs, form.tokens))
         finally:
             for setup in setups.values():

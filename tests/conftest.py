@@ -89,7 +89,8 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One redis-server for the module's tests (skipped where redis-server is not installed); a test
+    """One redis-server for the module's tests (where redis-server is missing they fail saying how to
+    install it, unless MOHAWK_SKIP_MISSING names it: `tests/real_parts.py`); a test
     may kill it, and the next `redis_url` starts it again on the same port."""
     server = start_redis(tmp_path_factory.mktemp("redis"))
     try:

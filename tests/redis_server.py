@@ -2,23 +2,24 @@
 
 Tests use the `redis_url` fixture (tests/conftest.py): a server shared by the module's tests and
 emptied (FLUSHALL) before each; a test may kill it (`redis_server` fixture) and the next one gets
-it started again. Debian's redis-server must be on PATH; without it these tests are skipped.
+it started again. Debian's redis-server must be on PATH; without it these tests fail saying how to
+install it (`tests/real_parts.py`), unless MOHAWK_SKIP_MISSING names it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import redis
 
 from mohawk_cli.redis_server import RedisServer, find_redis_server
+from tests.real_parts import missing
 
 
 def start_redis(data_dir: Path, port: int | None = None) -> RedisServer:
     """A redis-server with no persistence (`--save "" --appendonly no`) under `data_dir`."""
     if find_redis_server() is None:
-        pytest.skip("redis-server is not installed (apt install redis-server)")
+        missing("redis-server")
     return RedisServer(data_dir, port, persist=False, log_file=data_dir / "redis.log").start()
 
 

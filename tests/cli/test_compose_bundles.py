@@ -23,6 +23,7 @@ from mohawk_common.tenancy import connect
 from mohawk_pqc.pki_files import load_bundle, read_message
 from mohawk_proto.v1 import security_pb2
 from tests.cli.helpers import mohawk_in_process
+from tests.real_parts import missing
 
 MODEL = "smollm2-135m-instruct"
 
@@ -100,7 +101,7 @@ def serve_the_redis_conf(redis_dir: Path, password: str, tmp_path: Path) -> None
     """The redis.conf compose-bundles wrote, run by a real redis-server (its container paths and
     port rewritten to here): TLS with the password, verified against the bus CA, is served."""
     if find_redis_server() is None:
-        return
+        missing("redis-server")
     port = free_port()
     conf = (redis_dir / "redis.conf").read_text().replace("/etc/redis/tls", str(redis_dir))
     local = tmp_path / "redis-local.conf"

@@ -15,12 +15,13 @@ import redis.exceptions
 from mohawk_cli.redis_server import RedisServer, ensure_password, find_redis_server
 from mohawk_common.bus.nats_tls import LOCAL_HOSTS, init_ca, issue_server_certificate
 from mohawk_common.tenancy import connect
+from tests.real_parts import missing
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     if find_redis_server() is None:
-        pytest.skip("redis-server is not installed (apt install redis-server)")
+        missing("redis-server")
     root = tmp_path_factory.mktemp("redis-tls")
     tls = issue_server_certificate(init_ca(root / "pki"), root / "tls", LOCAL_HOSTS)
     password = ensure_password(root / "password")

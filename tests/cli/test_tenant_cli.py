@@ -17,6 +17,7 @@ from mohawk_cli.redis_server import RedisServer, ensure_password, find_redis_ser
 from mohawk_common.bus.server import free_port
 from mohawk_common.tenancy import Tenant, TenantStore, connect
 from tests.cli.helpers import mohawk, mohawk_in_process
+from tests.real_parts import missing
 
 
 def mohawk_tenant(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -168,7 +169,7 @@ def test_a_redis_with_a_password_takes_it_from_a_file_and_refuses_without(
     """`mohawk up`'s Redis wants its password: `--redis-password-file` (or the variable) gives it;
     without it, one line saying authentication failed, exit status 1."""
     if find_redis_server() is None:
-        pytest.skip("redis-server is not installed (apt install redis-server)")
+        missing("redis-server")
     password_file = tmp_path / "password"
     server = RedisServer(tmp_path / "redis", persist=False, password=ensure_password(password_file)).start()
     try:

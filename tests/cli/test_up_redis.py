@@ -18,8 +18,7 @@ from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_cli.ports import choose_port
 from mohawk_cli.redis_server import find_redis_server
 from mohawk_common.bus.server import free_port
-
-needs_redis = pytest.mark.skipif(find_redis_server() is None, reason="redis-server is not installed")
+from tests.real_parts import missing
 
 
 def up_args(*argv: str) -> argparse.Namespace:
@@ -54,8 +53,9 @@ def test_without_redis_server_up_says_how_to_install_it_and_runs_without(
     assert not (tmp_path / "data").exists()
 
 
-@needs_redis
 def test_up_starts_a_persistent_redis_and_hands_its_url_to_the_gateways(tmp_path: Path) -> None:
+    if find_redis_server() is None:
+        missing("redis-server")
     assert up.redis_choice(up_args()) == (True, None)
     port = free_port()
     spec = ClusterSpec(data_dir=tmp_path, redis=True, redis_port=port, gateway_env={"MOHAWK_AUTH": "true"})

@@ -20,12 +20,12 @@ import asyncio
 from pathlib import Path
 
 import httpx
-import pytest
 
 from loadtest.run import run_load, write_outputs
 from loadtest.spec import TenantSpec, standard_spec
 from loadtest.target import Target, create_tenants, local_target
 from mohawk_cli.redis_server import find_redis_server
+from tests.real_parts import missing
 
 REPORT_KEYS = {
     "spec",
@@ -48,7 +48,7 @@ LOOSE_RSS_GROWTH = 1.5
 
 def test_short_load_test(tmp_path: Path) -> None:
     if find_redis_server() is None:
-        pytest.skip("redis-server is not installed (apt install redis-server)")
+        missing("redis-server")
     spec = standard_spec(short=True)
     with local_target(tmp_path / "cluster") as target:
         report = asyncio.run(run_load(spec, target))

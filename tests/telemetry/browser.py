@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pytest
+from tests.real_parts import missing
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
@@ -30,12 +30,9 @@ def launch_chromium() -> Iterator[Browser]:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("playwright is not installed: pip install playwright")
+        missing("playwright")
     if not CHROMIUM.exists():
-        pytest.skip(
-            f"{CHROMIUM} not found: apt-get install -y chromium "
-            "(Debian's package; Playwright's own browser download cannot work here)"
-        )
+        missing("chromium", f"{CHROMIUM} not found")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:

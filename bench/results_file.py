@@ -6,7 +6,9 @@ and the UTC date) and the markdown table the benchmark printed, beside the figur
 wrote. The figures keep their own keys at the top level, so a reader of the old files (the tests
 under tests/bench/) reads them as before. The docs site renders these files as tables headed by
 their stamp (`docs_hooks/bench_results.py`); `make bench` writes them to bench/results/, which is
-committed, so a figure in the docs is always one that a saved run printed.
+committed, so a figure in the docs is always one that a saved run printed. A run from a tree with
+uncommitted changes is refused there (its stamp could name no commit that holds the code that
+ran); elsewhere (`--json /tmp/...`) it is written, stamped dirty.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "bench" / "results"  # the saved runs the docs render
+
+
+class DirtyTreeError(SystemExit):
+    """A result for bench/results/ from a tree with uncommitted changes."""
 
 
 def _git(*args: str) -> str | None:
@@ -101,6 +108,12 @@ def write_results(
 ) -> None:
     """Write `figures` to `path` as JSON with their `stamp` and the printed `table` (markdown lines)."""
     lines = table.splitlines() if isinstance(table, str) else list(table)
-    path.parent.mkdir(parents=True, exist_ok=True)
     document = {"stamp": stamp(argv), "table": lines, **figures}
+    saved = Path(path).resolve().is_relative_to(RESULTS_DIR.resolve())
+    if saved and document["stamp"]["commit"].get("dirty") is not False:
+        raise DirtyTreeError(
+            f"bench: not saving {path}: the tree has uncommitted changes (or git cannot say), so no "
+            "commit would hold the code that ran; commit first, or write it outside bench/results/"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n")

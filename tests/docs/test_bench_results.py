@@ -75,3 +75,23 @@ def test_a_copy_checked_against_a_commits_tree_is_stamped_with_that_commit(
     write_results(tmp_path / "copied.json", {"x": 1})
     commit = json.loads((tmp_path / "copied.json").read_text())["stamp"]["commit"]
     assert commit == {"hash": "a632e38", "dirty": False, "matched": "tree hash"}
+
+
+def test_a_run_from_a_dirty_tree_is_refused_in_bench_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/results/ holds only runs a commit can reproduce: a dirty (or unknown) tree is refused
+    there and nothing is written; elsewhere the run is written, stamped dirty."""
+    import bench.results_file as results_file
+
+    monkeypatch.setattr(results_file, "RESULTS_DIR", tmp_path / "results")
+    for dirty in (True, None):
+        monkeypatch.setattr(results_file, "commit", lambda dirty=dirty: {"hash": "abc1234", "dirty": dirty})
+        with pytest.raises(results_file.DirtyTreeError, match="uncommitted changes"):
+            write_results(tmp_path / "results" / "engine-cpu.json", {"x": 1})
+        assert not (tmp_path / "results").exists()
+    write_results(tmp_path / "elsewhere.json", {"x": 1})
+    assert json.loads((tmp_path / "elsewhere.json").read_text())["stamp"]["commit"]["dirty"] is None
+    monkeypatch.setattr(results_file, "commit", lambda: {"hash": "abc1234", "dirty": False})
+    write_results(tmp_path / "results" / "engine-cpu.json", {"x": 1})
+    assert (tmp_path / "results" / "engine-cpu.json").is_file()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from nats.errors import Error as NatsError
 
+from mohawk_common.bus.config import DEFAULT_NATS_URL
 from mohawk_common.errors import MohawkError
 from mohawk_common.logging import LEVELS, configure_logging
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from mohawk_proto.v1.security_pb2 import Certificate
 
 DEFAULT_PKI_DIR = ".mohawk/pki"
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,10 +10,11 @@ DEFAULT_PORT = 9300
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from mohawk_common.bus.config import DEFAULT_NATS_URL
     from mohawk_common.bus.setup import NODE_TTL_S as node_ttl_s  # the default every process has
 
     parser.add_argument(
-        "--nats-url", help="NATS server URL(s) (default: MOHAWK_NATS_URL or nats://127.0.0.1:4222)"
+        "--nats-url", help=f"NATS server URL(s) (default: MOHAWK_NATS_URL or {DEFAULT_NATS_URL})"
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument(
@@ -42,12 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from mohawk_common.bus.config import BusSettings
     from mohawk_common.logging import configure_logging
+    from mohawk_common.settings import load_settings
     from mohawk_telemetry.app import create_app
 
     configure_logging(args.log_level)
-    nats_url = args.nats_url or os.environ.get("MOHAWK_NATS_URL") or "nats://127.0.0.1:4222"
-    servers = [u.strip() for u in nats_url.split(",") if u.strip()]
+    # the bus settings every service reads (MOHAWK_NATS_URL, config/mohawk.yaml), the flag on top
+    bus = load_settings(BusSettings, {"nats_url": args.nats_url} if args.nats_url else {})
+    servers = bus.nats_servers
     trust = None
     if args.trust_root is not None:
         from mohawk_pqc.certificates import Root, TrustStore

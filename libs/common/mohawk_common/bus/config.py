@@ -16,11 +16,12 @@ from mohawk_common.bus.setup import (
 from mohawk_common.settings import KVBlockSettings
 
 BUNDLED_MODEL_NAME = "smollm2-135m-instruct"
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"  # every process's and tool's default (MOHAWK_NATS_URL)
 BUNDLE_CREDS = "nats.creds"  # a node's own NATS user, beside its certificate in its bundle
 
 
 class BusSettings(KVBlockSettings):
-    nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated")
+    nats_url: str = Field(DEFAULT_NATS_URL, description="NATS server URL(s), comma-separated")
     nats_creds: Path | None = Field(
         None,
         description="this process's own NATS user (a .creds file: `mohawk pki issue` puts nats.creds in "

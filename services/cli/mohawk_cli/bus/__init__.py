@@ -28,7 +28,8 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+from mohawk_common.bus.config import DEFAULT_NATS_URL
+
 DEFAULT_MONITOR_URL = "http://127.0.0.1:8222"
 
 

@@ -48,8 +48,23 @@ def _table(settings: type[Any], skip: set[str]) -> str:
     return "\n".join(rows)
 
 
+def _env_table() -> str:
+    """The environment variables read outside the settings classes, as their modules register them."""
+    import mohawk_common.model_store.gguf_cache  # noqa: F401  (each registers its knobs on import)
+    import mohawk_shard.kernels.library  # noqa: F401
+    import mohawk_telemetry.main  # noqa: F401
+    from mohawk_common.env_knobs import KNOBS
+
+    rows = ["| environment | default | what |", "|---|---|---|"]
+    for knob in sorted(KNOBS.values(), key=lambda k: k.name):
+        what = knob.what.replace("|", "\\|")
+        rows.append(f"| `{knob.name}` | `{knob.default}` | {what} |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if MARKER not in markdown:
         return markdown
     tables = [f"### {title}\n\n{_table(cls, skip)}" for title, cls, skip in _classes()]
+    tables.append(f"### Outside the settings (read where they are used)\n\n{_env_table()}")
     return markdown.replace(MARKER, "\n\n".join(tables))

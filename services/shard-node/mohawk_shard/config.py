@@ -36,8 +36,9 @@ class EngineSettings(KVBlockSettings):
     dtype: str = Field("auto", description="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16")
     weights: WeightsMode = Field(
         "native",
-        description="native: run the file's quantized tensors as stored (GGUF Q4_0/Q4_1/Q8_0); int4: "
-        "quantize linear weights groupwise to 4 bits at load; bf16/fp32: dequantize to that dtype",
+        description="native: run the file's quantized tensors as stored (GGUF Q4_0, Q4_1, Q4_K, Q5_0, "
+        "Q5_1, Q5_K, Q6_K, Q8_0; F16/BF16/F32 and safetensors in the compute dtype); int4: quantize "
+        "linear weights groupwise to 4 bits at load; bf16/fp32: dequantize to that dtype",
     )
     num_kv_blocks: int | None = Field(None, ge=1, description="KV blocks; none = from kv_cache_memory_mb")
     kv_cache_memory_mb: int | None = Field(

@@ -6,7 +6,17 @@ import argparse
 import os
 from pathlib import Path
 
+from mohawk_common.env_knobs import env_knob
+
 DEFAULT_PORT = 9300
+PORT_ENV = env_knob(
+    "MOHAWK_TELEMETRY_PORT", str(DEFAULT_PORT), "the telemetry service's HTTP port (/metrics, /)"
+)
+TRUST_ROOT_ENV = env_knob(
+    "MOHAWK_TRUST_ROOT",
+    "",
+    "the telemetry service's root.pub: only signed plans, heartbeats and reports count",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port",
         type=int,
-        default=int(os.environ.get("MOHAWK_TELEMETRY_PORT", DEFAULT_PORT)),
+        default=int(os.environ.get(PORT_ENV, DEFAULT_PORT)),
         help=f"HTTP port: /metrics, the dashboard at / (default: MOHAWK_TELEMETRY_PORT or {DEFAULT_PORT})",
     )
     parser.add_argument(
@@ -33,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trust-root",
         type=Path,
-        default=os.environ.get("MOHAWK_TRUST_ROOT"),
+        default=os.environ.get(TRUST_ROOT_ENV),
         help="the operator root's public key (root.pub of any bundle; default: MOHAWK_TRUST_ROOT): "
         "show only plans and heartbeats whose signatures verify",
     )

@@ -30,19 +30,26 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from mohawk_common.env_knobs import env_knob
+
 if TYPE_CHECKING:
     from mohawk_common.model_store.config import ModelConfig
 
 log = structlog.get_logger("mohawk.model_store.gguf_cache")
 
 _FORMAT = 1  # bump when what an entry holds changes
+CACHE_DIR_ENV = env_knob(
+    "MOHAWK_CACHE_DIR",
+    "$XDG_CACHE_HOME/mohawk or ~/.cache/mohawk",
+    "the GGUF load cache (repacked tensors, below gguf/): shared by the nodes and `mohawk generate`",
+)
 _MODEL_ID = "mohawk-model-id.json"
 _MODEL_CONFIG = "model-config"
 
 
 def cache_root() -> Path:
     """Where entries live: MOHAWK_CACHE_DIR, else the user's cache folder."""
-    configured = os.environ.get("MOHAWK_CACHE_DIR")
+    configured = os.environ.get(CACHE_DIR_ENV)
     if configured:
         return Path(configured) / "gguf"
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

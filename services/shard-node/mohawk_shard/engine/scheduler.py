@@ -32,9 +32,11 @@ ADMIT_BURST = 8  # requests a bus head takes in at once (`Scheduler.num_admittab
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int = 8192
+    """The scheduler's limits, always given: their defaults are `EngineSettings`' (one per setting)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
 
 
 @dataclass(frozen=True, slots=True)

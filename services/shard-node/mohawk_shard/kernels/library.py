@@ -39,6 +39,8 @@ from pathlib import Path
 import structlog
 import torch
 
+from mohawk_common.env_knobs import env_knob
+
 log = structlog.get_logger("mohawk.shard.kernels")
 
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
@@ -53,8 +55,16 @@ ISA_FLAGS = {  # a build (torch's CPU capability, or AVX512 with VNNI) -> its in
 }
 INT4_LAYOUT_VERSION = 2  # what int4_rows.pack lays out; the library must answer the same
 BUILD_TIMEOUT_S = 300.0
-CHOICE_ENV = "MOHAWK_CPU_KERNELS"  # auto (default): these kernels where they build; off: never
-DIR_ENV = "MOHAWK_KERNEL_DIR"
+CHOICE_ENV = env_knob(
+    "MOHAWK_CPU_KERNELS",
+    "auto",
+    "auto: Mohawk's CPU kernels where they build (g++); off: never (torch's own)",
+)
+DIR_ENV = env_knob(
+    "MOHAWK_KERNEL_DIR",
+    "~/.cache/mohawk/kernels",
+    "where the CPU kernels are built and found (one per CPU feature set)",
+)
 
 _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {

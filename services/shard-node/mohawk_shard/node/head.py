@@ -86,9 +86,9 @@ class HeadDriver:
         tokens: TokenPublisher | None,
         max_inflight_steps: int | None,
         ack_wait_s: float,
-        step_deadline_floor_s: float = 5.0,
-        max_resumes: int = 3,
-        max_waiting: int = 1024,
+        step_deadline_floor_s: float,
+        max_resumes: int,
+        max_waiting: int,
         traces: StageTraces | None = None,
     ) -> None:
         self.nc, self.js, self.view = nc, js, view

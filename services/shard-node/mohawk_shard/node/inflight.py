@@ -28,7 +28,7 @@ class InflightStep:
 
 
 class StepsInFlight:
-    def __init__(self, max_inflight: int, deadline_floor_s: float = 5.0) -> None:
+    def __init__(self, max_inflight: int, deadline_floor_s: float) -> None:
         self.max_inflight = max_inflight
         self.deadlines = StepDeadlines(floor_s=deadline_floor_s)
         self._steps: dict[int, InflightStep] = {}

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEADLINE_FACTOR = 4.0  # a step is given up after the floor plus this many expected round trips
+
 _SMOOTHING = 0.2  # weight of the newest round trip in the moving averages
 
 
@@ -27,7 +29,7 @@ class _InFlight:
 
 
 class StepDeadlines:
-    def __init__(self, floor_s: float = 5.0, factor: float = 4.0) -> None:
+    def __init__(self, floor_s: float, factor: float = DEADLINE_FACTOR) -> None:
         self.floor_s, self.factor = floor_s, factor
         self._inflight: dict[int, _InFlight] = {}
         self._round_trip_s: float | None = None

@@ -11,9 +11,13 @@ import json
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from mohawk_gateway.admission import Admission
+from mohawk_gateway.admission import Admission, BurstHold
+from mohawk_gateway.config import GatewaySettings
 from mohawk_gateway.errors import GatewayError
-from mohawk_gateway.middleware import FIRST_LOOK_S, MAX_HOLD_S, QUIET_S, AdmissionMiddleware
+from mohawk_gateway.middleware import AdmissionMiddleware
+
+HOLD = GatewaySettings.model_construct().burst_hold  # the defaults
+FIRST_LOOK_S, QUIET_S, MAX_HOLD_S = HOLD.first_look_s, HOLD.quiet_s, HOLD.max_hold_s
 
 PATH = "/v1/chat/completions"
 
@@ -58,7 +62,7 @@ async def call(app: AdmissionMiddleware, request: Scope) -> list[Message]:
 def test_past_max_active_requests_are_refused_at_the_door_and_room_returns_when_they_end() -> None:
     async def run() -> None:
         inner = Held()
-        admission = Admission(max_in_flight=3, retry_after_s=2)
+        admission = Admission(max_in_flight=3, retry_after_s=2, hold=HOLD)
         app = AdmissionMiddleware(inner, admission=admission, paths=frozenset({PATH}))
         admitted = [asyncio.create_task(call(app, scope())) for _ in range(3)]
         await asyncio.sleep(0)
@@ -87,7 +91,7 @@ def test_the_gateways_own_count_refuses_too() -> None:
     async def run() -> None:
         inner = Held()
         inner.release.set()
-        admission = Admission(max_in_flight=8, retry_after_s=1)
+        admission = Admission(max_in_flight=8, retry_after_s=1, hold=HOLD)
         app = AdmissionMiddleware(inner, admission=admission, paths=frozenset({PATH}))
         slots = [admission.take_slot() for _ in range(6)]  # requests in flight
         with admission.tokenizing(), admission.tokenizing():  # and two prompts being tokenized
@@ -105,7 +109,7 @@ def test_a_bursts_refusals_go_out_before_the_requests_it_let_in_enter_the_app() 
     async def run() -> None:
         inner = Held()
         app = AdmissionMiddleware(
-            inner, admission=Admission(max_in_flight=2, retry_after_s=2), paths=frozenset({PATH})
+            inner, admission=Admission(max_in_flight=2, retry_after_s=2, hold=HOLD), paths=frozenset({PATH})
         )
         admitted = [asyncio.create_task(call(app, scope())) for _ in range(2)]
         await asyncio.sleep(0)
@@ -136,7 +140,7 @@ def test_a_bursts_refusals_go_out_before_the_requests_it_let_in_enter_the_app() 
 
 
 def test_admission_holds_the_room_rule_and_the_one_429() -> None:
-    admission = Admission(max_in_flight=2, retry_after_s=3)
+    admission = Admission(max_in_flight=2, retry_after_s=3, hold=HOLD)
     first = admission.take_slot()
     with admission.tokenizing():
         assert not admission.has_room()
@@ -153,3 +157,23 @@ def test_admission_holds_the_room_rule_and_the_one_429() -> None:
     second.release()
     assert (admission.num_in_flight, admission.num_tokenizing, admission.num_active) == (0, 0, 0)
     assert json.loads(admission.error_body)["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_with_no_hold_an_admitted_request_goes_in_at_once_even_during_refusals() -> None:
+    """admission_max_hold_s 0: the middleware never holds an admitted request back."""
+
+    async def run() -> None:
+        inner = Held()
+        admission = Admission(max_in_flight=1, retry_after_s=1, hold=BurstHold(0.0, 0.0, 0.0))
+        app = AdmissionMiddleware(inner, admission=admission, paths=frozenset({PATH}))
+        first = asyncio.create_task(call(app, scope()))
+        await asyncio.sleep(0)
+        refused = await call(app, scope())  # a refusal just now: a burst under way
+        assert refused[0]["status"] == 429
+        inner.release.set()
+        await first
+        started = asyncio.get_running_loop().time()
+        assert (await call(app, scope()))[0]["status"] == 200
+        assert asyncio.get_running_loop().time() - started < HOLD.quiet_s  # not held for the burst
+
+    asyncio.run(run())

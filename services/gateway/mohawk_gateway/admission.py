@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from mohawk_gateway.errors import GatewayError, overloaded
 
@@ -37,10 +38,25 @@ class Slot:
             self._admission = None
 
 
+@dataclass(frozen=True, slots=True)
+class BurstHold:
+    """How long the middleware holds an admitted request back while a burst is being refused
+    (`AdmissionMiddleware._refusals_first`): `first_look_s` always, then while refusals come less
+    than `quiet_s` apart, `max_hold_s` at most; zeros: never. The gateway's settings give them."""
+
+    first_look_s: float
+    quiet_s: float
+    max_hold_s: float
+
+
+NO_HOLD = BurstHold(0.0, 0.0, 0.0)
+
+
 class Admission:
-    def __init__(self, max_in_flight: int, retry_after_s: int) -> None:
+    def __init__(self, max_in_flight: int, retry_after_s: int, hold: BurstHold = NO_HOLD) -> None:
         self.max_in_flight = max_in_flight
         self.retry_after_s = retry_after_s
+        self.hold = hold
         self.num_active = 0
         self.num_tokenizing = 0
         self.num_in_flight = 0

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr
 
 from mohawk_common.bus.config import BusSettings, served_model_name
 from mohawk_common.bus.security import SEALED_REQUEST_LIFETIME_S
+from mohawk_gateway.admission import BurstHold
 from mohawk_gateway.routing import Routing
 
 MIB = 1024 * 1024
@@ -45,6 +46,21 @@ class GatewaySettings(BusSettings):
         "stays on one pipeline (routing.py)",
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After of 429 and 503 answers")
+    admission_first_look_s: float = Field(
+        0.005,
+        ge=0,
+        description="while a burst is refused, an admitted request first waits this long (the first "
+        "requests of a burst arrive before its refusals); 0 with admission_max_hold_s 0: no wait",
+    )
+    admission_quiet_s: float = Field(
+        0.02, ge=0, description="refusals this far apart end a burst: held requests go in"
+    )
+    admission_max_hold_s: float = Field(
+        0.5,
+        ge=0,
+        description="the longest an admitted request is held while a burst is refused (so the 429s "
+        "do not queue behind its JSON, template and tokenizer work); 0: never held",
+    )
     plan_refresh_s: float = Field(5.0, gt=0, description="re-read the plan this often besides watching it")
     token_gap_wait_s: float = Field(0.5, gt=0, description="a missing token index this old is replayed")
     token_idle_probe_s: float = Field(5.0, gt=0, description="no token event this long: replay the stream")
@@ -85,6 +101,11 @@ class GatewaySettings(BusSettings):
         "sets no max_tokens (the unused part is given back when it ends)",
     )
     session_ttl_s: float = Field(3600.0, gt=0, description="an idle session is forgotten after this long")
+
+    @property
+    def burst_hold(self) -> BurstHold:
+        """The admission middleware's hold while a burst is refused (`admission.BurstHold`)."""
+        return BurstHold(self.admission_first_look_s, self.admission_quiet_s, self.admission_max_hold_s)
 
     @property
     def model_name(self) -> str:

@@ -23,9 +23,6 @@ from mohawk_gateway.errors import GatewayError
 from mohawk_gateway.metrics import GatewayMetrics
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-QUIET_S = 0.02  # refusals this long apart: the burst is over
-FIRST_LOOK_S = 0.005  # every admitted request waits this long, then while refusals go on
-MAX_HOLD_S = 0.5  # the longest an admitted request waits for refusals to pause
 
 
 class AdmissionMiddleware:
@@ -62,14 +59,19 @@ class AdmissionMiddleware:
 
     async def _refusals_first(self) -> None:
         """While refusals are being sent (a burst past the room), hold an admitted request back until
-        they pause for `QUIET_S`, at most `MAX_HOLD_S`: a refusal costs the loop one pre-encoded
-        answer, an admitted request a trip through the app (JSON, chat template, tokenizer, sealing),
-        and a burst's 429s should not wait behind the work of the few requests it let in."""
+        they pause for `quiet_s`, at most `max_hold_s` (`Admission.hold`, settings): a refusal costs
+        the loop one pre-encoded answer, an admitted request a trip through the app (JSON, chat
+        template, tokenizer, sealing), and a burst's 429s should not wait behind the work of the
+        few requests it let in."""
+        hold = self.admission.hold
+        if hold.max_hold_s <= 0:
+            return
         loop = asyncio.get_running_loop()
-        held_until = loop.time() + MAX_HOLD_S
-        await asyncio.sleep(FIRST_LOOK_S)  # the first requests of a burst arrive before its refusals
-        while loop.time() - self._refused_at < QUIET_S and loop.time() < held_until:
-            await asyncio.sleep(QUIET_S)
+        held_until = loop.time() + hold.max_hold_s
+        if hold.first_look_s > 0:  # the first requests of a burst arrive before its refusals
+            await asyncio.sleep(hold.first_look_s)
+        while loop.time() - self._refused_at < hold.quiet_s and loop.time() < held_until:
+            await asyncio.sleep(hold.quiet_s)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         length = _content_length(scope)

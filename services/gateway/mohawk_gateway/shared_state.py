@@ -49,7 +49,7 @@ class Gateway:
         self.codec: PromptCodec | None = None
         self.router = Router(settings.routing)
         self.tokenizer_error: str | None = None
-        self.admission = Admission(settings.max_in_flight, settings.retry_after_s)
+        self.admission = Admission(settings.max_in_flight, settings.retry_after_s, settings.burst_hold)
         self.num_started = 0  # requests submitted, and ended: the idle memory collector watches them
         self.num_ended = 0
         self.reports = RequestReporter(bus.instance, lambda data: bus.publish_telemetry(REQUESTS, data))

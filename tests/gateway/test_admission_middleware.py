@@ -75,6 +75,7 @@ def test_past_max_active_requests_are_refused_at_the_door_and_room_returns_when_
             assert start["status"] == 429
             headers = dict(start["headers"])
             assert headers[b"retry-after"] == b"2" and b"connection" not in headers  # body drained
+            assert headers[b"x-mohawk-refusal"] == b"gateway_full"
             assert json.loads(sent[1]["body"])["error"]["code"] == "rate_limit_exceeded"
         other = asyncio.create_task(call(app, scope(path="/v1/sessions")))  # not a generation path
         await asyncio.sleep(0.01)

@@ -102,6 +102,7 @@ def test_full_request_stream_is_429_with_retry_after(
         wait_until(lambda: len(pipeline.requests) == 1)
         response = client.post(CHAT, json=chat("hi"))
         assert response.status_code == 429 and response.headers["retry-after"] == "2"
+        assert response.headers["x-mohawk-refusal"] == "queue_full"
         assert response.json()["error"]["code"] == "rate_limit_exceeded"
         stuck.join()
         wait_until(lambda: pipeline.requests[0].request_id in pipeline.cancelled)

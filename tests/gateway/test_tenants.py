@@ -77,7 +77,7 @@ def test_past_its_rpm_a_tenant_gets_429_with_openai_headers(
     assert "x-ratelimit-reset-requests" in first.headers
     assert auth_gateway.post("/v1/chat/completions", json=CHAT, headers=headers).status_code == 200
     refused = auth_gateway.post("/v1/chat/completions", json=CHAT, headers=headers)
-    assert refused.status_code == 429
+    assert refused.status_code == 429 and refused.headers["x-mohawk-refusal"] == "tenant_rate_limit"
     assert int(refused.headers["Retry-After"]) >= 1
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
     error = refused.json()["error"]

@@ -30,7 +30,7 @@ from mohawk_common.tenancy import (
     read_password,
 )
 from mohawk_gateway.config import GatewaySettings
-from mohawk_gateway.errors import GatewayError, unavailable_after
+from mohawk_gateway.errors import GatewayError, too_many_requests, unavailable_after
 
 log = structlog.get_logger("mohawk.gateway")
 
@@ -113,19 +113,12 @@ class Access:
             return None
         decision = await self.limiter.acquire(tenant, num_tokens)
         if not decision.admissible:  # more tokens than a whole minute's allowance: never admissible
-            raise GatewayError(
-                429,
-                decision.detail,
-                param="max_tokens",
-                code="rate_limit_exceeded",
-                headers=decision.headers(),
+            raise too_many_requests(
+                "over_tenant_window", decision.detail, param="max_tokens", headers=decision.headers()
             )
         if not decision.allowed:
-            raise GatewayError(
-                429,
-                _refusal(tenant, decision),
-                code="rate_limit_exceeded",
-                headers=decision.headers(),
+            raise too_many_requests(
+                "tenant_rate_limit", _refusal(tenant, decision), headers=decision.headers()
             )
         return decision
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from mohawk_gateway.errors import GatewayError, overloaded
+from mohawk_gateway.errors import GatewayError, too_many_requests
 
 OVERLOADED = "too many requests in flight; retry later"
 
@@ -65,7 +65,7 @@ class Admission:
 
     def refusal(self) -> GatewayError:
         """The 429 every path answers (a fresh one each time: a raised exception keeps its traceback)."""
-        return overloaded(OVERLOADED, self.retry_after_s)
+        return too_many_requests("gateway_full", OVERLOADED, retry_after_s=self.retry_after_s)
 
     def has_room(self) -> bool:
         """Whether the requests in flight and those being tokenized leave room for one more."""

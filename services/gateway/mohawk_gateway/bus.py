@@ -37,7 +37,7 @@ from mohawk_common.bus.telemetry_records import seal_report
 from mohawk_common.bus.token_log import TokenLogReader
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_gateway.config import GatewaySettings
-from mohawk_gateway.errors import GatewayError, overloaded, unavailable, unavailable_after
+from mohawk_gateway.errors import GatewayError, too_many_requests, unavailable, unavailable_after
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_pqc.seal import EventBox
 from mohawk_proto.v1 import bus_pb2
@@ -131,7 +131,9 @@ class BusClient:
             await js.publish(names.request_subject(request.model, route), data, headers=headers)
         except APIError as exc:
             log.warning("request queue refused a request", request_id=request.request_id, error=str(exc))
-            raise overloaded("the request queue is full; retry later", self._retry) from exc
+            raise too_many_requests(
+                "queue_full", "the request queue is full; retry later", retry_after_s=self._retry
+            ) from exc
         except nats.errors.MaxPayloadError as exc:
             raise GatewayError(413, "the prompt is too large to send to the model") from exc
         except (nats.errors.Error, TimeoutError) as exc:

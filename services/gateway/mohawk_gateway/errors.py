@@ -8,7 +8,7 @@ operator needs) once, at warning.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -79,8 +79,26 @@ def unavailable_after(what: str, exc: BaseException, retry_after_s: int, **conte
     return unavailable(f"{what}; retry later", retry_after_s)
 
 
-def overloaded(reason: str, retry_after_s: int) -> GatewayError:
-    return GatewayError(429, reason, code="rate_limit_exceeded", headers=_retry_after(retry_after_s))
+RefusalReason = Literal["gateway_full", "queue_full", "tenant_rate_limit", "over_tenant_window"]
+REFUSAL_HEADER = "X-Mohawk-Refusal"  # which of RefusalReason a 429 is
+
+
+def too_many_requests(
+    reason: RefusalReason,
+    message: str,
+    *,
+    retry_after_s: int | None = None,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
+) -> GatewayError:
+    """Every 429 the gateway answers, from here: OpenAI's `rate_limit_exceeded` with `reason` in
+    the X-Mohawk-Refusal header (gateway_full: no room for another request in flight; queue_full:
+    the request stream is at its bounds; tenant_rate_limit: the tenant's rpm, tpm or concurrency;
+    over_tenant_window: more tokens than a whole minute of the tenant's allows)."""
+    all_headers = {**(headers or {}), REFUSAL_HEADER: reason}
+    if retry_after_s is not None:
+        all_headers.update(_retry_after(retry_after_s))
+    return GatewayError(429, message, param=param, code="rate_limit_exceeded", headers=all_headers)
 
 
 def _retry_after(seconds: int) -> dict[str, str]:

@@ -19,8 +19,8 @@ from mohawk_common.bus.setup import Buckets, ensure_buckets
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.coordinator import Coordinator
+from mohawk_coordinator.plan_inputs import ModelShape
 from mohawk_coordinator.planner import ModelFootprint
-from mohawk_coordinator.planning import ModelShape
 from mohawk_pqc.identity import Identity
 from mohawk_pqc.pki_files import init_pki, issue_node, load_bundle
 from mohawk_proto.v1 import bus_pb2

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mohawk_common.kv_groups import kv_groups
-from mohawk_coordinator.planning import ModelShape, build_plan
+from mohawk_coordinator.plan_inputs import ModelShape, build_plan
 from tests.coordinator.fake_node import describe_model
 from tests.coordinator.harness import SHAPE
-from tests.coordinator.test_planning import BLOCK_BYTES, MIB, heartbeat, ranges, settings
+from tests.coordinator.test_plan_inputs import BLOCK_BYTES, MIB, heartbeat, ranges, settings
 
 ALTERNATING = [64 if i % 2 == 0 else None for i in range(30)]  # Gemma-2-style, window 64
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from mohawk_common.bus.pipelines import node_view, pipelines, same_assignment
+from mohawk_coordinator.plan_inputs import activate_ready, build_plan, same_placement
 from mohawk_coordinator.planner import NodeCapacity
-from mohawk_coordinator.planning import activate_ready, build_plan, same_placement
 from mohawk_coordinator.replicas import _deal
 from mohawk_proto.v1 import bus_pb2
 from tests.coordinator.harness import SHAPE
-from tests.coordinator.test_planning import heartbeat, settings
+from tests.coordinator.test_plan_inputs import heartbeat, settings
 
 
 def lines(plan: bus_pb2.Plan) -> dict[int, list[str]]:

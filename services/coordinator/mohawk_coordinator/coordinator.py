@@ -11,7 +11,7 @@ reload. Each write is fenced twice: the lease is checked just before, and the pl
 by compare-and-set on the revision this leader last read or wrote, so a deposed leader's write
 fails instead of overwriting its successor's. A plan is published `loading`, and re-published with
 the same version as `active` once every stage's node heartbeats that version loaded. The model's
-shape comes from the same heartbeats (planning.py): no plan is made before a node has reported it.
+shape comes from the same heartbeats (plan_inputs.py): no plan is made before a node has reported it.
 No record stops the leader: the plan key's records are parsed, bounded and verified before their
 version counts (`publisher.py`), a signed plan older than the highest this replica has seen signed
 (`high_water.py`) is a replay, never adopted, and a leader step that fails for any other reason is
@@ -44,8 +44,7 @@ from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.election import LeaderElection
 from mohawk_coordinator.high_water import PlanHighWater
 from mohawk_coordinator.metrics import replica_metrics
-from mohawk_coordinator.planner import PlanningError
-from mohawk_coordinator.planning import (
+from mohawk_coordinator.plan_inputs import (
     ModelShape,
     activate_ready,
     build_plan,
@@ -53,6 +52,7 @@ from mohawk_coordinator.planning import (
     same_placement,
     with_pipelines,
 )
+from mohawk_coordinator.planner import PlanningError
 from mohawk_coordinator.publisher import PlanConflictError, PlanStore
 from mohawk_coordinator.quarantine import Quarantine
 from mohawk_coordinator.registry import NodeMirror, NodeRecord, NodeRegistry

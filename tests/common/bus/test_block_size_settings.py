@@ -13,7 +13,7 @@ from mohawk_common.bus.config import BusSettings
 from mohawk_common.bus.pipelines import node_view
 from mohawk_common.settings import KVBlockSettings, load_settings
 from mohawk_coordinator.config import CoordinatorSettings
-from mohawk_coordinator.planning import build_plan
+from mohawk_coordinator.plan_inputs import build_plan
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.config import EngineSettings
 from mohawk_shard.node.config import NodeSettings

@@ -19,11 +19,11 @@ from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.snapshot import Following, StageSnapshot
 from mohawk_shard.node.stage_follower import Serving, StageFollower
-from mohawk_shard.node.stage_plan import Placement
+from mohawk_shard.node.stage_plan import StageAssignment
 
 
 class FakeRole:
-    def __init__(self, placement: Placement) -> None:
+    def __init__(self, placement: StageAssignment) -> None:
         self.view, self.stage_index = placement.view, placement.index
         self.waits_for_active = placement.index == 0
         self.hops = HopStats()
@@ -60,7 +60,7 @@ class Harness(StageFollower):
         super().__init__(SimpleNamespace(node_id="n1", settings=settings, source=None))  # type: ignore[arg-type]
         self.loads: list[tuple[int, int, bool]] = []
 
-    async def load_stage(self, asked: Placement, *, beside: bool) -> None:
+    async def load_stage(self, asked: StageAssignment, *, beside: bool) -> None:
         self.loads.append((asked.view.epoch, asked.index, beside))
         self.stage_index, self.loaded = asked.index, False
         serving = Serving(FakeRole(asked), backend=FakeBackend())  # type: ignore[arg-type]
@@ -73,7 +73,7 @@ class Harness(StageFollower):
             self.current, self._backend = serving, serving.backend
         self.loaded = True
 
-    def _room_beside(self, asked: Placement) -> bool:
+    def _room_beside(self, asked: StageAssignment) -> bool:
         return True
 
     @property

@@ -9,7 +9,7 @@ import pytest
 from mohawk_common.bus.pipelines import ACTIVE, LOADING
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.node.pipeline_view import view_of
-from mohawk_shard.node.stage_plan import Action, Placement, decide, serves_on
+from mohawk_shard.node.stage_plan import Action, StageAssignment, decide, serves_on
 
 NODE = "n1"
 
@@ -34,12 +34,12 @@ def plan(
     )
 
 
-def asked(p: bus_pb2.Plan, node_id: str = NODE) -> Placement | None:
+def asked(p: bus_pb2.Plan, node_id: str = NODE) -> StageAssignment | None:
     found = view_of(p, node_id)
-    return Placement(*found) if found is not None else None
+    return StageAssignment(*found) if found is not None else None
 
 
-def placed(p: bus_pb2.Plan) -> Placement:
+def placed(p: bus_pb2.Plan) -> StageAssignment:
     found = asked(p)
     assert found is not None
     return found

@@ -43,7 +43,7 @@ from mohawk_shard.node.handover import room_for_both, serving_footprint, share_w
 from mohawk_shard.node.pipeline_view import view_of
 from mohawk_shard.node.roles import Role, RoleHost, make_role
 from mohawk_shard.node.snapshot import Following
-from mohawk_shard.node.stage_plan import Action, Placement, decide
+from mohawk_shard.node.stage_plan import Action, StageAssignment, decide
 
 log = structlog.get_logger("mohawk.shard")
 
@@ -80,8 +80,8 @@ class Serving:
     started: bool = False
 
     @property
-    def placement(self) -> Placement:
-        return Placement(self.role.view, self.role.stage_index)
+    def placement(self) -> StageAssignment:
+        return StageAssignment(self.role.view, self.role.stage_index)
 
 
 class StageFollower:
@@ -117,7 +117,7 @@ class StageFollower:
         if self.plan is not None and plan.version < self.plan.version:
             return
         found = view_of(plan, self.host.node_id)
-        asked = Placement(*found) if found is not None else None
+        asked = StageAssignment(*found) if found is not None else None
         if asked is not None:
             self.check_slice_holds(asked.view.stages[asked.index])
         decision = decide(
@@ -182,7 +182,7 @@ class StageFollower:
         self._free(gone)
         self._log.info("not in plan", plan=plan.version, spare=self.host.node_id in plan.spares)
 
-    async def load_stage(self, asked: Placement, *, beside: bool) -> None:
+    async def load_stage(self, asked: StageAssignment, *, beside: bool) -> None:
         """Load stage `asked.index` of `asked.view` beside the running stage (`handover`; it serves
         on until the new pipeline is active) or in its place, and report it loaded."""
         view, index = asked.view, asked.index
@@ -217,7 +217,7 @@ class StageFollower:
             load_s=round(time.monotonic() - started, 2),
         )
 
-    def _load(self, asked: Placement, beside: bool) -> tuple[Stage, Backend]:
+    def _load(self, asked: StageAssignment, beside: bool) -> tuple[Stage, Backend]:
         """On the load thread: the stage's backend, with the pipeline's KV pool allocated."""
         view, placement = asked.view, asked.view.stages[asked.index]
         start, end = placement.start, placement.end
@@ -239,7 +239,7 @@ class StageFollower:
         s = self.host.settings
         return backend_from_settings(s.backend, s, self.host.source, start, end)
 
-    def _room_beside(self, asked: Placement) -> bool:
+    def _room_beside(self, asked: StageAssignment) -> bool:
         """Whether stage `asked.index` of `asked.view` fits beside the running stage (else: break first)."""
         serving, current = self._backend, self.current
         if serving is None or current is None:

@@ -34,7 +34,7 @@ class Action(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class StageAssignment:
     """Stage `index` of the pipeline `view`."""
 
     view: PipelineView
@@ -44,7 +44,7 @@ class Placement:
 @dataclass(frozen=True, slots=True)
 class Decision:
     action: Action
-    placement: Placement | None = None  # the stage the plan asks for (None: the node is left out)
+    placement: StageAssignment | None = None  # the stage the plan asks for (None: the node is left out)
     serve_on: bool = False  # LOAD: the running stage may serve on while the new one loads beside it
 
     @property
@@ -64,10 +64,10 @@ def serves_on(serving: PipelineView | None, plan: bus_pb2.Plan, *, make_before_b
 
 def decide(
     plan: bus_pb2.Plan,
-    asked: Placement | None,
+    asked: StageAssignment | None,
     *,
-    serving: Placement | None,
-    upcoming: Placement | None,
+    serving: StageAssignment | None,
+    upcoming: StageAssignment | None,
     make_before_break: bool,
 ) -> Decision:
     """What to do with `plan`, which asks this node for `asked` (None: nothing), while it serves
@@ -83,6 +83,6 @@ def decide(
     return Decision(Action.LOAD, asked, serve_on=can_serve_on)
 
 
-def _same(a: Placement, b: Placement) -> bool:
+def _same(a: StageAssignment, b: StageAssignment) -> bool:
     """Whether two placements ask the same of the pipeline's nodes (the pipeline's state aside)."""
     return a.index == b.index and a.view.same_assignment(b.view)

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from mohawk_coordinator.config import CoordinatorSettings
-from mohawk_coordinator.planner import PlanningError
-from mohawk_coordinator.planning import (
+from mohawk_coordinator.plan_inputs import (
     ModelShape,
     ShapeMismatchError,
     activate_ready,
@@ -18,6 +17,7 @@ from mohawk_coordinator.planning import (
     quantize_seconds,
     same_placement,
 )
+from mohawk_coordinator.planner import PlanningError
 from mohawk_proto.v1 import bus_pb2
 from tests.coordinator.fake_node import describe_model
 from tests.coordinator.harness import SHAPE

@@ -60,7 +60,7 @@ from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.pipeline_view import PipelineView
 from mohawk_shard.node.resume_budget import ResumeBudget
 from mohawk_shard.node.snapshot import MAX_HELD_ACKS, QueueSnapshot, StageSnapshot, StepStats, stage_snapshot
-from mohawk_shard.node.tokens import TokenPublisher, publish_error
+from mohawk_shard.node.tokens import TokenPublisher, fail_request
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.upkeep import Upkeep
 from mohawk_shard.node.wire import Joining, step_batch_to_proto
@@ -328,8 +328,7 @@ class HeadDriver:
             delivery = self.held.get(seq.request_id)
             self.core.finish(seq)
             if delivery is not None:
-                await publish_error(self.nc, seq.request_id, reason, 500, delivery.box)
-                await delivery.msg.term()
+                await fail_request(self.nc, delivery.msg, seq.request_id, reason, 500, delivery.box)
         self._wake.set()
 
     # -- cancellation ----------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from mohawk_shard.engine.core import EngineCore
 from mohawk_shard.node.held import Delivery, HeldRequests
 from mohawk_shard.node.intake_rules import UNOPENED_RETRY_S, Routes, retry_unopened
 from mohawk_shard.node.recovery import read_emitted
-from mohawk_shard.node.tokens import event_box, publish_error
+from mohawk_shard.node.tokens import event_box, fail_request
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.wire import qos_from_proto, sampling_from_proto
 
@@ -188,8 +188,7 @@ class RequestIntake:
             qos = qos_from_proto(request)
             prompt = self.core.check_prompt(request_id, request.prompt_token_ids)
         except InvalidRequestError as exc:
-            await publish_error(self.nc, request_id, str(exc), 400, box)
-            await msg.term()
+            await fail_request(self.nc, msg, request_id, str(exc), 400, box)
             return
         emitted: list[int] = []
         if msg.metadata.num_delivered > 1:

@@ -31,7 +31,7 @@ from mohawk_shard.node.held import HeldRequests
 from mohawk_shard.node.inflight import StepsInFlight, overdue_sequences
 from mohawk_shard.node.recovery import read_emitted
 from mohawk_shard.node.resume_budget import ResumeBudget
-from mohawk_shard.node.tokens import publish_error
+from mohawk_shard.node.tokens import fail_request, publish_error
 from mohawk_shard.node.traces import StageTraces
 
 _DEADLINE_TICK_S = 0.25
@@ -117,8 +117,7 @@ class Upkeep:
             self.core.finish(seq)
             reason = f"the pipeline gave no result for {max_resumes} steps in a row; retry the request"
             with contextlib.suppress(Exception):
-                await publish_error(self.nc, request_id, reason, 503, delivery.box)
-                await delivery.msg.term()
+                await fail_request(self.nc, delivery.msg, request_id, reason, 503, delivery.box)
             return
         try:
             emitted, ended = await read_emitted(self.js, request_id, delivery.box)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mohawk_common.tenancy import PRIORITIES as TENANT_PRIORITIES
 from mohawk_common.tenancy import Tenant
 from mohawk_proto.v1 import bus_pb2, engine_pb2
 
-PRIORITIES = {
+PRIORITIES = {  # the tenants' priority names (mohawk_common.tenancy.PRIORITIES) as the bus spells them
     "high": bus_pb2.PRIORITY_HIGH,
     "normal": bus_pb2.PRIORITY_NORMAL,
     "low": bus_pb2.PRIORITY_LOW,
@@ -67,7 +68,9 @@ class Submission:
         request.latency_budget_ms = self.latency_budget_ms
 
 
-PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}
+PRIORITY_RANK: dict[str, int] = {  # low 0 .. high 2, from the tenants' own order (high first)
+    name: rank for rank, name in enumerate(reversed(TENANT_PRIORITIES))
+}
 
 
 def tenant_priority(tenant: Tenant | None) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import ClassVar, Literal, get_args
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -14,18 +14,10 @@ KVCacheDtype = Literal["auto", "float32", "int8"]
 
 
 def add_format_flags(parser: argparse.ArgumentParser) -> None:
-    """`--weights` and `--kv-cache-dtype`, for every command that builds stages."""
-    parser.add_argument(
-        "--weights",
-        choices=get_args(WeightsMode),
-        help="weight format: native (the file's own quantized tensors, default), int4, bf16, fp32",
-    )
-    parser.add_argument(
-        "--kv-cache-dtype",
-        choices=get_args(KVCacheDtype),
-        help="KV cache: auto (fp16 on an fp32 CPU stage, else the compute dtype), float32, or int8 "
-        "(older full blocks int8: two tiers)",
-    )
+    """`--weights` and `--kv-cache-dtype`, for every command that builds stages (from the settings)."""
+    from mohawk_common.settings_flags import add_setting_flags
+
+    add_setting_flags(parser, EngineSettings, ("weights", "kv_cache_dtype"))
 
 
 class EngineSettings(KVBlockSettings):

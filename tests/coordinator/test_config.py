@@ -29,8 +29,10 @@ def test_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MOHAWK_LEASE_TTL_S", "9")
     parser = argparse.ArgumentParser()
     main.add_arguments(parser)
-    args = parser.parse_args(["--lease-ttl", "1.5", "--served-model-name", "tiny", "--coordinator-id", "c7"])
-    overrides = {"lease_ttl_s": args.lease_ttl, "served_model_name": args.served_model_name}
+    args = parser.parse_args(
+        ["--lease-ttl-s", "1.5", "--served-model-name", "tiny", "--coordinator-id", "c7"]
+    )
+    overrides = {"lease_ttl_s": args.lease_ttl_s, "served_model_name": args.served_model_name}
     settings = load_settings(CoordinatorSettings, overrides | {"coordinator_id": args.coordinator_id})
     assert (settings.placement, settings.lease_ttl_s, settings.served_model) == ("pack", 1.5, "tiny")
 
@@ -45,5 +47,5 @@ def test_bad_values_are_one_line_errors() -> None:
 def test_run_exits_2_on_bad_settings(capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     main.add_arguments(parser)
-    assert main.run(parser.parse_args(["--lease-ttl", "-1"])) == 2
+    assert main.run(parser.parse_args(["--lease-ttl-s", "-1"])) == 2
     assert "lease_ttl_s" in capsys.readouterr().err

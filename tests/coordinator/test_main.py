@@ -24,7 +24,7 @@ POLL_S = TTL_S / 10
 
 def start(url: str, coordinator_id: str, log: Path) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "mohawk_coordinator", "--coordinator-id", coordinator_id]
-    args += ["--nats-url", url, "--lease-ttl", str(TTL_S), "--log-level", "info", "--insecure"]
+    args += ["--nats-url", url, "--lease-ttl-s", str(TTL_S), "--log-level", "info", "--insecure"]
     env = {**os.environ, "MOHAWK_HEARTBEAT_INTERVAL_S": "0.2", "MOHAWK_NODE_TTL_S": "0.6"}
     env["PYTHONFAULTHANDLER"] = "1"  # a hung process dumps its threads on SIGABRT
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=env)

@@ -22,51 +22,38 @@ from mohawk_common.errors import ConfigError, MohawkError
 from mohawk_common.logging import LEVELS, configure_logging
 from mohawk_common.metrics_port import serve_metrics
 from mohawk_common.settings import load_settings
+from mohawk_common.settings_flags import add_setting_flags, setting_overrides
 from mohawk_common.tasks import RECANCEL_S
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.coordinator import Coordinator
-from mohawk_coordinator.planner import PLACEMENTS
 
 log = structlog.get_logger("mohawk.coordinator")
 
 
+# the settings a flag may set: type, choices, help and default from CoordinatorSettings
+FLAGS = (
+    "coordinator_id",
+    "nats_url",
+    "model",
+    "served_model_name",
+    "placement",
+    "replicas",
+    "lease_ttl_s",
+    "pki_dir",
+    "state_dir",
+    "insecure",
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `mohawk coordinator` / `python -m mohawk_coordinator`; unset flags defer to env/YAML."""
-    parser.add_argument("--coordinator-id", help="this replica's id (default: <hostname>-<pid>)")
-    parser.add_argument("--nats-url", help="NATS server URL(s), comma-separated")
-    parser.add_argument(
-        "--model", help="GGUF file or safetensors directory, for its name (default: bundled SmolLM2-135M)"
-    )
-    parser.add_argument("--served-model-name", help="model name nodes heartbeat (default: from the file)")
-    parser.add_argument("--placement", choices=PLACEMENTS, help="spread (default) or pack")
-    parser.add_argument(
-        "--replicas", help="pipelines to form: a number (default 1) or auto (as many as the nodes hold)"
-    )
-    parser.add_argument("--lease-ttl", type=float, help="leader lease in seconds (failover time)")
-    parser.add_argument("--pki-dir", help="certificate bundle (default: .mohawk/pki/nodes/<coordinator id>)")
-    parser.add_argument(
-        "--state-dir", help="what it keeps across restarts (default: .mohawk/state/<coordinator id>)"
-    )
-    parser.add_argument(
-        "--insecure", action="store_true", default=None, help="no certificate (development only)"
-    )
+    add_setting_flags(parser, CoordinatorSettings, FLAGS)
     parser.add_argument("--log-level", default="info", choices=LEVELS, help="default: info")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run one replica until SIGTERM/SIGINT; 0 on a clean stop, 1 on a runtime error, 2 on bad settings."""
-    overrides = {
-        "coordinator_id": args.coordinator_id,
-        "nats_url": args.nats_url,
-        "model": args.model,
-        "served_model_name": args.served_model_name,
-        "placement": args.placement,
-        "replicas": args.replicas,
-        "lease_ttl_s": args.lease_ttl,
-        "pki_dir": getattr(args, "pki_dir", None),
-        "state_dir": getattr(args, "state_dir", None),
-        "insecure": getattr(args, "insecure", None),
-    }
+    overrides = setting_overrides(args, FLAGS)
     try:
         settings = load_settings(CoordinatorSettings, overrides)
         configure_logging(args.log_level)

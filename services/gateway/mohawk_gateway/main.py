@@ -21,6 +21,7 @@ import uvicorn
 from mohawk_common.errors import ConfigError, MohawkError
 from mohawk_common.logging import configure_logging, get_logger
 from mohawk_common.settings import load_settings
+from mohawk_common.settings_flags import add_setting_flags, setting_overrides
 from mohawk_common.tracing import setup_tracing
 from mohawk_gateway.app import create_app, load_security
 from mohawk_gateway.config import GatewaySettings
@@ -28,35 +29,27 @@ from mohawk_gateway.config import GatewaySettings
 log = get_logger("mohawk.gateway")
 
 
+# the settings a flag may set: type, choices, help and default from GatewaySettings
+FLAGS = (
+    "host",
+    "port",
+    "nats_url",
+    "model",
+    "served_model_name",
+    "log_level",
+    "gateway_id",
+    "pki_dir",
+    "insecure",
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The gateway's flags; unset flags fall back to env MOHAWK_*, config/mohawk.yaml, defaults."""
-    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="HTTP port (default 8000)")
-    parser.add_argument("--nats-url", help="NATS server URL(s), comma-separated")
-    parser.add_argument("--model", help="GGUF file or safetensors directory (default: bundled SmolLM2-135M)")
-    parser.add_argument("--served-model-name", help="the model's name in the API (default: from the file)")
-    parser.add_argument("--log-level", help="debug, info, warning, error, critical (default info)")
-    parser.add_argument(
-        "--gateway-id", help="this gateway's id, as its certificate names it (default gateway)"
-    )
-    parser.add_argument("--pki-dir", help="certificate bundle (default: .mohawk/pki/nodes/<gateway id>)")
-    parser.add_argument(
-        "--insecure", action="store_true", default=None, help="no certificate, plaintext bus (development)"
-    )
+    add_setting_flags(parser, GatewaySettings, FLAGS)
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
-    overrides = {
-        "host": getattr(args, "host", None),
-        "port": getattr(args, "port", None),
-        "nats_url": getattr(args, "nats_url", None),
-        "model": getattr(args, "model", None),
-        "served_model_name": getattr(args, "served_model_name", None),
-        "log_level": getattr(args, "log_level", None),
-        "gateway_id": getattr(args, "gateway_id", None),
-        "pki_dir": getattr(args, "pki_dir", None),
-        "insecure": getattr(args, "insecure", None),
-    }
+    overrides = setting_overrides(args, FLAGS)
     return load_settings(GatewaySettings, overrides)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
@@ -11,6 +11,7 @@ from mohawk_common.settings import KVBlockSettings
 
 WeightsMode = Literal["native", "int4", "bf16", "fp32"]
 KVCacheDtype = Literal["auto", "float32", "int8"]
+T = TypeVar("T")
 
 
 def add_format_flags(parser: argparse.ArgumentParser) -> None:
@@ -53,3 +54,12 @@ class EngineSettings(KVBlockSettings):
         "the throughput (bench/results/batch-invariance-cpu.json)",
     )
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; none = torch's default")
+
+
+def engine_choice(name: str, given: T | None) -> T:
+    """`given`, else `EngineSettings`' default for setting `name`: a backend built without a
+    choice gets the settings' own default, written once, there."""
+    if given is not None:
+        return given
+    default: T = EngineSettings.model_fields[name].default
+    return default

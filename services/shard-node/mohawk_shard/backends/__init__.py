@@ -6,6 +6,7 @@ from typing import Protocol
 
 from mohawk_common.errors import ConfigError
 from mohawk_common.model_store import ModelSource
+from mohawk_shard.config import engine_choice
 from mohawk_shard.engine.backend import Backend
 from mohawk_shard.model.weight_formats import weights_dtype
 
@@ -50,18 +51,23 @@ def make_backend(
     start: int,
     end: int,
     *,
-    device: str = "auto",
-    dtype: str = "auto",
-    weights: str = "native",
-    kv_cache_dtype: str = "auto",
-    batch_invariant: bool = True,
+    device: str | None = None,
+    dtype: str | None = None,
+    weights: str | None = None,
+    kv_cache_dtype: str | None = None,
+    batch_invariant: bool | None = None,
 ) -> Backend:
     """Layers [start, end) of `source` on backend `name` (torch: CPU or CUDA; mlx: Apple Silicon, or
     a Linux CPU through the mlx-cpu wheel). `weights` is the settings' weight format (native, int4,
     bf16, fp32); `kv_cache_dtype` auto, float32 (on mlx only where it computes in fp32) or int8 (two
     tiers, torch only);
     `batch_invariant` off lets a torch stage pick its 4-bit matmul by the step's size and attend
-    through fused kernels (faster, but a row's numbers then depend on its step)."""
+    through fused kernels (faster, but a row's numbers then depend on its step). A choice not
+    given is `EngineSettings`' default."""
+    device, dtype = engine_choice("device", device), engine_choice("dtype", dtype)
+    weights = engine_choice("weights", weights)
+    kv_cache_dtype = engine_choice("kv_cache_dtype", kv_cache_dtype)
+    batch_invariant = engine_choice("batch_invariant", batch_invariant)
     if name == "torch":
         from mohawk_shard.backends.torch_backend import TorchBackend
 

@@ -52,6 +52,7 @@ from mohawk_shard.backends.mlx_quant import (
     scale_rounding,
 )
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
+from mohawk_shard.config import engine_choice
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.forward_batch import ForwardBatch
@@ -104,10 +105,12 @@ class MlxBackend:
         start: int,
         end: int,
         *,
-        device: str = "auto",
-        dtype: str = "auto",
-        weights: str = "native",
+        device: str | None = None,
+        dtype: str | None = None,
+        weights: str | None = None,
     ) -> None:
+        device, dtype = engine_choice("device", device), engine_choice("dtype", dtype)
+        weights = engine_choice("weights", weights)
         config = source.config
         if config.architecture not in mlx_models.MODULES:
             raise ConfigError(f"the mlx backend does not run {config.architecture!r} models")

@@ -17,6 +17,7 @@ from mohawk_common.errors import ConfigError
 from mohawk_common.kv_groups import group_of_layer, model_kv_groups, page_layers, tensor_slots
 from mohawk_common.model_store import ModelSource
 from mohawk_shard.backends.sampler import Sampler, SamplingRow
+from mohawk_shard.config import engine_choice
 from mohawk_shard.engine.kv_tiers import KV_CACHE_DTYPES, TierBytes, num_cold_blocks, num_hot_blocks
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
@@ -60,13 +61,17 @@ class TorchBackend:
         start: int,
         end: int,
         *,
-        device: str = "auto",
-        dtype: str = "auto",
-        weights: str = "native",
-        kv_cache_dtype: str = "auto",
-        batch_invariant: bool = True,
+        device: str | None = None,
+        dtype: str | None = None,
+        weights: str | None = None,
+        kv_cache_dtype: str | None = None,
+        batch_invariant: bool | None = None,
         trace_decode_after: int | None = TRACE_AFTER,
     ) -> None:
+        device, dtype = engine_choice("device", device), engine_choice("dtype", dtype)
+        weights = engine_choice("weights", weights)
+        kv_cache_dtype = engine_choice("kv_cache_dtype", kv_cache_dtype)
+        batch_invariant = engine_choice("batch_invariant", batch_invariant)
         config = source.config
         self.start, self.end = start, end
         self.batch_invariant = batch_invariant

@@ -31,6 +31,7 @@ from mohawk_common.model_store import ModelSource
 from mohawk_common.model_store.config import ModelConfig
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import make_backend
+from mohawk_shard.config import engine_choice
 from mohawk_shard.engine.backend import Backend
 from mohawk_shard.model.footprint import compute_dtype, stage_weight_bytes, weights_format
 from mohawk_shard.model.forward_batch import ForwardBatch
@@ -94,8 +95,8 @@ def measure_capacity(
     backend: str = "torch",
     device: str,
     dtype: str,
-    weights: str = "native",
-    kv_cache_dtype: str = "auto",
+    weights: str | None = None,
+    kv_cache_dtype: str | None = None,
     block_size: int,
     memory_limit_mb: int | None,
     kv_cache_memory_mb: int | None,
@@ -105,6 +106,8 @@ def measure_capacity(
     """`held`: the only layers the node has (a slice package); the measured layer is one of them.
     `alone`: runs the timing with the host's cores to this node (`HostCores.undisturbed`), where
     nodes share them."""
+    weights = engine_choice("weights", weights)
+    kv_cache_dtype = engine_choice("kv_cache_dtype", kv_cache_dtype)
     config = source.config
     layer = held[0] if held is not None else (1 if config.num_layers > 2 else 0)
     if held is None and config.num_experts and not config.is_moe_layer(layer):

@@ -5,7 +5,7 @@ Design. Stage 0 owns the scheduler, through the same `EngineCore` the in-process
 (request table, validation, step batches, token application); the rules of the bus side live in
 plain objects beside it: which requests it holds and which are orphans (`held.py`), the steps in
 flight and their deadlines (`inflight.py`), which routes it pulls (`intake_rules.py`) and how often
-a request resumes (`resume_budget.py`). This module is the adapter that moves the bytes: intake
+a request resumes (`held.py`). This module is the adapter that moves the bytes: intake
 (`intake.py`), frames to and from the stages, cancel messages, keep-alives, and the loops that act
 on the rules. Each step the scheduler picks runs through stage 0's layers (`StageCompute`, the
 step every role shares) and its hidden states go to stage 1 as activation frames; the last stage
@@ -58,7 +58,6 @@ from mohawk_shard.node.intake import RequestIntake
 from mohawk_shard.node.intake_rules import Routes
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.pipeline_view import PipelineView
-from mohawk_shard.node.resume_budget import ResumeBudget
 from mohawk_shard.node.snapshot import MAX_HELD_ACKS, QueueSnapshot, StageSnapshot, StepStats, stage_snapshot
 from mohawk_shard.node.tokens import TokenPublisher, fail_request
 from mohawk_shard.node.traces import StageTraces
@@ -103,9 +102,8 @@ class HeadDriver:
         self.stats = StepStats()  # for the telemetry service
         self.compute = StageCompute(stage, executor, tokens, self.stats)
         self.traces = traces if traces is not None else StageTraces.off()
-        self.held = HeldRequests()
+        self.held = HeldRequests(max_resumes)
         self.inflight = StepsInFlight(max_inflight_steps or self.num_stages, step_deadline_floor_s)
-        self.resumes = ResumeBudget(max_resumes)
         self.routes = Routes(view.pipeline)  # the node keeps it current as the plan changes
         self._wake = asyncio.Event()
         self._log = log.bind(epoch=view.epoch, pipeline=view.pipeline)
@@ -130,7 +128,6 @@ class HeadDriver:
             core=self.core,
             held=self.held,
             inflight=self.inflight,
-            resumes=self.resumes,
             traces=self.traces,
             ack_wait_s=ack_wait_s,
             wake=self._wake.set,
@@ -305,7 +302,7 @@ class HeadDriver:
         if seq is None:
             return  # cancelled while its step was in flight
         delivery = self.held.get(seq.request_id)
-        self.resumes.progressed(seq.request_id)
+        self.held.progressed(seq.request_id)
         self.core.apply_token(sampled.seq_id, sampled.token_id, finished=bool(sampled.finish_reason))
         if sampled.finish_reason and delivery is not None:
             ack = asyncio.create_task(delivery.msg.ack())
@@ -318,7 +315,6 @@ class HeadDriver:
             self.tokens.drop(seq.seq_id)
         self.traces.end(seq.request_id, {"mohawk.output_tokens": seq.num_output_tokens})
         self.held.release(seq.request_id)
-        self.resumes.progressed(seq.request_id)
 
     async def _fail(self, batch: StepBatch, reason: str) -> None:
         for step in batch.sequences:

@@ -5,7 +5,7 @@ Design. While a request runs, its message's ack deadline is extended a few times
 the stream never redelivers a request that is still served. A step whose deadline passed
 (`StepsInFlight.overdue`) frees its sequences, and each resumes from the tokens the token stream
 holds for it (what the gateway has shown, or will), as after a plan change; after `max_resumes`
-expiries in a row without a token (`ResumeBudget`) its request ends with a 503 error event
+expiries in a row without a token (`HeldRequests.expired`) its request ends with a 503 error event
 instead. A request whose gateway is gone or whose deadline passed (`HeldRequests.orphans`) is
 cancelled and leaves the stream, with a 504 error event when its deadline passed. The rules live
 in those plain objects; this module reads them on a timer and moves the messages.
@@ -30,7 +30,6 @@ from mohawk_shard.node.gateways import ORPHAN_CHECK_S, GatewayPresence
 from mohawk_shard.node.held import HeldRequests
 from mohawk_shard.node.inflight import StepsInFlight, overdue_sequences
 from mohawk_shard.node.recovery import read_emitted
-from mohawk_shard.node.resume_budget import ResumeBudget
 from mohawk_shard.node.tokens import fail_request, publish_error
 from mohawk_shard.node.traces import StageTraces
 
@@ -48,14 +47,13 @@ class Upkeep:
         core: EngineCore,
         held: HeldRequests,
         inflight: StepsInFlight,
-        resumes: ResumeBudget,
         traces: StageTraces,
         ack_wait_s: float,
         wake: Callable[[], None],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self.nc, self.js = nc, js
-        self.core, self.held, self.inflight, self.resumes = core, held, inflight, resumes
+        self.core, self.held, self.inflight = core, held, inflight
         self.traces, self.ack_wait_s = traces, ack_wait_s
         self._wake, self._log = wake, log
         self._gateways = GatewayPresence(
@@ -110,9 +108,9 @@ class Upkeep:
         if delivery is None:
             self.core.finish(seq)
             return
-        expiries = self.resumes.expired(request_id)
+        expiries = self.held.expired(request_id)
         if expiries is None:
-            max_resumes = self.resumes.max_resumes
+            max_resumes = self.held.max_resumes
             self._log.error("request made no progress: failed", request_id=request_id, expiries=max_resumes)
             self.core.finish(seq)
             reason = f"the pipeline gave no result for {max_resumes} steps in a row; retry the request"
@@ -134,8 +132,7 @@ class Upkeep:
         self.core.add_request(
             request_id, seq.token_ids[: seq.num_prompt_tokens], seq.params, emitted, qos=seq.qos
         )
-        self.held.hold(request_id, delivery)
-        self.resumes.resumed(request_id, expiries)
+        self.held.hold(request_id, delivery, expiries=expiries)
         resumed = {"mohawk.resumed_from_token": len(emitted)}
         self.traces.begin(request_id, delivery.traceparent, request_id, attributes=resumed)
         self._log.info("request resumed after an overdue step", request_id=request_id, emitted=len(emitted))

@@ -59,7 +59,9 @@ class GatewaySettings(BusSettings):
         0.5,
         ge=0,
         description="the longest an admitted request is held while a burst is refused (so the 429s "
-        "do not queue behind its JSON, template and tokenizer work); 0: never held",
+        "do not queue behind its JSON, template and tokenizer work); 0: never held. Measured with "
+        "`bench/admission.py` (1,200 clients at once, room for 64), two runs each: the 429s' p99 "
+        "241-293 ms held, 459-461 ms not; the 64 admitted answered 2-8% later",
     )
     plan_refresh_s: float = Field(5.0, gt=0, description="re-read the plan this often besides watching it")
     token_gap_wait_s: float = Field(0.5, gt=0, description="a missing token index this old is replayed")

@@ -35,7 +35,11 @@ class EngineSettings(KVBlockSettings):
     )
     num_kv_blocks: int | None = Field(None, ge=1, description="KV blocks; none = from kv_cache_memory_mb")
     kv_cache_memory_mb: int | None = Field(
-        None, ge=1, description="KV budget; none = 1024 on CPU, 60% free on CUDA"
+        None,
+        ge=1,
+        description="KV budget; none = on a shard node a quarter of its memory limit, on CPU at most "
+        "1024; in one process (mohawk generate) 1024 on CPU, 60% of the memory free after the "
+        "weights on CUDA (kv_budget.py)",
     )
     max_num_seqs: int = Field(64, ge=1, description="most sequences running at once")
     max_num_batched_tokens: int = Field(512, ge=1, description="token budget of one step (chunked prefill)")

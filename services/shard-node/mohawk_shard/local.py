@@ -17,11 +17,9 @@ from mohawk_shard.engine.block_manager import BlockManager
 from mohawk_shard.engine.llm_engine import LLMEngine
 from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
 from mohawk_shard.engine.stage import Stage
+from mohawk_shard.kv_budget import local_kv_budget_mb
 
 log = structlog.get_logger("mohawk.shard")
-
-_CPU_KV_BUDGET_MB = 1024
-_CUDA_KV_FRACTION = 0.6
 
 
 def layer_ranges(num_layers: int, split_points: Sequence[int]) -> list[tuple[int, int]]:
@@ -40,15 +38,12 @@ def kv_block_count(settings: EngineSettings, backends: Sequence[Backend]) -> int
     if settings.num_kv_blocks is not None:
         return settings.num_kv_blocks
     per_block = sum(b.kv_bytes_per_block(settings.block_size) for b in backends)
-    budget_mb = settings.kv_cache_memory_mb
-    if budget_mb is None:
-        budget_mb = _CPU_KV_BUDGET_MB
-        device = backends[0].device
-        if device.startswith("cuda"):
-            import torch
+    device, free = backends[0].device, None
+    if settings.kv_cache_memory_mb is None and device.startswith("cuda"):
+        import torch
 
-            free, _total = torch.cuda.mem_get_info(torch.device(device))
-            budget_mb = int(free * _CUDA_KV_FRACTION) >> 20
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+    budget_mb = local_kv_budget_mb(settings.kv_cache_memory_mb, device, free)
     return max(1, (budget_mb << 20) // per_block)
 
 

@@ -33,6 +33,7 @@ from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import make_backend
 from mohawk_shard.config import engine_choice
 from mohawk_shard.engine.backend import Backend
+from mohawk_shard.kv_budget import node_kv_budget_bytes
 from mohawk_shard.model.footprint import compute_dtype, stage_weight_bytes, weights_format
 from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.load_progress import quiet
@@ -130,7 +131,7 @@ def measure_capacity(
     else:
         total = psutil.virtual_memory().total
     limit = memory_limit_mb << 20 if memory_limit_mb else int(total * _MEMORY_SHARE)
-    kv_bytes = (kv_cache_memory_mb << 20) if kv_cache_memory_mb else min(1 << 30, limit // 4)
+    kv_bytes = node_kv_budget_bytes(kv_cache_memory_mb, limit, resolved)
     held_dtype = compute_dtype(dtype, resolved, weights)
     ends = stage_weight_bytes(source, weights, held_dtype, resolved)
     # the measured layer comes alone, except in a model of one or two layers, where it is layer 0

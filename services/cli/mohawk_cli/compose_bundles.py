@@ -30,7 +30,6 @@ Node ids are `<host>-<service>`, the ids docker-compose.yml gives the services w
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from mohawk_cli.bus_identity import BUS_CREDS, bus_auth, issue_bus_user
 from mohawk_cli.redis_server import ensure_password
 from mohawk_common.bus.nats_auth import CONF_NAME, issue_user
 from mohawk_common.bus.nats_tls import LOCAL_HOSTS, ServerTls, init_ca, issue_server, issue_server_certificate
+from mohawk_common.private_files import write_new
 from mohawk_pqc.pki_files import issue_node, load_root_key
 
 BUNDLE_DIR = "pki"
@@ -102,10 +102,10 @@ def write_compose_bundles(
         _copy_private(creds, target / CREDS_FILE)
         _copy_private(ca.cert, target / NATS_CA_FILE)
     password = ensure_password(pki / REDIS_PASSWORD_FILE)
-    _write_new_private(written["gateway"] / REDIS_PASSWORD_FILE, password + "\n")
+    write_new(written["gateway"] / REDIS_PASSWORD_FILE, password + "\n")
     written["redis"] = _fresh_dir(out / "redis")
     tls = issue_server_certificate(ca, written["redis"], (REDIS_SERVICE, host, *LOCAL_HOSTS), days=days)
-    _write_new_private(written["redis"] / REDIS_CONF_FILE, redis_conf(password, tls))
+    write_new(written["redis"] / REDIS_CONF_FILE, redis_conf(password, tls))
     return written
 
 
@@ -137,11 +137,4 @@ def _fresh_dir(path: Path) -> Path:
 
 def _copy_private(source: Path, target: Path) -> None:
     """A copy of `source` that is 0600 from its creation (the target is new: `_fresh_dir`)."""
-    _write_new_private(target, source.read_text())
-
-
-def _write_new_private(target: Path, text: str) -> None:
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as out:
-        os.fchmod(out.fileno(), 0o600)
-        out.write(text)
+    write_new(target, source.read_bytes())

@@ -14,7 +14,6 @@ gateway does, `mohawk pki compose-bundles`).
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import socket
@@ -26,6 +25,7 @@ from pathlib import Path
 from mohawk_common.bus.nats_tls import ServerTls, client_context
 from mohawk_common.bus.server import free_port
 from mohawk_common.errors import MohawkError
+from mohawk_common.private_files import write_new
 from mohawk_common.processes import kill_process, stop_process
 
 REDIS_PORT = 6379  # Redis's usual port; `mohawk up` takes it when free
@@ -37,12 +37,8 @@ def ensure_password(path: Path) -> str:
     if path.is_file() and not path.is_symlink():
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.is_symlink() or path.exists():
-        path.unlink()
     password = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(password + "\n")
+    write_new(path, password + "\n")
     return password
 
 
@@ -116,11 +112,7 @@ class RedisServer:
 
     def _auth_conf(self) -> Path:
         path = self.data_dir / "auth.conf"
-        if path.is_symlink() or path.exists():
-            path.unlink()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(f'requirepass "{self.password}"\n')
+        write_new(path, f'requirepass "{self.password}"\n')
         return path
 
     def start(self, timeout: float = 10.0) -> RedisServer:

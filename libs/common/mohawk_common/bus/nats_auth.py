@@ -17,15 +17,14 @@ NKey seeds under `keys/`, 0600), and writes
 
 `issue_user(auth, name, role, path, ...)` writes one process's `.creds` (JWT and seed; what
 nats-py and the NATS CLI read), scoped to that process. `revoke_users` adds users to the account's
-revocations and re-signs it; `push_account` (in `nats_revocation`) hands the JWT to running servers,
-which drop the revoked users' connections and refuse them from then on. Anonymous clients are
+revocations and re-signs it; `push_account` hands the JWT to running servers, which drop the
+revoked users' connections and refuse them from then on. Anonymous clients are
 refused: a server with an operator admits only users its accounts signed.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from mohawk_common.bus.nats_jwt import (
     verify,
 )
 from mohawk_common.bus.nats_permissions import ROLES, process_permissions
+from mohawk_common.private_files import write_new
 
 CONF_NAME = "nats-auth.conf"
 CREDS_DIR = "creds"
@@ -245,14 +245,9 @@ def _issue_system_user(auth: NatsAuth) -> None:
 
 
 def _write_private(path: Path, text: str) -> None:
-    """A new 0600 file whatever was there (a leftover file's mode, a planted link) and the umask."""
+    """A new 0600 file (`private_files.write_new`), in a directory made 0700 if missing."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.is_symlink() or path.exists():
-        path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as out:
-        os.fchmod(out.fileno(), 0o600)
-        out.write(text)
+    write_new(path, text)
 
 
 async def push_account(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
-import os
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from mohawk_common.private_files import PRIVATE, PUBLIC, write_new
 
 CA_DIR = "nats-tls"  # under the PKI dir
 CA_CERT = "ca.pem"
@@ -233,21 +234,11 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def write_private(path: Path, data: bytes) -> None:
     """A new 0600 file whatever was there (a leftover file's mode, a planted link) and the umask."""
-    _write_new(path, data, 0o600)
+    write_new(path, data, PRIVATE)
 
 
 def write_public(path: Path, data: bytes | str) -> None:
-    _write_new(path, data.encode() if isinstance(data, str) else data, 0o644)
-
-
-def _write_new(path: Path, data: bytes, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink() or path.exists():
-        path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "wb") as out:
-        os.fchmod(out.fileno(), mode)
-        out.write(data)
+    write_new(path, data, PUBLIC)
 
 
 def write_servers(

@@ -48,15 +48,12 @@ class SealSchedule:
         due = seal_models_due(self.pki, self.every_days, wall_clock)
         if not due:
             return []
-        try:
-            records = asyncio.run(
+        try:  # every model's key rotated and published, or an error
+            asyncio.run(
                 rotate_and_publish(
                     self.pki, due, self.servers, BusLimits(), creds=self.creds, tls_ca=self.tls_ca
                 )
             )
         except (ConnectionError, OSError, PkiError) as exc:
             return [f"sealing keys of {', '.join(due)} are due for rotation, which failed: {exc}"]
-        return [
-            f"sealing key of {model} rotated (every {self.every_days:g} days)"
-            for model in due[: len(records)]
-        ]
+        return [f"sealing key of {model} rotated (every {self.every_days:g} days)" for model in due]

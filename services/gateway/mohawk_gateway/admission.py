@@ -49,11 +49,8 @@ class BurstHold:
     max_hold_s: float
 
 
-NO_HOLD = BurstHold(0.0, 0.0, 0.0)
-
-
 class Admission:
-    def __init__(self, max_in_flight: int, retry_after_s: int, hold: BurstHold = NO_HOLD) -> None:
+    def __init__(self, max_in_flight: int, retry_after_s: int, hold: BurstHold) -> None:
         self.max_in_flight = max_in_flight
         self.retry_after_s = retry_after_s
         self.hold = hold

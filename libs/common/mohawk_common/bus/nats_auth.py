@@ -44,7 +44,7 @@ from mohawk_common.bus.nats_jwt import (
     user_jwt,
     verify,
 )
-from mohawk_common.bus.nats_permissions import ROLES, process_permissions
+from mohawk_common.bus.nats_permissions import process_permissions
 from mohawk_common.private_files import write_new
 
 CONF_NAME = "nats-auth.conf"
@@ -62,8 +62,6 @@ SYSTEM_REQUESTS = "$SYS.REQ.>"  # servers' own reports (CONNZ, VARZ, JSZ) to the
 # a shard node's JWT names its model's stage-0 consumers one by one (about 16 KB), and a client
 # sends its JWT in its CONNECT line: nats-server's default 4 KB would refuse it
 MAX_CONTROL_LINE = 64 * 1024
-
-__all__ = ["ROLES", "NatsAuth", "init_auth", "issue_user", "revoke_users"]
 
 
 @dataclass(frozen=True, slots=True)

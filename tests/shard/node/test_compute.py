@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -68,3 +69,17 @@ def test_record_counts_the_step_and_only_the_last_stage_samples() -> None:
         assert (stats.steps, stats.tokens, stats.sequences) == (1, 4, 2)
         with pytest.raises(RuntimeError, match="only the last stage samples"):
             asyncio.run(compute.sample(BATCH, {}, None, 0.0))
+
+
+def test_a_released_stage_is_no_longer_held_and_a_late_step_says_so() -> None:
+    """A stopped role lets its stage go: whatever still refers to the role (its ended tasks'
+    frames, a subscription's callback) then keeps no weights or KV pool alive."""
+    stage = FakeStage(hidden_out="h")
+    gone = weakref.ref(stage)
+    with ThreadPoolExecutor(1, thread_name_prefix="compute") as executor:
+        compute = StageCompute(stage, executor, None, StepStats())  # type: ignore[arg-type]
+        compute.release()
+        del stage
+        assert gone() is None, "the released stage is still held by its compute"
+        with pytest.raises(RuntimeError, match="its role stopped"):
+            asyncio.run(compute.forward(BATCH, None))

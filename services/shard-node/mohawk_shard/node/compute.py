@@ -8,7 +8,9 @@ emitted (`sample`). Every other stage forwards: it runs its layers and encodes t
 for the next hop (`forward`). Hidden states are
 decoded, computed on and encoded on the compute thread, where the backend's arrays live (MLX
 streams belong to the thread that made them). The roles add only the bus: where frames come from
-and go to, results, and spans.
+and go to, results, and spans. A stopped role lets its stage go (`release`): whatever still holds
+the role (a cycle through its tasks' frames, a subscription's callback) then holds no weights or
+KV pool, which are freed as soon as the node lets go of them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ class StageCompute:
     def __init__(
         self, stage: Stage, executor: Executor, tokens: TokenPublisher | None, stats: StepStats
     ) -> None:
-        self.stage, self.executor = stage, executor
+        self.stage: Stage | None = stage
+        self.executor = executor
         self.tokens = tokens  # set on the last stage, which samples
         self.stats = stats
 
@@ -58,13 +61,25 @@ class StageCompute:
         self.stats.emitted += len(sampled.results)
         return sampled
 
+    def release(self) -> None:
+        """The role stopped: let go of the stage (a step still on the compute thread finishes)."""
+        self.stage = None
+
+    def _live_stage(self) -> Stage:
+        stage = self.stage
+        if stage is None:
+            raise RuntimeError("the stage was let go: its role stopped")
+        return stage
+
     def _step(self, batch: StepBatch, hidden: Hidden | None) -> StageOutput:
         """On the compute thread: arrays are made where they are used (MLX streams are per thread)."""
-        states = None if hidden is None else self.stage.backend.decode_hidden(*hidden)
-        return self.stage.step(batch, states)
+        stage = self._live_stage()
+        states = None if hidden is None else stage.backend.decode_hidden(*hidden)
+        return stage.step(batch, states)
 
     def _forward(self, batch: StepBatch, hidden: Hidden | None) -> Hidden:
+        stage = self._live_stage()
         output = self._step(batch, hidden)
         if output.hidden_states is None:
             return "", [], b""
-        return self.stage.backend.encode_hidden(output.hidden_states)
+        return stage.backend.encode_hidden(output.hidden_states)

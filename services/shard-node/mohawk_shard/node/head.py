@@ -202,6 +202,11 @@ class HeadDriver:
         self.traces.end_all()
         self._log.info("stage 0 stopped", handed_back=len(self.held))
         self.held.clear()
+        # the ended tasks' frames and the subscriptions' callbacks hold this driver: let go of them
+        # and of the stage, so its weights and KV pool go when the node lets go of them (CI saw a
+        # re-planned stage 0 keep its old 1 GiB pool beside the new one, never collected)
+        self._tasks, self._subs = [], []
+        self.compute.release()
 
     # -- stepping ------------------------------------------------------------------------------
 

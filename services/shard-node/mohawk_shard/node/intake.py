@@ -83,6 +83,7 @@ class RequestIntake:
         for pull in self._pulls:
             with contextlib.suppress(Exception):
                 await pull.unsubscribe()
+        self._pulls = []
 
     def _room(self) -> int:
         return self.core.scheduler.num_admittable(self.max_waiting)

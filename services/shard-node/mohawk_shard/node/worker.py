@@ -97,6 +97,7 @@ class StageWorker:
         # its frame, which holds this worker: let go of both, so that the stage (its weights and
         # KV pool) is freed as soon as the node lets go of it, not at the next cycle collection
         self._sub = self._task = None
+        self.compute.release()
         self.traces.end_all()
         await self.link.stop()
 

@@ -2,12 +2,13 @@
 through the stages.
 
 Design. Stage 0 owns the scheduler, through the same `EngineCore` the in-process engine drives
-(request table, validation, step batches, token application); the rules of the bus side live in
-plain objects beside it: which requests it holds and which are orphans (`held.py`), the steps in
-flight and their deadlines (`inflight.py`), which routes it pulls (`intake_rules.py`) and how often
-a request resumes (`held.py`). This module is the adapter that moves the bytes: intake
-(`intake.py`), frames to and from the stages, cancel messages, keep-alives, and the loops that act
-on the rules. Each step the scheduler picks runs through stage 0's layers (`StageCompute`, the
+(request table, validation, step batches, token application). A request's life here, from
+admission to its ack (results, a failed step, a cancel, an expiry and its resume, orphans, the
+hand-back), is one module, `request_table.py`: plain decisions that return the bus actions to
+carry out (`bus_actions.py`). Beside it are the steps in flight and their deadlines
+(`inflight.py`) and which routes it pulls (`intake_rules.py`). This module is the adapter that
+moves the bytes: intake (`intake.py`), frames to and from the stages, cancel messages,
+keep-alives (`upkeep.py`), and the step loop. Each step the scheduler picks runs through stage 0's layers (`StageCompute`, the
 step every role shares) and its hidden states go to stage 1 as activation frames; the last stage
 samples, publishes the token events and sends back `StepResult`s, which append the tokens (or end
 the sequences) here. A request leaves the stream (ack) only when it has finished; while it runs,
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import time
 from collections.abc import Set
 from concurrent.futures import Executor
@@ -41,15 +41,14 @@ from nats.js import JetStreamContext
 
 from mohawk_common.bus import names
 from mohawk_common.bus.frames import KIND_RESULT, read_result_payload
-from mohawk_common.bus.requests import cancel_tag
 from mohawk_common.bus.security import Security
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_pqc.errors import AuthenticationError
-from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.core import EngineCore
 from mohawk_shard.engine.scheduler import Scheduler
 from mohawk_shard.engine.sequence import Sequence as Seq
 from mohawk_shard.engine.stage import Stage, StepBatch
+from mohawk_shard.node.bus_actions import BusActions
 from mohawk_shard.node.compute import StageCompute
 from mohawk_shard.node.held import HeldRequests
 from mohawk_shard.node.hops import HopStats
@@ -58,11 +57,12 @@ from mohawk_shard.node.intake import RequestIntake
 from mohawk_shard.node.intake_rules import Routes
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.pipeline_view import PipelineView
+from mohawk_shard.node.request_table import RequestTable
 from mohawk_shard.node.snapshot import MAX_HELD_ACKS, QueueSnapshot, StageSnapshot, StepStats, stage_snapshot
-from mohawk_shard.node.tokens import TokenPublisher, fail_request
+from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.upkeep import Upkeep
-from mohawk_shard.node.wire import Joining, step_batch_to_proto
+from mohawk_shard.node.wire import step_batch_to_proto
 
 log = structlog.get_logger("mohawk.shard.head")
 
@@ -96,6 +96,7 @@ class HeadDriver:
         self.scheduler = scheduler
         self.core = EngineCore(scheduler, vocab_size=vocab_size, on_finish=self._forget)
         self.tokens = tokens  # set when this node is also the last stage
+        self.bus = BusActions(nc, log.bind(epoch=view.epoch, pipeline=view.pipeline))
         self.num_stages = view.num_stages
         self.ack_wait_s = ack_wait_s
         self.num_steps = 0  # steps started here (the node's idle detection watches it)
@@ -103,6 +104,8 @@ class HeadDriver:
         self.compute = StageCompute(stage, executor, tokens, self.stats)
         self.traces = traces if traces is not None else StageTraces.off()
         self.held = HeldRequests(max_resumes)
+        drop_events = (lambda seq: tokens.drop(seq.seq_id)) if tokens is not None else None
+        self.table = RequestTable(self.core, self.held, self.traces, on_forget=drop_events)
         self.inflight = StepsInFlight(max_inflight_steps or self.num_stages, step_deadline_floor_s)
         self.routes = Routes(view.pipeline)  # the node keeps it current as the plan changes
         self._wake = asyncio.Event()
@@ -112,29 +115,25 @@ class HeadDriver:
             js=js,
             security=security,
             model=view.model,
-            core=self.core,
-            held=self.held,
+            table=self.table,
+            bus=self.bus,
             routes=self.routes,
-            traces=self.traces,
             max_waiting=max_waiting,
             ack_wait_s=ack_wait_s,
             wake=self._wake.set,
             log=self._log,
         )
         self.upkeep = Upkeep(
-            nc=nc,
             js=js,
             security=security,
-            core=self.core,
-            held=self.held,
+            table=self.table,
+            bus=self.bus,
             inflight=self.inflight,
-            traces=self.traces,
             ack_wait_s=ack_wait_s,
             wake=self._wake.set,
             log=self._log,
         )
         self._tasks: list[asyncio.Task[None]] = []
-        self._pending_acks: set[asyncio.Task[None]] = set()
         self.hops = HopStats()
         self.num_failed_steps = 0  # steps stage 0 itself could not run (heartbeats report them)
         self._subs: list[Any] = []
@@ -195,13 +194,11 @@ class HeadDriver:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         await self.intake.unsubscribe()
-        for delivery in self.held.deliveries():
-            with contextlib.suppress(Exception):
-                await delivery.msg.nak()
+        handed_back = self.table.hand_back()
+        await self.bus.carry_out(handed_back)
         await self.link.stop()
         self.traces.end_all()
-        self._log.info("stage 0 stopped", handed_back=len(self.held))
-        self.held.clear()
+        self._log.info("stage 0 stopped", handed_back=len(handed_back))
         # the ended tasks' frames and the subscriptions' callbacks hold this driver: let go of them
         # and of the stage, so its weights and KV pool go when the node lets go of them (CI saw a
         # re-planned stage 0 keep its old 1 GiB pool beside the new one, never collected)
@@ -230,14 +227,13 @@ class HeadDriver:
     async def _run_step(self, batch: StepBatch) -> None:
         self.num_steps += 1
         self.compute.record(batch)
-        joining = self._joining(batch)
+        joining = self.table.joining(batch)
         started, started_at = time.monotonic(), time.time()
         if self.tokens is not None:  # a one-stage pipeline: this node samples too
             sampled = await self.compute.sample(batch, joining, None, started_at)
             self.core.record_step(batch, time.monotonic() - started)
             self._traced_step(batch, None, started)
-            for result in sampled.results:
-                self._apply(result)
+            self.bus.start(self.table.apply(sampled.results))
             await self.tokens.publish(sampled)
             return
         dtype, shape, data = await self.compute.forward(batch, None)
@@ -254,21 +250,6 @@ class HeadDriver:
             self._log.warning(
                 "step not sent: it resumes at its deadline", step_id=batch.step_id, error=repr(exc)
             )
-
-    def _joining(self, batch: StepBatch) -> dict[int, Joining]:
-        """What the sampling stage needs of each sequence that (re)joins in `batch`."""
-        joining: dict[int, Joining] = {}
-        for s in batch.sequences:
-            seq = self.core.sequence(s.seq_id)
-            if s.new_sequence is None or seq is None:
-                continue
-            delivery = self.held.get(seq.request_id)
-            token_key = delivery.token_key if delivery is not None else b""
-            traceparent = self.traces.traceparent(seq.request_id)
-            joining[s.seq_id] = Joining(seq.request_id, self.core.prompt_tail(seq), token_key, traceparent)
-            if traceparent:
-                self.traces.event(seq.request_id, "first step", {"mohawk.step_id": batch.step_id})
-        return joining
 
     def _traced_step(self, batch: StepBatch, result_hop_ms: float | None, started: float | None) -> None:
         """Add a step's time here (`started`: when it began) or its result's hop to the spans of
@@ -298,53 +279,25 @@ class HeadDriver:
             return
         self.core.record_step(inflight.batch, now - inflight.started)
         self._traced_step(inflight.batch, hop_s * 1000 if hop_s is not None else None, None)
-        for sampled in result.results:
-            self._apply(sampled)
+        self.bus.start(self.table.apply(result.results))
         self._wake.set()
 
-    def _apply(self, sampled: bus_pb2.SampledResult) -> None:
-        seq = self.core.sequence(sampled.seq_id)
-        if seq is None:
-            return  # cancelled while its step was in flight
-        delivery = self.held.get(seq.request_id)
-        self.held.progressed(seq.request_id)
-        self.core.apply_token(sampled.seq_id, sampled.token_id, finished=bool(sampled.finish_reason))
-        if sampled.finish_reason and delivery is not None:
-            ack = asyncio.create_task(delivery.msg.ack())
-            self._pending_acks.add(ack)
-            ack.add_done_callback(self._pending_acks.discard)
-
     def _forget(self, seq: Seq) -> None:
-        """The core let `seq` go (finished, cancelled or failed): drop what the bus side kept of it."""
-        if self.tokens is not None:
-            self.tokens.drop(seq.seq_id)
-        self.traces.end(seq.request_id, {"mohawk.output_tokens": seq.num_output_tokens})
-        self.held.release(seq.request_id)
+        self.table.forget(seq)
 
     async def _fail(self, batch: StepBatch, reason: str) -> None:
-        for step in batch.sequences:
-            seq = self.core.sequence(step.seq_id)
-            if seq is None:
-                continue
-            delivery = self.held.get(seq.request_id)
-            self.core.finish(seq)
-            if delivery is not None:
-                await fail_request(self.nc, delivery.msg, seq.request_id, reason, 500, delivery.box)
+        await self.bus.carry_out(self.table.fail(batch, reason))
         self._wake.set()
 
     # -- cancellation ----------------------------------------------------------------------------
 
     async def _on_cancel(self, msg: Msg) -> None:
         request_id = msg.subject.rsplit(".", 1)[-1]
-        delivery = self.held.get(request_id)
-        if delivery is None:
-            return
-        if delivery.token_key and not hmac.compare_digest(
-            msg.data, cancel_tag(delivery.token_key, request_id)
-        ):
+        actions = self.table.cancel(request_id, msg.data)
+        if actions is None:
             self.security.reject(AuthenticationError("tampered", "cancel without the request's tag"))
             return
-        self.core.abort_request(request_id)
-        self._log.info("request cancelled", request_id=request_id)
-        await delivery.msg.ack()
-        self._wake.set()
+        if actions:
+            self._log.info("request cancelled", request_id=request_id)
+            await self.bus.carry_out(actions)
+            self._wake.set()

@@ -11,9 +11,8 @@ a 504 error event when its deadline passed. A step given up (its deadline passed
 stage died) frees its sequences and resumes them from the tokens the token stream holds; a request
 that keeps expiring with no token in between would loop for ever, so after `max_resumes` such
 resumes in a row its next expiry ends it with an error (`expired`), and any token starts its count
-again (`progressed`). A record leaves with its request (`release`), its count with it. Stage 0's
-adapters (`head.py`, `intake.py`, `upkeep.py`) move the messages; this table only remembers them
-and decides.
+again (`progressed`). A record leaves with its request (`release`), its count with it. What
+happens to a request is `request_table.py`'s; this table only remembers the records it reads.
 """
 
 from __future__ import annotations

@@ -32,12 +32,13 @@ from mohawk_common.bus.requests import check_fresh, open_request
 from mohawk_common.bus.security import Security
 from mohawk_common.errors import InvalidRequestError
 from mohawk_pqc.errors import AuthenticationError
-from mohawk_shard.engine.core import EngineCore
-from mohawk_shard.node.held import Delivery, HeldRequests
+from mohawk_shard.node.bus_actions import Ack, BusActions, Fail, Nak, Term
+from mohawk_shard.node.held import Delivery
 from mohawk_shard.node.intake_rules import UNOPENED_RETRY_S, Routes, retry_unopened
 from mohawk_shard.node.recovery import read_emitted
-from mohawk_shard.node.tokens import event_box, fail_request
-from mohawk_shard.node.traces import StageTraces
+from mohawk_shard.node.request_table import RequestTable
+from mohawk_shard.node.tokens import event_box
+from mohawk_shard.node.traces import Attributes
 from mohawk_shard.node.wire import qos_from_proto, sampling_from_proto
 
 _DRAIN_EVERY_S = 2.0
@@ -55,17 +56,17 @@ class RequestIntake:
         js: JetStreamContext,
         security: Security,
         model: str,
-        core: EngineCore,
-        held: HeldRequests,
+        table: RequestTable,
+        bus: BusActions,
         routes: Routes,
-        traces: StageTraces,
         max_waiting: int,
         ack_wait_s: float,
         wake: Callable[[], None],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self.nc, self.js, self.security, self.model = nc, js, security, model
-        self.core, self.held, self.routes, self.traces = core, held, routes, traces
+        self.table, self.bus, self.routes = table, bus, routes
+        self.core, self.traces = table.core, table.traces
         self.max_waiting, self.ack_wait_s = max_waiting, ack_wait_s
         self._wake, self._log = wake, log
         self._pulls: list[JetStreamContext.PullSubscription] = []
@@ -123,8 +124,7 @@ class RequestIntake:
                 await self._admit(msg)
             except Exception:
                 self._log.exception("request refused: unreadable", subject=msg.subject)
-                with contextlib.suppress(Exception):
-                    await msg.term()
+                await self.bus.carry_out([Term(msg)])
         self._wake()
 
     async def _drain_loop(self) -> None:
@@ -165,14 +165,14 @@ class RequestIntake:
         await self._admit_all(msgs)
 
     async def _admit(self, msg: Msg) -> None:
+        """Open and check one request and queue it (`RequestTable.admit`), or settle its message."""
         try:
             request = open_request(msg.data, msg.headers, self.security, self.model)
         except AuthenticationError as exc:
             self.security.reject(exc, subject=msg.subject, what="request")
-            if retry_unopened(exc.reason, msg.metadata.num_delivered):
-                await msg.nak(delay=UNOPENED_RETRY_S)  # its key may reach this node in a moment
-            else:
-                await msg.term()
+            # its key may reach this node in a moment
+            retry = retry_unopened(exc.reason, msg.metadata.num_delivered)
+            await self.bus.carry_out([Nak(msg, UNOPENED_RETRY_S) if retry else Term(msg)])
             return
         request_id = request.request_id
         if self.core.request(request_id) is not None:
@@ -181,7 +181,7 @@ class RequestIntake:
             check_fresh(request, stored_at=msg.metadata.timestamp.timestamp(), now=time.time())
         except AuthenticationError as exc:
             self.security.reject(exc, request_id=request_id, what="request")
-            await msg.term()
+            await self.bus.carry_out([Term(msg)])
             return
         box = event_box(request_id, request.token_key)
         try:
@@ -189,31 +189,26 @@ class RequestIntake:
             qos = qos_from_proto(request)
             prompt = self.core.check_prompt(request_id, request.prompt_token_ids)
         except InvalidRequestError as exc:
-            await fail_request(self.nc, msg, request_id, str(exc), 400, box)
+            await self.bus.carry_out([Fail(msg, request_id, str(exc), 400, box)])
             return
         emitted: list[int] = []
         if msg.metadata.num_delivered > 1:
             emitted, ended = await read_emitted(self.js, request_id, box)
             if ended:
-                await msg.ack()
+                await self.bus.carry_out([Ack(msg)])
                 return
             self._log.info("request resumed", request_id=request_id, emitted=len(emitted))
-        self.core.add_request(request_id, prompt, params, emitted, qos=qos)
-        self.held.hold(
-            request_id,
-            Delivery(msg, request.token_key, box, request.gateway, request.deadline, request.traceparent),
+        delivery = Delivery(
+            msg, request.token_key, box, request.gateway, request.deadline, request.traceparent
         )
+        span: Attributes | None = None
         if self.traces.enabled:
             queued_ms = max(0.0, time.time() - request.created) * 1000 if request.created else 0.0
-            self.traces.begin(
-                request_id,
-                request.traceparent,
-                request_id,
-                attributes={
-                    "mohawk.queued_ms": round(queued_ms, 3),
-                    "mohawk.tenant": request.tenant,
-                    "mohawk.prompt_tokens": len(prompt),
-                    "mohawk.resumed_from_token": len(emitted),
-                    "mohawk.delivery": msg.metadata.num_delivered,
-                },
-            )
+            span = {
+                "mohawk.queued_ms": round(queued_ms, 3),
+                "mohawk.tenant": request.tenant,
+                "mohawk.prompt_tokens": len(prompt),
+                "mohawk.resumed_from_token": len(emitted),
+                "mohawk.delivery": msg.metadata.num_delivered,
+            }
+        self.table.admit(delivery, request_id, prompt, params, emitted, qos, span)

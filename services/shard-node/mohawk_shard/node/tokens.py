@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from mohawk_common.bus import names
 from mohawk_pqc.seal import EventBox
@@ -80,15 +79,6 @@ async def publish_error(nc: Client, request_id: str, message: str, status: int, 
         request_id=request_id, index=0, finish_reason="error", error=message, error_status=status
     )
     await nc.publish(names.token_subject(request_id), encode_event(event, box))
-
-
-async def fail_request(
-    nc: Client, msg: Msg, request_id: str, message: str, status: int, box: EventBox | None
-) -> None:
-    """End a request that cannot go on: the error event its gateway answers with, then its work-queue
-    message terminated (never redelivered). The one place stage 0 does both."""
-    await publish_error(nc, request_id, message, status, box)
-    await msg.term()
 
 
 @dataclass

@@ -7,8 +7,9 @@ the stream never redelivers a request that is still served. A step whose deadlin
 holds for it (what the gateway has shown, or will), as after a plan change; after `max_resumes`
 expiries in a row without a token (`HeldRequests.expired`) its request ends with a 503 error event
 instead. A request whose gateway is gone or whose deadline passed (`HeldRequests.orphans`) is
-cancelled and leaves the stream, with a 504 error event when its deadline passed. The rules live
-in those plain objects; this module reads them on a timer and moves the messages.
+cancelled and leaves the stream, with a 504 error event when its deadline passed. What each of
+those does to a request is decided in `RequestTable`; this module runs it on a timer, reads the
+token stream a resume needs, and has the actions carried out.
 """
 
 from __future__ import annotations
@@ -19,19 +20,16 @@ import time
 from collections.abc import Callable
 
 import structlog
-from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from mohawk_common.bus.control_records import RecordVerifier
 from mohawk_common.bus.security import Security
-from mohawk_shard.engine.core import EngineCore
 from mohawk_shard.engine.sequence import Sequence as Seq
+from mohawk_shard.node.bus_actions import BusActions
 from mohawk_shard.node.gateways import ORPHAN_CHECK_S, GatewayPresence
-from mohawk_shard.node.held import HeldRequests
 from mohawk_shard.node.inflight import StepsInFlight, overdue_sequences
 from mohawk_shard.node.recovery import read_emitted
-from mohawk_shard.node.tokens import fail_request, publish_error
-from mohawk_shard.node.traces import StageTraces
+from mohawk_shard.node.request_table import RequestTable
 
 _DEADLINE_TICK_S = 0.25
 _KEEP_ALIVES_PER_ACK_WAIT = 3  # a held request's +WPI goes out this many times per ack wait
@@ -41,20 +39,18 @@ class Upkeep:
     def __init__(
         self,
         *,
-        nc: Client,
         js: JetStreamContext,
         security: Security,
-        core: EngineCore,
-        held: HeldRequests,
+        table: RequestTable,
+        bus: BusActions,
         inflight: StepsInFlight,
-        traces: StageTraces,
         ack_wait_s: float,
         wake: Callable[[], None],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        self.nc, self.js = nc, js
-        self.core, self.held, self.inflight = core, held, inflight
-        self.traces, self.ack_wait_s = traces, ack_wait_s
+        self.js, self.table, self.bus = js, table, bus
+        self.core, self.held, self.inflight = table.core, table.held, inflight
+        self.ack_wait_s = ack_wait_s
         self._wake, self._log = wake, log
         self._gateways = GatewayPresence(
             js,
@@ -103,53 +99,33 @@ class Upkeep:
     async def _resume(self, seq: Seq) -> None:
         """Free `seq` everywhere and queue its request again from the tokens the token stream holds
         (what the gateway has shown, or will), or end it with an error after `max_resumes`."""
-        request_id = seq.request_id
-        delivery = self.held.get(request_id)
-        if delivery is None:
-            self.core.finish(seq)
-            return
-        expiries = self.held.expired(request_id)
-        if expiries is None:
-            max_resumes = self.held.max_resumes
-            self._log.error("request made no progress: failed", request_id=request_id, expiries=max_resumes)
-            self.core.finish(seq)
-            reason = f"the pipeline gave no result for {max_resumes} steps in a row; retry the request"
-            with contextlib.suppress(Exception):
-                await fail_request(self.nc, delivery.msg, request_id, reason, 503, delivery.box)
+        resume, actions = self.table.expire(seq)
+        if resume is None:
+            if actions:
+                self._log.error(
+                    "request made no progress: failed",
+                    request_id=seq.request_id,
+                    expiries=self.held.max_resumes,
+                )
+            await self.bus.carry_out(actions)
             return
         try:
-            emitted, ended = await read_emitted(self.js, request_id, delivery.box)
+            emitted, ended = await read_emitted(self.js, seq.request_id, resume.delivery.box)
         except Exception as exc:  # the bus is away: resume from what this node applied
             self._log.warning("token stream unreadable: resuming from the applied tokens", error=repr(exc))
             emitted, ended = list(seq.output_token_ids), False
-        if self.core.sequence(seq.seq_id) is not seq:
-            return  # cancelled or ended while the stream was read
-        self.core.finish(seq)  # frees its KV blocks here and, with the next step, on every stage
-        if ended:
-            with contextlib.suppress(Exception):
-                await delivery.msg.ack()
-            return
-        self.core.add_request(
-            request_id, seq.token_ids[: seq.num_prompt_tokens], seq.params, emitted, qos=seq.qos
-        )
-        self.held.hold(request_id, delivery, expiries=expiries)
-        resumed = {"mohawk.resumed_from_token": len(emitted)}
-        self.traces.begin(request_id, delivery.traceparent, request_id, attributes=resumed)
-        self._log.info("request resumed after an overdue step", request_id=request_id, emitted=len(emitted))
+        await self.bus.carry_out(self.table.resume(resume, emitted, ended))
+        if not ended and self.core.request(seq.request_id) is not None:
+            self._log.info(
+                "request resumed after an overdue step", request_id=seq.request_id, emitted=len(emitted)
+            )
 
     async def _orphan_loop(self) -> None:
         """Drop requests nobody waits for: their gateway's presence lapsed, or their deadline passed."""
         while True:
             await asyncio.sleep(ORPHAN_CHECK_S)
             gone = await self._gateways.gone(self.held.gateways(), time.monotonic())
-            for orphan in self.held.orphans(gone, time.time()):
-                request_id, delivery = orphan.request_id, orphan.delivery
-                self.core.abort_request(request_id)
-                self._log.warning("orphaned request cancelled", request_id=request_id, reason=orphan.reason)
-                with contextlib.suppress(Exception):
-                    if orphan.late:
-                        await publish_error(
-                            self.nc, request_id, "the request's deadline passed", 504, delivery.box
-                        )
-                    await delivery.msg.ack()
+            for request_id, reason, actions in self.table.orphans(gone, time.time()):
+                self._log.warning("orphaned request cancelled", request_id=request_id, reason=reason)
+                await self.bus.carry_out(actions)
                 self._wake()

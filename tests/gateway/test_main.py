@@ -31,11 +31,11 @@ def test_flags_override_environment_and_defaults(monkeypatch: pytest.MonkeyPatch
     settings = settings_from_args(parse("--host", "0.0.0.0", "--nats-url", "nats://a:1,nats://b:2"))
     assert (settings.host, settings.port, settings.request_timeout_s) == ("0.0.0.0", 9001, 30.0)
     assert settings.nats_servers == ["nats://a:1", "nats://b:2"]
-    assert settings.model_name == "smollm2-135m-instruct"
+    assert settings.served_model == "smollm2-135m-instruct"
     settings = settings_from_args(
         parse("--port", "8100", "--served-model-name", "mine", "--log-level", "debug")
     )
-    assert (settings.port, settings.model_name, settings.log_level) == (8100, "mine", "debug")
+    assert (settings.port, settings.served_model, settings.log_level) == (8100, "mine", "debug")
 
 
 def test_bad_settings_are_one_line_and_exit_2(

@@ -169,7 +169,7 @@ def test_one_request_gives_one_connected_trace_across_the_processes(
     response = httpx.post(
         f"{cluster.url}/v1/chat/completions",
         json={
-            "model": cluster.model_name,
+            "model": cluster.served_model,
             "messages": [{"role": "user", "content": "Name a colour."}],
             "max_tokens": 6,
             "temperature": 0,

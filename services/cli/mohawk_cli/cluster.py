@@ -102,7 +102,7 @@ class LocalCluster:
             self.redis = RedisServer(
                 self.data_dir / "redis", redis_port, log_file=self.log_dir / "redis.log", password=password
             )
-        self.model_name = served_model_name(spec.model, spec.env.get("MOHAWK_SERVED_MODEL_NAME"))
+        self.served_model = served_model_name(spec.model, spec.env.get("MOHAWK_SERVED_MODEL_NAME"))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._commands: dict[str, tuple[list[str], dict[str, str]]] = {}
         self._node_count = 0
@@ -185,9 +185,9 @@ class LocalCluster:
             return {}
         if not creds.is_file():
             if creds.name == BUS_CREDS:
-                issue_bus_user(self.nats_auth, creds.parent, models=(self.model_name,))
+                issue_bus_user(self.nats_auth, creds.parent, models=(self.served_model,))
             else:
-                issue_user(self.nats_auth, name, role, creds, models=(self.model_name,))
+                issue_user(self.nats_auth, name, role, creds, models=(self.served_model,))
         return {CREDS_ENV: str(creds)}
 
     def gateway_env(self) -> dict[str, str]:
@@ -202,7 +202,7 @@ class LocalCluster:
             return ["--insecure"]
         bundle = self.pki_dir / "nodes" / name
         if not (bundle / "node.cert").exists():
-            bundle = issue_node(self.pki_dir, name, role, models=(self.model_name,), days=30)
+            bundle = issue_node(self.pki_dir, name, role, models=(self.served_model,), days=30)
         return ["--pki-dir", str(bundle)]
 
     def _spawn(

@@ -224,7 +224,7 @@ def _wait_ready(cluster: LocalCluster, interrupted: object) -> None:
 
 
 def _banner(cluster: LocalCluster) -> None:
-    name = cluster.model_name  # what the gateway serves: the bundled name or the file's stem
+    name = cluster.served_model  # what the gateway serves: the bundled name or the file's stem
     auth = ' -H "Authorization: Bearer $KEY"' if cluster.spec.gateway_env.get("MOHAWK_AUTH") else ""
     tenants = (
         f"""

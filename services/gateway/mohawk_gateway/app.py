@@ -65,7 +65,7 @@ def create_app(
             ),
             name="idle-memory",
         )
-        log.info("gateway starting", model=gateway.model_name, nats=settings.nats_url)
+        log.info("gateway starting", model=gateway.served_model, nats=settings.nats_url)
         metrics_server = serve_metrics(
             settings.metrics_port, settings.metrics_host, gateway_metrics.registry.collect
         )
@@ -107,7 +107,7 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 def load_security(settings: GatewaySettings) -> Security:
     """The gateway's certificate bundle; ConfigError (refuse to start) unless run insecure."""
     return Security.for_service(
-        settings, role="gateway", process_id=settings.gateway_id, models=(settings.model_name,)
+        settings, role="gateway", process_id=settings.gateway_id, models=(settings.served_model,)
     )
 
 

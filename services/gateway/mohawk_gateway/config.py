@@ -110,6 +110,6 @@ class GatewaySettings(BusSettings):
         return BurstHold(self.admission_first_look_s, self.admission_quiet_s, self.admission_max_hold_s)
 
     @property
-    def model_name(self) -> str:
+    def served_model(self) -> str:
         """The model's name in the API and in subjects."""
         return served_model_name(self.model, self.served_model_name)

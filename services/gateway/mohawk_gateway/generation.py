@@ -56,7 +56,7 @@ class Generation:
         arrived = asyncio.get_running_loop().time()
         self._deadline = arrived + gateway.settings.request_timeout_s
         self.observers = GenerationObservers(
-            gateway.metrics, gateway.reports, gateway.model_name, submission, arrived
+            gateway.metrics, gateway.reports, gateway.served_model, submission, arrived
         )
         self.failed = False  # ended with an engine error
         self.finished = False
@@ -110,7 +110,7 @@ class Generation:
         subscription = await bus.subscribe_tokens(self.request_id, self._stream.on_message)
         request = bus_pb2.GenerateRequest(
             request_id=self.request_id,
-            model=self.gateway.model_name,
+            model=self.gateway.served_model,
             prompt_token_ids=submission.prompt_token_ids,
             sampling=submission.sampling,
             created=time.time(),

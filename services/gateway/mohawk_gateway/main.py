@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_keep_alive=math.ceil(settings.keep_alive_s),
     )
     server = _Server(config)
-    log.info("gateway listening", host=settings.host, port=settings.port, model=settings.model_name)
+    log.info("gateway listening", host=settings.host, port=settings.port, model=settings.served_model)
     server.run()
     return 0 if server.started else 1
 

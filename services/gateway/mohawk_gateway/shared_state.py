@@ -44,7 +44,7 @@ class Gateway:
         self.bus = bus
         self.metrics = metrics
         self.access = access
-        self.model_name = settings.model_name
+        self.served_model = settings.served_model
         self.created = int(time.time())
         self.codec: PromptCodec | None = None
         self.router = Router(settings.routing)
@@ -59,7 +59,7 @@ class Gateway:
     def not_ready_reason(self) -> str | None:
         if self.codec is None:
             return self.tokenizer_error or "the tokenizer is still loading"
-        return self.bus.not_ready_reason(self.model_name)
+        return self.bus.not_ready_reason(self.served_model)
 
     @property
     def max_model_len(self) -> int | None:
@@ -68,7 +68,7 @@ class Gateway:
 
     def check_model(self, model: str | None) -> None:
         """404 unless `model` (None = the default) is the one this gateway serves."""
-        if model is not None and model != self.model_name:
+        if model is not None and model != self.served_model:
             raise GatewayError(
                 404, f"the model '{model}' does not exist", param="model", code="model_not_found"
             )
@@ -79,7 +79,7 @@ class Gateway:
         (requests then wait on the stream); else 503 with the reason."""
         self.check_model(model)
         reason = self.not_ready_reason()
-        if self.codec is None or (reason is not None and not self.bus.can_queue(self.model_name)):
+        if self.codec is None or (reason is not None and not self.bus.can_queue(self.served_model)):
             raise unavailable(f"not ready: {reason}", self.settings.retry_after_s)
         return self.codec
 

@@ -96,7 +96,7 @@ async def start_turn(
         limits = [n for n in (body.token_limit, state.qos.max_tokens_per_turn) if n is not None]
         sampling = build_sampling(body, max_tokens=min(limits) if limits else None, logprobs=None)
         renderer = chat_renderer(
-            codec, request_id, gateway.model_name, prompt, logprobs=False, include_usage=body.include_usage
+            codec, request_id, gateway.served_model, prompt, logprobs=False, include_usage=body.include_usage
         )
         submission = Submission(
             request_id,

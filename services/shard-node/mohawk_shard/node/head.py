@@ -2,27 +2,27 @@
 through the stages.
 
 Design. Stage 0 owns the scheduler, through the same `EngineCore` the in-process engine drives
-(request table, validation, step batches, token application). A request's life here, from
-admission to its ack (results, a failed step, a cancel, an expiry and its resume, orphans, the
-hand-back), is one module, `request_table.py`: plain decisions that return the bus actions to
-carry out (`bus_actions.py`). Beside it are the steps in flight and their deadlines
-(`inflight.py`) and which routes it pulls (`intake_rules.py`). This module is the adapter that
-moves the bytes: intake (`intake.py`), frames to and from the stages, cancel messages,
-keep-alives (`upkeep.py`), and the step loop. Each step the scheduler picks runs through stage 0's layers (`StageCompute`, the
-step every role shares) and its hidden states go to stage 1 as activation frames; the last stage
-samples, publishes the token events and sends back `StepResult`s, which append the tokens (or end
-the sequences) here. A request leaves the stream (ack) only when it has finished; while it runs,
-stage 0 keeps extending its ack deadline; when the plan changes, every unfinished request is handed
-back (nak) and the new stage 0 replays its emitted tokens from the token stream and continues at
-the next index. A cancel frees the sequence's KV blocks at once. A step whose result has not come
-by its deadline is given up: its sequences are freed and resumed from the tokens the token stream
-holds for them, as after a plan change, and a result that still comes late is ignored. A request
-whose steps expire `max_resumes` times in a row without a token in between ends with an error
-event (503), so no request waits for its client's timeout: the bound is about `max_resumes ×
-(floor + the expected round trip × factor)`, 15–20 s with the defaults. A request whose gateway is
-gone, or whose deadline passed, is cancelled and leaves the stream. Every step's time from its
-start to its result feeds the core's latency-budget cap. With tracing on, the first frame of a
-sequence names its request's span here, so stage 1's span is its child.
+(request table, validation, step batches, token application). A request's life here, from admission
+to its ack (results, a failed step, a cancel, an expiry and its resume, orphans, the hand-back), is
+one module, `request_table.py`: plain decisions that return the bus actions to carry out
+(`bus_actions.py`). Beside it are the steps in flight and their deadlines (`inflight.py`) and which
+routes it pulls (`intake_rules.py`). This module is the adapter that moves the bytes: intake
+(`intake.py`), frames to and from the stages, cancel messages, keep-alives (`upkeep.py`), and the
+step loop. Each step the scheduler picks runs through stage 0's layers (`StageCompute`, the step
+every role shares) and its hidden states go to stage 1 as activation frames; the last stage samples,
+publishes the token events and sends back `StepResult`s, which append the tokens (or end the
+sequences) here. A request leaves the stream (ack) only when it has finished; while it runs, stage 0
+keeps extending its ack deadline; when the plan changes, every unfinished request is handed back
+(nak) and the new stage 0 replays its emitted tokens from the token stream and continues at the next
+index. A cancel frees the sequence's KV blocks at once. A step whose result has not come by its
+deadline is given up: its sequences are freed and resumed from the tokens the token stream holds for
+them, as after a plan change, and a result that still comes late is ignored. A request whose steps
+expire `max_resumes` times in a row without a token in between ends with an error event (503), so no
+request waits for its client's timeout: the bound is about `max_resumes × (floor + the expected
+round trip × factor)`, 15–20 s with the defaults. A request whose gateway is gone, or whose deadline
+passed, is cancelled and leaves the stream. Every step's time from its start to its result feeds the
+core's latency-budget cap. With tracing on, the first frame of a sequence names its request's span
+here, so stage 1's span is its child.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class HeadDriver:
             nc=nc,
             js=js,
             security=security,
-            model=view.model,
+            served_model=view.model,
             table=self.table,
             bus=self.bus,
             routes=self.routes,

@@ -55,7 +55,7 @@ class RequestIntake:
         nc: Client,
         js: JetStreamContext,
         security: Security,
-        model: str,
+        served_model: str,
         table: RequestTable,
         bus: BusActions,
         routes: Routes,
@@ -64,7 +64,7 @@ class RequestIntake:
         wake: Callable[[], None],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        self.nc, self.js, self.security, self.model = nc, js, security, model
+        self.nc, self.js, self.security, self.served_model = nc, js, security, served_model
         self.table, self.bus, self.routes = table, bus, routes
         self.core, self.traces = table.core, table.traces
         self.max_waiting, self.ack_wait_s = max_waiting, ack_wait_s
@@ -92,8 +92,8 @@ class RequestIntake:
     async def _consumer(self, route: int | None) -> JetStreamContext.PullSubscription:
         """The durable consumer of the model's shared requests (None) or of those routed to `route`."""
         return await self.js.pull_subscribe(
-            names.request_subject(self.model, route),
-            durable=names.stage0_consumer(self.model, route),
+            names.request_subject(self.served_model, route),
+            durable=names.stage0_consumer(self.served_model, route),
             stream=names.REQUESTS_STREAM,
             config=ConsumerConfig(
                 ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s, max_ack_pending=-1
@@ -140,7 +140,7 @@ class RequestIntake:
             except Exception:
                 continue
             for info in infos:
-                route = names.route_of_consumer(self.model, info.name)
+                route = names.route_of_consumer(self.served_model, info.name)
                 waiting = (info.num_pending or 0) + (info.num_ack_pending or 0)
                 if route is None or not self.routes.should_drain(route, waiting):
                     continue
@@ -167,7 +167,7 @@ class RequestIntake:
     async def _admit(self, msg: Msg) -> None:
         """Open and check one request and queue it (`RequestTable.admit`), or settle its message."""
         try:
-            request = open_request(msg.data, msg.headers, self.security, self.model)
+            request = open_request(msg.data, msg.headers, self.security, self.served_model)
         except AuthenticationError as exc:
             self.security.reject(exc, subject=msg.subject, what="request")
             # its key may reach this node in a moment

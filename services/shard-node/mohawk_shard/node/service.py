@@ -61,7 +61,7 @@ class ShardNode:
         self.settings = settings
         self.security = security
         self.node_id = names.check_id("node id", settings.node_id)
-        self.model = served_model_name(settings.model, settings.served_model_name)
+        self.served_model = served_model_name(settings.model, settings.served_model_name)
         self.executor = TimedExecutor(max_workers=1, thread_name_prefix="mohawk-compute")
         self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mohawk-load")  # handover
         self._log = log.bind(node_id=self.node_id)
@@ -71,9 +71,8 @@ class ShardNode:
         self._alone: Callable[[Callable[[], float]], float] | None = None  # HostCores.undisturbed
         self.stages = StageFollower(self)
         bundle = security.bundle
-        self._plans = PlanFollower(
-            self.model, RecordVerifier(bundle.trust if bundle is not None else None), self._reject_record
-        )
+        verifier = RecordVerifier(bundle.trust if bundle is not None else None)
+        self._plans = PlanFollower(self.served_model, verifier, self._reject_record)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -113,7 +112,8 @@ class ShardNode:
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         watcher = asyncio.create_task(self._watch_plan())
         revocations = asyncio.create_task(self.security.follow_revocations(self.buckets.pki))
-        self._log.info("node up", model=self.model, nats=self.settings.nats_url, secure=self.security.secure)
+        secure = self.security.secure
+        self._log.info("node up", model=self.served_model, nats=self.settings.nats_url, secure=secure)
         await self._stop.wait()
         await cancel_and_wait(heartbeat, watcher, revocations)
         await self.stages.drop_next()
@@ -141,14 +141,14 @@ class ShardNode:
         try:
             source = await fetch_slice_source(
                 self.js,
-                self.model,
+                self.served_model,
                 self.node_id,
                 bundle.identity,
                 bundle.trust,
                 expect_model_revision=self.settings.model_revision,
             )
-            marks.check(self.model, source.manifest)  # never older than what it loaded before
-            marks.accept(self.model, source.manifest)
+            marks.check(self.served_model, source.manifest)  # never older than what it loaded before
+            marks.accept(self.served_model, source.manifest)
         except AuthenticationError as exc:
             self.security.reject(exc, what="slice package")
             raise ModelLoadError(
@@ -200,7 +200,7 @@ class ShardNode:
         capacity, role = self.capacity, self.stages.role
         return NodeSnapshot(
             node_id=self.node_id,
-            model=self.model,
+            model=self.served_model,
             runtime=self.settings.backend,
             device=capacity.device,
             weights_format=capacity.weights_format,

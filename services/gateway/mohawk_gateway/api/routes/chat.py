@@ -29,7 +29,7 @@ async def create_chat_completion(
     renderer = chat_renderer(
         codec,
         request_id,
-        gateway.model_name,
+        gateway.served_model,
         prompt,
         logprobs=bool(body.logprobs),
         include_usage=body.include_usage,

@@ -39,7 +39,7 @@ async def create_completion(
     renderer = CompletionRenderer(
         codec,
         request_id=request_id,
-        model=gateway.model_name,
+        model=gateway.served_model,
         created=now(),
         num_prompt_tokens=len(prompt),
         logprobs=body.logprobs,

@@ -24,7 +24,7 @@ async def ready(gateway: GatewayDep) -> JSONResponse:
     plan = gateway.bus.plan
     body = {
         "status": "ready",
-        "model": gateway.model_name,
+        "model": gateway.served_model,
         "plan_version": plan.version if plan is not None else None,
         "max_model_len": gateway.max_model_len,
     }

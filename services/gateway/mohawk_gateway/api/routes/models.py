@@ -13,9 +13,9 @@ router = APIRouter(tags=["models"])
 
 def _model(gateway: Gateway) -> ModelPublic:
     return ModelPublic(
-        id=gateway.model_name,
+        id=gateway.served_model,
         created=gateway.created,
-        root=gateway.settings.model or gateway.model_name,
+        root=gateway.settings.model or gateway.served_model,
         max_model_len=gateway.max_model_len,
     )
 

@@ -43,7 +43,7 @@ async def create_session(
             param="qos.priority",
             code="priority_above_tenant",
         )
-    state = SessionState.new(_owner(tenant), gateway.model_name)
+    state = SessionState.new(_owner(tenant), gateway.served_model)
     state.qos, state.routing, state.system_prompt = body.qos, body.routing, body.system_prompt
     await sessions.store.create(state)
     return session_public(state)

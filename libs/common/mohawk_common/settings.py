@@ -118,6 +118,15 @@ class KVBlockSettings(MohawkSettings):
     )
 
 
+class ModelFileSettings(MohawkSettings):
+    """The model file, one field for every process that opens it (a shard node or the in-process
+    engine, the gateway for its tokenizer and chat template, the coordinator for the model's name):
+    `model` is always the path, as vLLM's `--model` is; the name the API serves it under is
+    `served_model_name`, or the file's stem (`bus.config.served_model_name`)."""
+
+    model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")
+
+
 S = TypeVar("S", bound=MohawkSettings)
 
 

@@ -10,6 +10,7 @@ from typing import ClassVar
 from pydantic import Field, field_validator
 
 from mohawk_common.bus.config import BusSettings, served_model_name
+from mohawk_common.settings import ModelFileSettings
 from mohawk_coordinator.planner import Placement
 from mohawk_coordinator.replicas import Replicas
 
@@ -19,11 +20,10 @@ def default_coordinator_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class CoordinatorSettings(BusSettings):
+class CoordinatorSettings(BusSettings, ModelFileSettings):
     yaml_section: ClassVar[str] = "coordinator"
 
     coordinator_id: str = Field(default_factory=default_coordinator_id, min_length=1, max_length=256)
-    model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")
     placement: Placement = Field("spread", description="spread: every node takes layers; pack: fewest hops")
     replicas: Replicas = Field(
         1, description="pipelines to form: a number, or auto (as many as the nodes hold); see replicas.py"

@@ -9,19 +9,19 @@ from pydantic import Field, SecretStr
 
 from mohawk_common.bus.config import BusSettings, served_model_name
 from mohawk_common.bus.security import SEALED_REQUEST_LIFETIME_S
+from mohawk_common.settings import ModelFileSettings
 from mohawk_gateway.admission import BurstHold
 from mohawk_gateway.routing import Routing
 
 MIB = 1024 * 1024
 
 
-class GatewaySettings(BusSettings):
+class GatewaySettings(BusSettings, ModelFileSettings):
     yaml_section: ClassVar[str] = "gateway"
 
     gateway_id: str = Field("gateway", description="this gateway's id: its certificate names it")
     host: str = Field("127.0.0.1", description="address the HTTP server listens on")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = any free port)")
-    model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")
     log_level: str = Field("info", description="debug, info, warning, error, critical")
     request_timeout_s: float = Field(
         SEALED_REQUEST_LIFETIME_S,  # shard nodes keep a rotated sealing key this long

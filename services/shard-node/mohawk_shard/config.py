@@ -7,7 +7,7 @@ from typing import ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
-from mohawk_common.settings import KVBlockSettings
+from mohawk_common.settings import KVBlockSettings, ModelFileSettings
 
 WeightsMode = Literal["native", "int4", "bf16", "fp32"]
 KVCacheDtype = Literal["auto", "float32", "int8"]
@@ -21,10 +21,9 @@ def add_format_flags(parser: argparse.ArgumentParser) -> None:
     add_setting_flags(parser, EngineSettings, ("weights", "kv_cache_dtype"))
 
 
-class EngineSettings(KVBlockSettings):
+class EngineSettings(ModelFileSettings, KVBlockSettings):
     yaml_section: ClassVar[str] = "shard"
 
-    model: str | None = Field(None, description="GGUF file or safetensors directory; none = bundled SmolLM2")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     dtype: str = Field("auto", description="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16")
     weights: WeightsMode = Field(

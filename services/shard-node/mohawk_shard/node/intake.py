@@ -9,7 +9,9 @@ longer active when `Routes` says so. A request is refused at admission when it c
 (after a few redeliveries if only its key is new: `retry_unopened`), when it is past its deadline
 or entered the stream more than the duplicate window after it was made (`check_fresh`, stale), or
 when its prompt or sampling is invalid (a 400 error event). A request delivered before is resumed:
-its emitted tokens are replayed from the token stream and it continues at the next index. With
+its emitted tokens are replayed from the token stream and it continues at the next index; when the
+token stream cannot be read (NATS away, a cluster re-forming after a host is lost), its message
+goes back to the stream for a moment later, never terminated (a multihost run lost a request so). With
 tracing on, each request gets a span from its pull to its end (`StageTraces`).
 """
 
@@ -42,6 +44,7 @@ from mohawk_shard.node.traces import Attributes
 from mohawk_shard.node.wire import qos_from_proto, sampling_from_proto
 
 _DRAIN_EVERY_S = 2.0
+STREAM_RETRY_S = 1.0  # a resumed request whose tokens could not be read comes back this soon
 _PULL_RETRY_S = 0.5
 _FULL_WAIT_S = 0.02  # the scheduler has no room: look again this soon
 _PULL_WAIT_S = 1.0  # a fetch on the route's own consumer waits this long for work
@@ -193,7 +196,14 @@ class RequestIntake:
             return
         emitted: list[int] = []
         if msg.metadata.num_delivered > 1:
-            emitted, ended = await read_emitted(self.js, request_id, box)
+            try:
+                emitted, ended = await read_emitted(self.js, request_id, box)
+            except Exception as exc:  # the bus is away (a cluster re-forming): not the request's fault
+                self._log.warning(
+                    "token stream unreadable: request handed back", request_id=request_id, error=repr(exc)
+                )
+                await self.bus.carry_out([Nak(msg, STREAM_RETRY_S)])
+                return
             if ended:
                 await self.bus.carry_out([Ack(msg)])
                 return

@@ -89,7 +89,9 @@ bench: setup
 	$(PY) bench/engine.py --full --weights fp32 --dtype float32 --json bench/results/engine-cpu-float32.json
 	$(PY) bench/engine.py --full --weights bf16 --dtype bfloat16 --json bench/results/engine-cpu-bfloat16.json
 	$(PY) bench/native_precision.py --json bench/results/native-precision-cpu.json
+	$(PY) bench/native_caches.py --rounds 3 --json bench/results/native-caches-cpu.json
 	$(PY) bench/distributed.py --full --json bench/results/distributed-cpu.json
+	$(PY) bench/distributed.py --full --no-prefix-cache --json bench/results/distributed-cpu-no-prefix-cache.json
 	$(PY) bench/pipeline_cost.py --full --files bundled,smollm2-1.7b:Q4_K_M --json bench/results/pipeline-cost-cpu.json
 	$(PY) bench/scaleout.py --full --json bench/results/scaleout-cpu.json
 	$(PY) bench/telemetry.py --full --traces --json bench/results/telemetry-cpu.json

@@ -10,13 +10,12 @@ from nats.aio.msg import Msg
 from mohawk_common.bus.requests import cancel_tag
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.block_manager import BlockManager
-from mohawk_shard.engine.core import EngineCore
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
 from mohawk_shard.engine.sequence import DEFAULT_QOS
 from mohawk_shard.engine.sequence import Sequence as Seq
 from mohawk_shard.node.bus_actions import Ack, Fail, Late, Nak
-from mohawk_shard.node.held import Delivery, HeldRequests
+from mohawk_shard.node.held import Delivery
 from mohawk_shard.node.request_table import RequestTable
 from mohawk_shard.node.traces import StageTraces
 
@@ -37,14 +36,8 @@ class StandIn:
 def make_table(max_resumes: int = 2) -> tuple[RequestTable, list[Seq]]:
     forgotten: list[Seq] = []
     config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
-    table: RequestTable | None = None
-
-    def forget(seq: Seq) -> None:
-        assert table is not None
-        table.forget(seq)
-
-    core = EngineCore(Scheduler(config, BlockManager(64, 4)), vocab_size=100, on_finish=forget)
-    table = RequestTable(core, HeldRequests(max_resumes), StageTraces.off(), on_forget=forgotten.append)
+    scheduler = Scheduler(config, BlockManager(64, 4))
+    table = RequestTable(scheduler, 100, max_resumes, StageTraces.off(), on_forget=forgotten.append)
     return table, forgotten
 
 

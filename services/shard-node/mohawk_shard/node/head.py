@@ -44,13 +44,10 @@ from mohawk_common.bus.frames import KIND_RESULT, read_result_payload
 from mohawk_common.bus.security import Security
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_pqc.errors import AuthenticationError
-from mohawk_shard.engine.core import EngineCore
 from mohawk_shard.engine.scheduler import Scheduler
-from mohawk_shard.engine.sequence import Sequence as Seq
 from mohawk_shard.engine.stage import Stage, StepBatch
 from mohawk_shard.node.bus_actions import BusActions
 from mohawk_shard.node.compute import StageCompute
-from mohawk_shard.node.held import HeldRequests
 from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.inflight import StepsInFlight
 from mohawk_shard.node.intake import RequestIntake
@@ -94,22 +91,21 @@ class HeadDriver:
         self.stage_index = 0  # every role has one (the node, its metrics and reports read it)
         self.link, self.security = link, security
         self.scheduler = scheduler
-        self.core = EngineCore(scheduler, vocab_size=vocab_size, on_finish=self._forget)
         self.tokens = tokens  # set when this node is also the last stage
-        self.bus = BusActions(nc, log.bind(epoch=view.epoch, pipeline=view.pipeline))
+        self._log = log.bind(epoch=view.epoch, pipeline=view.pipeline)
+        self.bus = BusActions(nc, self._log)
         self.num_stages = view.num_stages
         self.ack_wait_s = ack_wait_s
         self.num_steps = 0  # steps started here (the node's idle detection watches it)
         self.stats = StepStats()  # for the telemetry service
         self.compute = StageCompute(stage, executor, tokens, self.stats)
         self.traces = traces if traces is not None else StageTraces.off()
-        self.held = HeldRequests(max_resumes)
         drop_events = (lambda seq: tokens.drop(seq.seq_id)) if tokens is not None else None
-        self.table = RequestTable(self.core, self.held, self.traces, on_forget=drop_events)
+        self.table = RequestTable(scheduler, vocab_size, max_resumes, self.traces, on_forget=drop_events)
+        self.core, self.held = self.table.core, self.table.held
         self.inflight = StepsInFlight(max_inflight_steps or self.num_stages, step_deadline_floor_s)
         self.routes = Routes(view.pipeline)  # the node keeps it current as the plan changes
         self._wake = asyncio.Event()
-        self._log = log.bind(epoch=view.epoch, pipeline=view.pipeline)
         self.intake = RequestIntake(
             nc=nc,
             js=js,
@@ -281,9 +277,6 @@ class HeadDriver:
         self._traced_step(inflight.batch, hop_s * 1000 if hop_s is not None else None, None)
         self.bus.start(self.table.apply(result.results))
         self._wake.set()
-
-    def _forget(self, seq: Seq) -> None:
-        self.table.forget(seq)
 
     async def _fail(self, batch: StepBatch, reason: str) -> None:
         await self.bus.carry_out(self.table.fail(batch, reason))

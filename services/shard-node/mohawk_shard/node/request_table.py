@@ -33,6 +33,7 @@ from mohawk_common.bus.requests import cancel_tag
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.engine.core import EngineCore
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.engine.scheduler import Scheduler
 from mohawk_shard.engine.sequence import QoS
 from mohawk_shard.engine.sequence import Sequence as Seq
 from mohawk_shard.engine.stage import StepBatch
@@ -56,14 +57,17 @@ class Resume:
 class RequestTable:
     def __init__(
         self,
-        core: EngineCore,
-        held: HeldRequests,
+        scheduler: Scheduler,
+        vocab_size: int,
+        max_resumes: int,
         traces: StageTraces,
         on_forget: Callable[[Seq], None] | None = None,
     ) -> None:
-        """`core` must call `forget` when a sequence leaves it (`EngineCore(on_finish=...)`);
-        `on_forget`: what else drops a sequence (the sampling stage's event state)."""
-        self.core, self.held, self.traces = core, held, traces
+        """The table owns the engine core (which calls `forget` whenever a sequence leaves it) and
+        the held records; `on_forget`: what else drops a sequence (the sampling stage's events)."""
+        self.core = EngineCore(scheduler, vocab_size=vocab_size, on_finish=self.forget)
+        self.held = HeldRequests(max_resumes)
+        self.traces = traces
         self._on_forget = on_forget
 
     def forget(self, seq: Seq) -> None:

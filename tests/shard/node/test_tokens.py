@@ -13,7 +13,7 @@ from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.request_output import RequestOutput
 from mohawk_shard.engine.sampling_params import SamplingParams
-from mohawk_shard.node.tokens import TokenPublisher, token_event
+from mohawk_shard.node.tokens import EventRoute, TokenPublisher, token_event
 from tests.shard.engine.test_detokenizer import tokenizer  # noqa: F401  (the bundled model's tokenizer)
 
 
@@ -45,8 +45,7 @@ def test_a_step_is_emitted_first_and_its_events_published_after_with_their_keys(
     publisher = TokenPublisher(bus, TokenEmitter(tokenizer, [], 8192))  # type: ignore[arg-type]
     key = bytes(range(32))
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    publisher.emitter.track(0, "r0", params, 3, [1, 2, 3])
-    publisher.set_key(0, "r0", key)
+    publisher.emitter.track(0, "r0", params, 3, [1, 2, 3], route=EventRoute(EventBox(key, "r0"), "00-t-s-01"))
     publisher.emitter.track(1, "r1", params, 3, [1, 2, 3])  # no key: plaintext events
     first = publisher.emit([(0, SampledToken(42)), (1, SampledToken(43))], batch_size=2, step_s=0.01)
     second = publisher.emit([(0, SampledToken(44))], batch_size=1, step_s=0.01)
@@ -66,3 +65,5 @@ def test_a_step_is_emitted_first_and_its_events_published_after_with_their_keys(
     ]
     assert events[2].finish_reason == "length" and events[2].usage.completion_tokens == 2
     assert all(e.sent_at > 0 for e in events)
+    # the route's span rides on each event, to the last
+    assert [e.traceparent for e in events] == ["00-t-s-01", "", "00-t-s-01"]

@@ -7,6 +7,8 @@ ended. A sequence is tracked from its first sampled step to its end; a sequence 
 its events continue at the next index with text that joins up. Each event also says how many
 sequences its step ran and whether that step took longer than the request's latency budget; the
 emitter counts those misses (`num_budget_missed`) and warns about them at most every few seconds.
+A sequence's record also carries whatever its owner routes its events by (`route`: the last stage
+of a pipeline keeps the request's event box and span there), so one map holds all it knows of it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import structlog
 
@@ -25,10 +27,11 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.step_time import Throttle
 
 log = structlog.get_logger("mohawk.shard.engine")
+R = TypeVar("R")  # what the emitter's owner keeps with each sequence (None in-process)
 
 
 @dataclass(slots=True)
-class _Tracked:
+class _Tracked(Generic[R]):
     request_id: str
     params: SamplingParams
     num_prompt_tokens: int
@@ -37,18 +40,19 @@ class _Tracked:
     stop_matcher: StopStringMatcher
     num_cached_tokens: int = 0
     latency_budget_ms: float = 0.0
+    route: R | None = None
 
 
 # Emitted tokens a restart replays: pending text never spans more than a few byte tokens.
 _RESUME_REPLAY = 16
 
 
-class TokenEmitter:
+class TokenEmitter(Generic[R]):
     def __init__(self, tokenizer: Any, eos_token_ids: Sequence[int], max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
-        self._tracked: dict[int, _Tracked] = {}
+        self._tracked: dict[int, _Tracked[R]] = {}
         self.num_budget_missed = 0  # tokens whose step overran their request's latency budget
         self._missed_warning = Throttle()
         self._missed_at_warning = 0
@@ -63,8 +67,10 @@ class TokenEmitter:
         output_token_ids: Sequence[int] = (),
         num_cached_tokens: int = 0,
         latency_budget_ms: float = 0.0,
+        route: R | None = None,
     ) -> None:
-        """Start (or restart) tracking a sequence; `output_token_ids` were already emitted.
+        """Start (or restart) tracking a sequence; `output_token_ids` were already emitted;
+        `route`: what the owner keeps with it (`route(seq_id)` gives it back while it is tracked).
 
         A restart replays the last emitted tokens through a fresh detokenizer and stop matcher, so
         text they still held back (half a multi-byte character, the start of a possible stop
@@ -84,6 +90,7 @@ class TokenEmitter:
             stop_matcher,
             num_cached_tokens,
             latency_budget_ms,
+            route,
         )
 
     def note_cached(self, seq_id: int, num_cached_tokens: int) -> None:
@@ -91,6 +98,11 @@ class TokenEmitter:
         tracked = self._tracked.get(seq_id)
         if tracked is not None:
             tracked.num_cached_tokens = num_cached_tokens
+
+    def route(self, seq_id: int) -> R | None:
+        """What the owner keeps with `seq_id` (None when it is not tracked, or kept nothing)."""
+        tracked = self._tracked.get(seq_id)
+        return None if tracked is None else tracked.route
 
     def drop(self, seq_id: int) -> None:
         self._tracked.pop(seq_id, None)
@@ -144,7 +156,7 @@ class TokenEmitter:
             budget_missed,
         )
 
-    def _note_missed(self, tracked: _Tracked, step_s: float) -> None:
+    def _note_missed(self, tracked: _Tracked[R], step_s: float) -> None:
         self.num_budget_missed += 1
         if self._missed_warning.ready(time.monotonic()):
             log.warning(

@@ -57,7 +57,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
         self.max_model_len = scheduler.config.max_model_len
-        self.emitter = TokenEmitter(tokenizer, eos_token_ids, self.max_model_len)
+        self.emitter: TokenEmitter[None] = TokenEmitter(tokenizer, eos_token_ids, self.max_model_len)
         self.core = EngineCore(scheduler, vocab_size=vocab_size, on_finish=self._forget)
         self._batch_ids = itertools.count()
 

@@ -29,7 +29,7 @@ from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.link import StageLink
 from mohawk_shard.node.pipeline_view import PipelineView
 from mohawk_shard.node.snapshot import StageSnapshot
-from mohawk_shard.node.tokens import TokenPublisher
+from mohawk_shard.node.tokens import EventRoute, TokenPublisher
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.worker import StageWorker
 
@@ -107,7 +107,8 @@ def make_role(node: RoleHost, view: PipelineView, index: int, stage: Stage) -> R
     )
     tokens = None
     if is_last:
-        emitter = TokenEmitter(node.tokenizer, node.source.config.eos_token_ids, view.max_model_len)
+        eos = node.source.config.eos_token_ids
+        emitter = TokenEmitter[EventRoute](node.tokenizer, eos, view.max_model_len)
         tokens = TokenPublisher(node.nc, emitter)
     if index > 0:
         return StageWorker(

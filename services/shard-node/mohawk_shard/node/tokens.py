@@ -81,6 +81,15 @@ async def publish_error(nc: Client, request_id: str, message: str, status: int, 
     await nc.publish(names.token_subject(request_id), encode_event(event, box))
 
 
+@dataclass(frozen=True, slots=True)
+class EventRoute:
+    """Where a sequence's token events go, kept in its emitter record: the request's event box
+    (None: plaintext) and this stage's span of it ("" when not traced)."""
+
+    box: EventBox | None
+    traceparent: str = ""
+
+
 @dataclass
 class SampledStep:
     """What a step sampled: the results stage 0 applies, and the token events for the gateway."""
@@ -90,21 +99,15 @@ class SampledStep:
 
 
 class TokenPublisher:
-    def __init__(self, nc: Client, emitter: TokenEmitter) -> None:
+    """The last stage's sequences, one emitter record each (text, stop rules, counts and the
+    `EventRoute`), and the bus they are published on."""
+
+    def __init__(self, nc: Client, emitter: TokenEmitter[EventRoute]) -> None:
         self.nc = nc
         self.emitter = emitter
-        self._boxes: dict[int, EventBox] = {}
-        self._traceparents: dict[int, str] = {}  # this stage's span of each traced sequence
-
-    def set_key(self, seq_id: int, request_id: str, token_key: bytes) -> None:
-        box = event_box(request_id, token_key)
-        if box is not None:
-            self._boxes[seq_id] = box
 
     def drop(self, seq_id: int) -> None:
         self.emitter.drop(seq_id)
-        self._boxes.pop(seq_id, None)
-        self._traceparents.pop(seq_id, None)
 
     def follow(self, batch: StepBatch, joining: Mapping[int, Joining]) -> None:
         """Drop freed sequences and start tracking the ones that join in `batch`."""
@@ -123,10 +126,8 @@ class TokenPublisher:
                     spec.output_token_ids,
                     spec.num_cached_tokens,
                     spec.latency_budget_ms,
+                    route=EventRoute(event_box(joined.request_id, joined.token_key), joined.traceparent),
                 )
-                self.set_key(step.seq_id, joined.request_id, joined.token_key)
-                if joined.traceparent:
-                    self._traceparents[step.seq_id] = joined.traceparent
 
     async def sample_step(
         self,
@@ -151,15 +152,13 @@ class TokenPublisher:
         `step_s` long (each event keeps its box: its sequence may be dropped before it is sent)."""
         step = SampledStep()
         for seq_id, token in sampled:
+            route = self.emitter.route(seq_id) or EventRoute(None)  # read first: an end drops it
             event = self.emitter.emit(seq_id, token, batch_size=batch_size, step_s=step_s)
             if event is None:
                 continue
             message = token_event(event)
-            message.traceparent = self._traceparents.get(seq_id, "")
-            step.events.append((message, self._boxes.get(seq_id)))
-            if event.finish_reason is not None:
-                self._boxes.pop(seq_id, None)
-                self._traceparents.pop(seq_id, None)
+            message.traceparent = route.traceparent
+            step.events.append((message, route.box))
             step.results.append(
                 bus_pb2.SampledResult(
                     seq_id=seq_id, token_id=token.token_id, finish_reason=event.finish_reason or ""

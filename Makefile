@@ -73,7 +73,7 @@ models: setup
 # the load test: 1,000 sessions and 50 chat clients of three tenants against a 1-node cluster
 # with auth on, which it starts (the short form, about 100 sessions, runs in `make test`)
 loadtest: setup
-	$(PY) -m loadtest --sessions 1000 --json loadtest/results/report.json --png loadtest/results/report.png
+	$(PY) -m loadtest --sessions 1000 --json bench/results/loadtest-cpu.json --png loadtest/results/report.png
 
 # llama-cpp-python (the `bench` extra, compiled from source: ~9 minutes) is installed here only,
 # built for the instruction sets /proc/cpuinfo lists (bench/llama_cpp_cmake_args.sh says why).

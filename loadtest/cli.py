@@ -130,9 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with target_of(args) as target:
         report = asyncio.run(run_load(spec, target, seed=args.seed))
         later = [asyncio.run(run_load(spec, target, seed=args.seed + n)) for n in range(1, args.runs)]
-    write_outputs(report, args.json, args.png)
-    sys.stdout.write(markdown(report))
-    for n, again in enumerate(later, start=2):
-        sys.stdout.write(f"\nrun {n} on the same cluster: memory\n\n")
-        sys.stdout.write(memory_table(again))
+    printed = markdown(report) + "".join(
+        f"\nRun {n} on the same cluster, memory only:\n\n{memory_table(again)}"
+        for n, again in enumerate(later, start=2)
+    )
+    write_outputs(report, args.json, args.png, printed, argv)
+    sys.stdout.write(printed)
     return 0 if report["passed"] else 1

@@ -10,12 +10,13 @@ happened.
 from __future__ import annotations
 
 import asyncio
-import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from bench.results_file import write_results
 from loadtest.driver import Driver, make_client
 from loadtest.measure import Recorder
 from loadtest.memory import PeakSampler, compare, snapshot
@@ -56,9 +57,16 @@ async def run_load(spec: LoadSpec, target: Target, *, seed: int = 0) -> dict[str
     return report
 
 
-def write_outputs(report: dict[str, Any], json_path: Path | None, png_path: Path | None) -> None:
+def write_outputs(
+    report: dict[str, Any],
+    json_path: Path | None,
+    png_path: Path | None,
+    table: str = "",
+    argv: Sequence[str] | None = None,
+) -> None:
+    """The report as a stamped result file (`bench/results_file.py`: the commit, machine and command
+    that printed `table`, refused under bench/results/ from a dirty tree) and its plot."""
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        write_results(json_path, report, table, argv)
     if png_path is not None:
         write_png(report, png_path)

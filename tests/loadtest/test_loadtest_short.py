@@ -17,12 +17,14 @@ half a minute after a warm-up of 20 requests is too short for allocators to sett
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
 
 from loadtest.run import run_load, write_outputs
 from loadtest.spec import TenantSpec, standard_spec
+from loadtest.table import markdown
 from loadtest.target import Target, create_tenants, local_target
 from mohawk_cli.redis_server import find_redis_server
 from tests.real_parts import missing
@@ -53,7 +55,7 @@ def test_short_load_test(tmp_path: Path) -> None:
     with local_target(tmp_path / "cluster") as target:
         report = asyncio.run(run_load(spec, target))
         check_second_turn_hits_the_prefix_cache(target)
-    write_outputs(report, tmp_path / "report.json", tmp_path / "report.png")
+    write_outputs(report, tmp_path / "report.json", tmp_path / "report.png", markdown(report))
 
     checks = {c["name"]: c for c in report["checks"]}
     for name in ("0 requests lost, hung or 5xx", "no other error, no turn left unsent"):
@@ -77,8 +79,9 @@ def test_short_load_test(tmp_path: Path) -> None:
             assert process["after_mib"] <= LOOSE_RSS_GROWTH * process["before_mib"], process
 
     assert set(report) >= REPORT_KEYS
-    written = (tmp_path / "report.json").read_text()
-    assert all(f'"{key}"' in written for key in REPORT_KEYS)
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert set(written) >= REPORT_KEYS
+    assert written["stamp"]["command"] and written["table"][0] == markdown(report).splitlines()[0]
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

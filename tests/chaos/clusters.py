@@ -30,6 +30,7 @@ def chaos_spec(data_dir: Path, nodes: int, coordinators: int = 1, **env: str) ->
         data_dir=data_dir,
         env=env,
         max_payload=256 * 1024,  # a 512-token step's activations cross in chunks
+        nats_auth=True,  # a user per process, as `mohawk up` runs: the coordinator hears departures
     )
 
 

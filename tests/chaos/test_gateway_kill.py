@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -54,8 +55,8 @@ async def _long_stream(client: httpx.AsyncClient, prompt: str, started: asyncio.
         pass  # its gateway was killed
 
 
-async def _queued_requests(nats_url: str) -> int:
-    nc = await connect(nats_url, name="test-probe", attempts=3)
+async def _queued_requests(nats_url: str, creds: Path | None) -> int:
+    nc = await connect(nats_url, name="test-probe", attempts=3, creds=creds)
     try:
         info = await nc.jetstream().stream_info(names.REQUESTS_STREAM)
         return int(info.state.messages)
@@ -85,7 +86,7 @@ def test_a_killed_gateways_requests_are_cancelled(
             running.kill("gateway-2")
             killed_at = time.monotonic()
             done = await asyncio.wait_for(survivors, timeout=120)
-            while await _queued_requests(running.nats.url) > 0:
+            while await _queued_requests(running.nats.url, running.nats_creds("ops")) > 0:
                 assert time.monotonic() - killed_at < BOUND_S + 5, "the dead gateway's requests still run"
                 await asyncio.sleep(0.25)
             cancelled_after = time.monotonic() - killed_at

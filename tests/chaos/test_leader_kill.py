@@ -38,17 +38,19 @@ def test_a_killed_leader_coordinator_loses_no_request(
 ) -> None:
     streams_through(cluster, lambda: None, NUM_STREAMS)  # warm-up: steady allocations first
     before = resident_bytes(cluster)
-    leader = current_leader(cluster.nats.url)
-    plan = current_plan(cluster.nats.url)
+    ops = cluster.nats_creds("ops")
+    leader = current_leader(cluster.nats.url, ops)
+    plan = current_plan(cluster.nats.url, ops)
     assert leader is not None and plan is not None
     done, took = streams_through(cluster, lambda: cluster.kill(leader), NUM_STREAMS)
     assert_identical(done, reference)
     deadline = time.monotonic() + TAKEOVER_S
-    while (successor := current_leader(cluster.nats.url)) in (None, leader) and time.monotonic() < deadline:
+    while (successor := current_leader(cluster.nats.url, ops)) in (None, leader):
+        assert time.monotonic() < deadline, f"no coordinator took over within {TAKEOVER_S} s"
         time.sleep(0.2)
     print(f"\nleader {leader} killed: all {len(done)} streams done {took:.1f} s later; {successor} leads")
     assert successor not in (None, leader)
-    after = current_plan(cluster.nats.url)
+    after = current_plan(cluster.nats.url, cluster.nats_creds("ops"))
     assert after is not None and after.version == plan.version  # adopted, not re-planned
     del before[leader]
     assert not settled(lambda: grown(before, resident_bytes(cluster))), (

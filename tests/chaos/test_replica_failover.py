@@ -60,7 +60,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def _both_active(cluster: LocalCluster) -> bool:
-    plan = current_plan(cluster.nats.url)
+    plan = current_plan(cluster.nats.url, cluster.nats_creds("ops"))
     return plan is not None and sum(p.active for p in pipelines(plan)) == 2
 
 
@@ -107,7 +107,7 @@ def long_reference() -> dict[str, str]:
 def test_a_spare_replaces_a_killed_replica_and_the_other_serves_on(
     cluster: LocalCluster, long_reference: dict[str, str]
 ) -> None:
-    plan = current_plan(cluster.nats.url)
+    plan = current_plan(cluster.nats.url, cluster.nats_creds("ops"))
     assert plan is not None
     first, second = pipelines(plan)
     assert len(first.stages) == len(second.stages) == 1 and len(plan.spares) == 1
@@ -125,7 +125,7 @@ def test_a_spare_replaces_a_killed_replica_and_the_other_serves_on(
     assert_identical(done, long_reference)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        after = current_plan(cluster.nats.url)
+        after = current_plan(cluster.nats.url, cluster.nats_creds("ops"))
         assert after is not None
         lines = {p.id: p for p in pipelines(after)}
         if lines[second.id].node_ids == (spare,) and lines[second.id].active:

@@ -15,7 +15,6 @@ from mohawk_cli.cluster import LocalCluster
 from mohawk_common.bus import names
 from mohawk_common.bus.connect import connect
 from mohawk_common.bus.control import read_plan
-from mohawk_common.bus.setup import ensure_buckets
 from mohawk_proto.v1 import bus_pb2
 
 PROMPTS = [
@@ -53,12 +52,15 @@ def reference_texts(weights: str | None = None, max_tokens: int = REFERENCE_TOKE
     return {p: c.text for p, c in zip(PROMPTS, done, strict=True)}
 
 
-async def _with_buckets(url: str, fn: Any) -> Any:
-    nc = await connect(url, name="test-probe", attempts=5)
+async def _leader_of(url: str, creds: Path | None) -> str | None:
+    nc = await connect(url, name="test-probe", attempts=5, creds=creds)
     try:
-        return await fn(await ensure_buckets(nc.jetstream()))
+        entry = await (await nc.jetstream().key_value(names.LEADER_BUCKET)).get(names.LEADER_KEY)
+    except Exception:
+        return None
     finally:
         await nc.close()
+    return entry.value.decode() if entry.value else None
 
 
 def current_plan(nats_url: str, creds: Path | None = None) -> bus_pb2.Plan | None:
@@ -89,15 +91,9 @@ def wait_for_stages(cluster: LocalCluster, stages: int, timeout: float = 120.0) 
         time.sleep(0.25)
 
 
-def current_leader(nats_url: str) -> str | None:
-    async def read(buckets: Any) -> str | None:
-        try:
-            entry = await buckets.leader.get(names.LEADER_KEY)
-        except Exception:
-            return None
-        return entry.value.decode() if entry.value else None
-
-    return asyncio.run(_with_buckets(nats_url, read))
+def current_leader(nats_url: str, creds: Path | None = None) -> str | None:
+    """The coordinator holding the lease (with `creds` where NATS has users), or None."""
+    return asyncio.run(_leader_of(nats_url, creds))
 
 
 def chat_body(prompt: str, max_tokens: int, **extra: Any) -> dict[str, Any]:

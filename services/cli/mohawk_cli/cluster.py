@@ -37,7 +37,7 @@ from mohawk_cli.ports import choose_port
 from mohawk_cli.redis_server import PASSWORD_FILE, REDIS_PORT, RedisServer, ensure_password
 from mohawk_common.bus.config import served_model_name
 from mohawk_common.bus.connect import CREDS_ENV, TLS_CA_ENV
-from mohawk_common.bus.nats_auth import TOOL_USERS, NatsAuth, init_auth, issue_user
+from mohawk_common.bus.nats_auth import EVENTS_USER, TOOL_USERS, NatsAuth, init_auth, issue_user
 from mohawk_common.bus.nats_tls import CA_CERT, CA_DIR, LOCAL_HOSTS, ServerTls, init_ca, issue_server
 from mohawk_common.bus.server import NatsServer, free_port
 from mohawk_common.errors import MohawkError
@@ -251,6 +251,8 @@ class LocalCluster:
         expected = {"MOHAWK_EXPECTED_NODES": str(self.spec.nodes)}
         chosen = self.spec.nodes and "MOHAWK_EXPECTED_NODES" not in self.spec.env
         args = ["--coordinator-id", name, "--state-dir", str(self.spec.data_dir / "state" / name)]
+        if self.nats_auth is not None:  # the servers' disconnect advisories: a crash seen at once
+            args += ["--events-creds", str(self.nats_auth.creds(EVENTS_USER))]
         self._spawn(name, "mohawk_coordinator", args, expected if chosen else None)
         return name
 

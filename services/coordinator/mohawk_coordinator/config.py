@@ -38,6 +38,17 @@ class CoordinatorSettings(BusSettings, ModelFileSettings):
         description="make a term's first plan as soon as this many nodes are live, without waiting "
         "plan_settle_s (mohawk up sets it to the nodes it starts); none = always wait",
     )
+    events_creds: Path | None = Field(
+        None,
+        description="the NATS events user (<pki-dir>/nats-auth/creds/events.creds, made with the "
+        "cluster's NATS keys): hears nats-server's disconnect advisories, so a node whose connection "
+        "closes leaves the plan within departure_grace_s instead of node_ttl_s; none = heartbeats only",
+    )
+    departure_grace_s: float = Field(
+        0.25,
+        ge=0,
+        description="a node's closed connection counts as its departure unless it reconnects this soon",
+    )
     quarantine_failures: int = Field(
         3, ge=1, description="a node failing this many steps within quarantine_window_s is left out"
     )

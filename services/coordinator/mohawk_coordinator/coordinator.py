@@ -41,6 +41,7 @@ from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import Buckets
 from mohawk_common.tasks import cancel_and_wait
 from mohawk_coordinator.config import CoordinatorSettings
+from mohawk_coordinator.departures import DISCONNECT, Advisory, DepartureWatch
 from mohawk_coordinator.election import LeaderElection
 from mohawk_coordinator.high_water import PlanHighWater
 from mohawk_coordinator.metrics import replica_metrics
@@ -55,13 +56,12 @@ from mohawk_coordinator.plan_inputs import (
 from mohawk_coordinator.planner import PlanningError
 from mohawk_coordinator.publisher import PlanConflictError, PlanStore
 from mohawk_coordinator.quarantine import Quarantine
-from mohawk_coordinator.registry import NodeMirror, NodeRecord, NodeRegistry
+from mohawk_coordinator.registry import NodeMirror, NodeRecord, NodeRegistry, nak_requests
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
 
 log = structlog.get_logger("mohawk.coordinator")
 
-NAK = b"-NAK"  # JetStream's negative ack: redeliver now
 TICKS_PER_HEARTBEAT = 4
 WARMUP_HEARTBEATS = 1.5  # a new replica hears every live node before it plans
 
@@ -103,6 +103,7 @@ class Coordinator:
         self.verifier = RecordVerifier(bundle.trust if bundle is not None else None)
         self.freshness = HeartbeatFreshness()
         self.registry = NodeRegistry(settings.node_ttl_s, clock=clock, admit=self._admit_heartbeat)
+        self.departures = DepartureWatch(settings.departure_grace_s, clock)
         self.quarantine = Quarantine(
             clock,
             threshold=settings.quarantine_failures,
@@ -183,6 +184,8 @@ class Coordinator:
             if self._stopping:
                 return
             self.registry.expire()
+            for node_id, reason in self.departures.due():
+                self.registry.depart(node_id, reason)
             handed_back = self.registry.take_handed_back()
             if not self.election.is_leader:
                 self._term = None
@@ -195,6 +198,12 @@ class Coordinator:
             except Exception:  # a bug or a record nothing above caught: never a crash loop
                 self.num_failed_steps += 1
                 self._log.exception("leader step failed; trying again next tick")
+
+    def heard(self, advisory: Advisory) -> None:
+        """A connection advisory (`departures.py`); a departure counts once its grace is over."""
+        self.departures.observe(advisory)
+        if advisory.kind == DISCONNECT:
+            asyncio.get_running_loop().call_later(self.departures.grace_s, self._wake.set)
 
     async def _lead(self) -> None:
         term = self._term
@@ -224,7 +233,9 @@ class Coordinator:
             )
         if live_ids != self._seen_ids:
             self._seen_ids, self._seen_since = live_ids, self._clock()
-        settled = self._clock() - self._seen_since >= self.settings.plan_settle_s
+        # a node gone is not coming back to this plan: only joins wait for the set to settle
+        departed_only = term.planned_ids is not None and live_ids < term.planned_ids
+        settled = departed_only or self._clock() - self._seen_since >= self.settings.plan_settle_s
         expected = self.settings.expected_nodes
         if term.planned_ids is None and expected is not None and len(live_ids) >= expected:
             settled = True  # every node the operator started is here: nothing to wait for
@@ -315,16 +326,9 @@ class Coordinator:
 
     async def _hand_back(self, ack_subjects: list[str]) -> None:
         """Nak the requests a dead or restarted stage 0 held: the stream redelivers them now."""
-        foreign = [s for s in ack_subjects if not names.is_request_ack_subject(s)]
+        foreign = await nak_requests(self.nc, ack_subjects)
         if foreign:  # only a request's ack subject may be nak'ed, never one a heartbeat names
-            self._reject(AuthenticationError("malformed", f"{len(foreign)} held request(s) not ack subjects"))
-        ack_subjects = [s for s in ack_subjects if names.is_request_ack_subject(s)]
-        if not ack_subjects:
-            return
-        for subject in ack_subjects:
-            with contextlib.suppress(NatsError, TimeoutError):
-                await self.nc.publish(subject, NAK)
-        self._log.warning("requests of a lost stage 0 handed back to the stream", requests=len(ack_subjects))
+            self._reject(AuthenticationError("malformed", f"{foreign} held request(s) not ack subjects"))
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         record: NodeRecord | None = self.registry.observe(msg.data, msg.subject)

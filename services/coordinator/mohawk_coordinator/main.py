@@ -26,6 +26,7 @@ from mohawk_common.settings_flags import add_setting_flags, setting_overrides
 from mohawk_common.tasks import RECANCEL_S
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.coordinator import Coordinator
+from mohawk_coordinator.departures import hear_advisories
 
 log = structlog.get_logger("mohawk.coordinator")
 
@@ -41,6 +42,7 @@ FLAGS = (
     "lease_ttl_s",
     "pki_dir",
     "state_dir",
+    "events_creds",
     "insecure",
 )
 
@@ -101,7 +103,12 @@ async def serve(settings: CoordinatorSettings, security: Security | None = None)
             buckets = await ensure_buckets(nc.jetstream(), settings.bus_limits())
             coordinator = Coordinator(settings, nc, buckets, security=security)
             serve_metrics(settings.metrics_port, settings.metrics_host, coordinator.metrics)
-            await coordinator.run()
+            events = await hear_advisories(settings, coordinator.heard)
+            try:
+                await coordinator.run()
+            finally:
+                if events is not None:
+                    await events.close()
         finally:
             await nc.close()
     finally:

@@ -13,12 +13,15 @@ leader left behind.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import structlog
 from google.protobuf.json_format import ParseError
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
 from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 
@@ -101,6 +104,16 @@ class NodeRegistry:
             self._handed_back.extend(record.heartbeat.held_requests)
         return dead
 
+    def depart(self, node_id: str, reason: str) -> bool:
+        """`node_id`'s process left the bus (its connection closed: `departures.py`): forget it now,
+        as a heartbeat timeout would later. False if it was not live."""
+        record = self._nodes.pop(node_id, None)
+        if record is None:
+            return False
+        log.warning("node left (its connection closed)", node_id=node_id, reason=reason)
+        self._handed_back.extend(record.heartbeat.held_requests)
+        return True
+
     def take_handed_back(self) -> list[str]:
         """Ack subjects of the requests that nodes which died or restarted still held (each once)."""
         taken, self._handed_back = self._handed_back, []
@@ -146,3 +159,18 @@ class NodeMirror:
         for key in keys:
             if key not in live:
                 await self.kv.delete(key)
+
+
+NAK = b"-NAK"  # JetStream's negative ack: redeliver now
+
+
+async def nak_requests(nc: Client, ack_subjects: list[str]) -> int:
+    """Hand the requests whose ack subjects are `ack_subjects` back to the stream (a nak each);
+    how many were not a request's ack subject (and were left alone)."""
+    requests = [s for s in ack_subjects if names.is_request_ack_subject(s)]
+    for subject in requests:
+        with contextlib.suppress(NatsError, TimeoutError):
+            await nc.publish(subject, NAK)
+    if requests:
+        log.warning("requests of a lost stage 0 handed back to the stream", requests=len(requests))
+    return len(ack_subjects) - len(requests)

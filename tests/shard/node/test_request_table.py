@@ -164,3 +164,16 @@ def test_a_hand_back_naks_every_held_message_and_keeps_no_record() -> None:
     msgs = [admit(table, "a"), admit(table, "b")]
     assert table.hand_back() == [Nak(m) for m in msgs]
     assert len(table.held) == 0
+
+
+def test_a_newly_held_message_is_announced_so_the_heartbeat_lists_it_at_once() -> None:
+    """The node sends its next heartbeat early when told (`on_hold`): the coordinator hands a dead
+    stage 0's held messages back from that list, so it must not wait for the interval."""
+    announced: list[int] = []
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    table = RequestTable(
+        Scheduler(config, BlockManager(64, 4)), 100, 2, StageTraces.off(), on_hold=lambda: announced.append(1)
+    )
+    admit(table, "a")
+    admit(table, "b")
+    assert len(announced) == 2 and len(table.held) == 2

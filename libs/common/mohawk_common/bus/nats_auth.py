@@ -14,6 +14,10 @@ NKey seeds under `keys/`, 0600), and writes
     <dir>/creds/{ops,admin,system}.creds
                                    a person's tools: `mohawk bus` (ops), `mohawk pki revoke` and
                                    `slice push` (admin), pushing account updates (system)
+    <dir>/creds/events.creds       the coordinators' ear on the servers: a system-account user
+                                   that may only hear the MOHAWK account's connect and disconnect
+                                   advisories (`connection_events`), so a node whose connection
+                                   closes is known at once
 
 `issue_user(auth, name, role, path, ...)` writes one process's `.creds` (JWT and seed; what
 nats-py and the NATS CLI read), scoped to that process. `revoke_users` adds users to the account's
@@ -58,6 +62,7 @@ ACCOUNT_NAME = "MOHAWK"
 SYSTEM_ACCOUNT_NAME = "SYS"
 TOOL_USERS = ("ops", "admin")  # people's tools, one user each; processes get their own
 SYSTEM_USER = "system"
+EVENTS_USER = "events"
 SYSTEM_REQUESTS = "$SYS.REQ.>"  # servers' own reports (CONNZ, VARZ, JSZ) to the system account
 # a shard node's JWT names its model's stage-0 consumers one by one (about 16 KB), and a client
 # sends its JWT in its CONNECT line: nats-server's default 4 KB would refuse it
@@ -130,6 +135,8 @@ def init_auth(directory: Path) -> NatsAuth:
             issue_user(auth, name, name, auth.creds(name))
     if not auth.creds(SYSTEM_USER).is_file() or auth.creds(SYSTEM_USER).is_symlink():
         _issue_system_user(auth)
+    if not auth.creds(EVENTS_USER).is_file() or auth.creds(EVENTS_USER).is_symlink():
+        _issue_events_user(auth)
     return auth
 
 
@@ -240,6 +247,24 @@ def _issue_system_user(auth: NatsAuth) -> None:
     )
     auth.creds(SYSTEM_USER).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     _write_private(auth.creds(SYSTEM_USER), creds_text(token, user))
+
+
+def connection_events(account_public_key: str) -> tuple[str, str]:
+    """The subjects nats-server announces the account's client connections and disconnections on
+    (`io.nats.server.advisory.v1.client_connect` / `client_disconnect`, in the system account)."""
+    return (f"$SYS.ACCOUNT.{account_public_key}.CONNECT", f"$SYS.ACCOUNT.{account_public_key}.DISCONNECT")
+
+
+def _issue_events_user(auth: NatsAuth) -> None:
+    """The system account's listen-only user: the MOHAWK account's connection advisories, nothing
+    else (no publish, no other account's events, no server requests)."""
+    user = NKey.create("user")
+    subjects = connection_events(auth.key("account").public_key)
+    permissions = UserPermissions(publish=(), subscribe=subjects)
+    token = user_jwt(
+        auth.key("system"), user.public_key, name=EVENTS_USER, permissions=permissions, expires_at=None
+    )
+    _write_private(auth.creds(EVENTS_USER), creds_text(token, user))
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -192,6 +192,11 @@ def creds_name(text: str) -> str:
     return str(decode_claims(creds_jwt(text))["name"])
 
 
+def creds_subscriptions(text: str) -> list[str]:
+    """The subjects a `.creds` file's user may subscribe to (its JWT's allow list)."""
+    return [str(subject) for subject in decode_claims(creds_jwt(text))["nats"]["sub"]["allow"]]
+
+
 def _json(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Set
+from collections.abc import Callable, Set
 from concurrent.futures import Executor
 from typing import Any
 
@@ -86,6 +86,7 @@ class HeadDriver:
         max_resumes: int,
         max_waiting: int,
         traces: StageTraces | None = None,
+        on_hold: Callable[[], None] | None = None,
     ) -> None:
         self.nc, self.js, self.view = nc, js, view
         self.stage_index = 0  # every role has one (the node, its metrics and reports read it)
@@ -101,7 +102,9 @@ class HeadDriver:
         self.compute = StageCompute(stage, executor, tokens, self.stats)
         self.traces = traces if traces is not None else StageTraces.off()
         drop_events = (lambda seq: tokens.drop(seq.seq_id)) if tokens is not None else None
-        self.table = RequestTable(scheduler, vocab_size, max_resumes, self.traces, on_forget=drop_events)
+        self.table = RequestTable(
+            scheduler, vocab_size, max_resumes, self.traces, on_forget=drop_events, on_hold=on_hold
+        )
         self.core, self.held = self.table.core, self.table.held
         self.inflight = StepsInFlight(max_inflight_steps or self.num_stages, step_deadline_floor_s)
         self.routes = Routes(view.pipeline)  # the node keeps it current as the plan changes

@@ -62,13 +62,16 @@ class RequestTable:
         max_resumes: int,
         traces: StageTraces,
         on_forget: Callable[[Seq], None] | None = None,
+        on_hold: Callable[[], None] | None = None,
     ) -> None:
         """The table owns the engine core (which calls `forget` whenever a sequence leaves it) and
-        the held records; `on_forget`: what else drops a sequence (the sampling stage's events)."""
+        the held records; `on_forget`: what else drops a sequence (the sampling stage's events);
+        `on_hold`: told when a message is newly held (the node's heartbeat lists them)."""
         self.core = EngineCore(scheduler, vocab_size=vocab_size, on_finish=self.forget)
         self.held = HeldRequests(max_resumes)
         self.traces = traces
         self._on_forget = on_forget
+        self._on_hold = on_hold
 
     def forget(self, seq: Seq) -> None:
         """The core let `seq` go (finished, cancelled, failed, expired): every record of it goes."""
@@ -90,6 +93,8 @@ class RequestTable:
         """Queue a checked request (`emitted`: its tokens so far, when redelivered) and hold it."""
         self.core.add_request(request_id, prompt, params, emitted, qos=qos)
         self.held.hold(request_id, delivery)
+        if self._on_hold is not None:
+            self._on_hold()
         if span is not None:
             self.traces.begin(request_id, delivery.traceparent, request_id, attributes=span)
 

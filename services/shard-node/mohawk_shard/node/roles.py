@@ -92,6 +92,8 @@ class RoleHost(Protocol):
     @property
     def settings(self) -> NodeSettings: ...
 
+    def beat_soon(self) -> None: ...
+
 
 def make_role(node: RoleHost, view: PipelineView, index: int, stage: Stage) -> Role:
     """Stage `index` of the pipeline `view`, built but not started."""
@@ -147,4 +149,5 @@ def make_role(node: RoleHost, view: PipelineView, index: int, stage: Stage) -> R
         step_deadline_floor_s=node.settings.step_deadline_floor_s,
         max_resumes=node.settings.max_resumes,
         traces=traces,
+        on_hold=node.beat_soon,
     )

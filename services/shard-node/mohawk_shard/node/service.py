@@ -7,7 +7,11 @@ which plan and stage it follows) and its telemetry report, and where an idle nod
 back; /metrics reads the same snapshot. It watches the plan key and hands each signed plan that is
 new to it (`PlanFollower`) to its `StageFollower`, which decides what the plan asks of this node
 (`stage_plan.py`: keep its stage, load another, beside the running one where it can, switch, or
-leave) and loads and serves that stage. And it follows certificate revocations.
+leave) and loads and serves that stage. And it follows certificate revocations. A stage 0 that
+takes requests off the stream asks for the next heartbeat at once (`beat_soon`, at most one per
+`EARLY_BEAT_S`): the heartbeat lists the requests it holds, which the coordinator hands back to the
+stream the moment the node leaves, so the list must not be up to an interval old (a stage 0 killed
+right after taking requests left them to wait out the ack wait, 10 s).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from mohawk_shard.node.stage_follower import StageFollower
 from mohawk_shard.node.step_stats import StepWindow, TimedExecutor, step_report
 
 log = structlog.get_logger("mohawk.shard")
+EARLY_BEAT_S = 0.05  # a heartbeat asked for early waits this long for the rest of a burst
 
 
 class ShardNode:
@@ -67,6 +72,7 @@ class ShardNode:
         self._log = log.bind(node_id=self.node_id)
         self._started_at_ms = int(time.time() * 1000)
         self._stop = asyncio.Event()
+        self._beat_soon = asyncio.Event()
         self._held: tuple[int, int] | None = None
         self._alone: Callable[[Callable[[], float]], float] | None = None  # HostCores.undisturbed
         self.stages = StageFollower(self)
@@ -241,7 +247,15 @@ class ShardNode:
                     await self.nc.publish(stats_subject, seal_report(STEP, self.node_id, report, identity))
             if trim is not None and (trimming is None or trimming.done()):
                 trimming = asyncio.create_task(self._trim_if_idle(trim, idle))
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            with contextlib.suppress(TimeoutError):  # not wait_for: 3.11 may swallow a cancel
+                async with asyncio.timeout(self.settings.heartbeat_interval_s):
+                    await self._beat_soon.wait()
+                await asyncio.sleep(EARLY_BEAT_S)  # the rest of a burst of requests, in one heartbeat
+            self._beat_soon.clear()
+
+    def beat_soon(self) -> None:
+        """Send the next heartbeat now rather than at the interval (what stage 0 holds changed)."""
+        self._beat_soon.set()
 
     async def _trim_if_idle(self, trim: Callable[[], None], idle: IdleTrim) -> None:
         """Give freed heap back once the role's step counter has stood still. A method, so the

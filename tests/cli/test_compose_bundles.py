@@ -17,7 +17,7 @@ from cryptography import x509
 from mohawk_cli.compose_bundles import SERVICES
 from mohawk_cli.redis_server import find_redis_server
 from mohawk_common.bus.nats_auth import CONF_NAME, NatsAuth
-from mohawk_common.bus.nats_jwt import creds_jwt, creds_name, decode_claims
+from mohawk_common.bus.nats_jwt import creds_jwt, creds_name, creds_subscriptions, decode_claims
 from mohawk_common.bus.server import free_port
 from mohawk_common.tenancy import connect
 from mohawk_pqc.pki_files import load_bundle, read_message
@@ -76,6 +76,11 @@ def test_each_service_gets_its_own_bundle_and_credential_and_no_root_key(
         assert all(mode(key) == 0o600 for key in seal_keys)
         assert body.model == (MODEL if service.cert_role in ("shard", "gateway") else "")
     assert users == {s.name: f"host1-{s.name}" for s in SERVICES}  # one user per process, its id
+    # the coordinator also hears the servers' connection advisories, and nothing else, as `events`
+    events = out / "coordinator" / "events.creds"
+    assert mode(events) == 0o600 and creds_name(events.read_text()) == "events"
+    assert [p.name for p in out.rglob("events.creds")] == ["events.creds"]
+    assert all(s.startswith("$SYS.ACCOUNT.") for s in creds_subscriptions(events.read_text()))
     # Redis's password: its config (a compose secret) and the gateway's copy, one per cluster
     password = (out / "gateway" / "redis-password").read_text().strip()
     assert len(password) >= 32 and mode(out / "gateway" / "redis-password") == 0o600

@@ -38,7 +38,7 @@ from mohawk_cli.bus_identity import NATS_AUTH_DIR, issue_with_identity
 from mohawk_common.bus import names
 from mohawk_common.bus.config import BUNDLED_MODEL_NAME
 from mohawk_common.bus.connect import CREDS_ENV, TLS_CA_ENV
-from mohawk_common.bus.nats_auth import NatsAuth, init_auth, resolver_block
+from mohawk_common.bus.nats_auth import EVENTS_USER, NatsAuth, init_auth, resolver_block
 from mohawk_common.bus.nats_tls import NatsCa, client_context, init_ca, issue_server
 from mohawk_common.bus.server import find_nats_server
 from mohawk_pqc.pki_files import init_pki
@@ -208,6 +208,7 @@ class MultiHostCluster:
         args = ["--log-level", "info", "--pki-dir", str(bundle)]
         if svc.role == "coordinator":
             args += ["--coordinator-id", svc.name, "--state-dir", str(self.data_dir / "state" / svc.name)]
+            args += ["--events-creds", str(self.auth.creds(EVENTS_USER))]
         elif svc.role == "shard":
             args += ["--node-id", svc.name, "--num-threads", "1"]
         else:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from mohawk_cli.bus_identity import BUS_CREDS, bus_auth, issue_bus_user
 from mohawk_cli.redis_server import ensure_password
-from mohawk_common.bus.nats_auth import CONF_NAME, issue_user
+from mohawk_common.bus.nats_auth import CONF_NAME, EVENTS_USER, issue_user
 from mohawk_common.bus.nats_tls import LOCAL_HOSTS, ServerTls, init_ca, issue_server, issue_server_certificate
 from mohawk_common.private_files import write_new
 from mohawk_pqc.pki_files import issue_node, load_root_key
@@ -44,6 +44,7 @@ from mohawk_pqc.pki_files import issue_node, load_root_key
 BUNDLE_DIR = "pki"
 CREDS_FILE = BUS_CREDS
 NATS_CA_FILE = "nats-ca.pem"
+EVENTS_CREDS_FILE = "events.creds"  # the coordinator's: the servers' disconnect advisories
 REDIS_PASSWORD_FILE = "redis-password"
 REDIS_CONF_FILE = "redis.conf"
 REDIS_SERVICE = "redis"  # its name on the compose network: what the gateways' rediss:// URL says
@@ -101,6 +102,8 @@ def write_compose_bundles(
             creds = issue_user(auth, name, service.nats_role, auth.creds(name))
         _copy_private(creds, target / CREDS_FILE)
         _copy_private(ca.cert, target / NATS_CA_FILE)
+        if service.name == "coordinator":
+            _copy_private(auth.creds(EVENTS_USER), target / EVENTS_CREDS_FILE)
     password = ensure_password(pki / REDIS_PASSWORD_FILE)
     write_new(written["gateway"] / REDIS_PASSWORD_FILE, password + "\n")
     written["redis"] = _fresh_dir(out / "redis")

@@ -8,6 +8,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -41,19 +42,23 @@ def streams_through(
     bound_s: float = 60.0,
     settle_s: float = 0.0,
     max_tokens: int = REFERENCE_TOKENS,
+    stalls: list[float] | None = None,
 ) -> tuple[list[Outcome], float]:
     """`num_streams` greedy streams of the reference prompts, `max_tokens` each; `fault()` (awaited
     when it returns an awaitable) as soon as every stream has its first text, or `settle_s` later, so it lands
     mid-answer (asserted for at least half of them: a fault after the answers tests nothing). Every outcome,
-    and how long after the fault was done the last stream finished."""
+    and how long after the fault was done the last stream finished; `stalls`, when given, gets each
+    stream's longest wait between two chunks (what a reader of the stream saw of the fault)."""
 
     async def scenario() -> tuple[list[Outcome], float]:
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(num_streams)]
         chunks = [0] * num_streams
+        arrivals: list[list[float]] = [[] for _ in range(num_streams)]
 
         def counter(i: int) -> Callable[[], None]:
             def count() -> None:
                 chunks[i] += 1
+                arrivals[i].append(time.monotonic())
 
             return count
 
@@ -73,6 +78,8 @@ def streams_through(
                 await outcome
             fault_at = time.monotonic()
             results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=bound_s)
+            if stalls is not None:
+                stalls.extend(max((b - a for a, b in pairwise(times)), default=0.0) for times in arrivals)
             # a short answer ("Paris.") may be done already; a fault after most answers tests little
             assert finished <= num_streams // 2, f"{finished} of {num_streams} streams done before the fault"
             return list(zip(prompts, results, strict=True)), time.monotonic() - fault_at

@@ -47,8 +47,12 @@ def test_a_killed_shard_node_loses_no_request(
     victim = plan.stages[stage].node_id
     streams_through(cluster, lambda: None, NUM_STREAMS)  # warm-up: steady allocations first
     before, pools_before = resident_bytes(cluster), kv_pool_bytes(cluster, plan)
-    done, took = streams_through(cluster, lambda: cluster.kill(victim), NUM_STREAMS, BOUND_S)
-    print(f"\n{victim} (stage {stage}) killed: all {len(done)} streams done {took:.1f} s later")
+    stalls: list[float] = []
+    done, took = streams_through(cluster, lambda: cluster.kill(victim), NUM_STREAMS, BOUND_S, stalls=stalls)
+    print(
+        f"\n{victim} (stage {stage}) killed: all {len(done)} streams done {took:.1f} s later, "
+        f"the longest stall {max(stalls):.2f} s"
+    )
     assert_identical(done, reference)
     # the survivors now hold the dead node's layers too: the cluster's sum, less the KV pools the
     # plans give (an uneven 3-stage split gives smaller ones than the even 2-stage one), must not grow

@@ -25,9 +25,11 @@ from collections.abc import Callable
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
 from mohawk_common.bus import names
 from mohawk_common.bus.requests import check_fresh, open_request
@@ -49,6 +51,11 @@ _PULL_RETRY_S = 0.5
 _FULL_WAIT_S = 0.02  # the scheduler has no room: look again this soon
 _PULL_WAIT_S = 1.0  # a fetch on the route's own consumer waits this long for work
 _DRAIN_PULL_WAIT_S = 0.2  # a fetch on another route's consumer (drained between steps) waits less
+# binding a request consumer is tried again for this long: right after a host is lost, a clustered
+# JetStream may not answer until it has elected the stream's and the consumer's new leaders (a
+# stage 0 re-planned 3 s after a host was unplugged timed out once and never pulled again)
+BIND_WAIT_S = 60.0
+_BIND_RETRY_S = 0.5
 
 
 class RequestIntake:
@@ -93,15 +100,30 @@ class RequestIntake:
         return self.core.scheduler.num_admittable(self.max_waiting)
 
     async def _consumer(self, route: int | None) -> JetStreamContext.PullSubscription:
-        """The durable consumer of the model's shared requests (None) or of those routed to `route`."""
-        return await self.js.pull_subscribe(
-            names.request_subject(self.served_model, route),
-            durable=names.stage0_consumer(self.served_model, route),
-            stream=names.REQUESTS_STREAM,
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s, max_ack_pending=-1
-            ),
-        )
+        """The durable consumer of the model's shared requests (None) or of those routed to `route`,
+        tried again while JetStream does not answer (for `BIND_WAIT_S`)."""
+        deadline = time.monotonic() + BIND_WAIT_S
+        while True:
+            try:
+                return await self.js.pull_subscribe(
+                    names.request_subject(self.served_model, route),
+                    durable=names.stage0_consumer(self.served_model, route),
+                    stream=names.REQUESTS_STREAM,
+                    config=ConsumerConfig(
+                        ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s, max_ack_pending=-1
+                    ),
+                )
+            except (
+                NatsTimeoutError,
+                TimeoutError,
+                NoRespondersError,
+                NoStreamResponseError,
+                ServiceUnavailableError,
+            ) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                self._log.warning("request consumer not bound yet, retrying", route=route, error=repr(exc))
+                await asyncio.sleep(_BIND_RETRY_S)
 
     async def _pull_loop(self, pull: JetStreamContext.PullSubscription) -> None:
         """Pull while the scheduler has room (the route's loop and the shared one may each take it:

@@ -101,3 +101,25 @@ def test_qos_is_validated() -> None:
         QoS.create(weight=-1)
     with pytest.raises(InvalidRequestError):
         QoS.create(latency_budget_ms=float("nan"))
+
+
+def test_a_resumed_sequence_goes_ahead_of_new_work_behind_earlier_resumed_ones() -> None:
+    """Its client has seen tokens already: its re-prefill comes before its tenant's new requests,
+    and resumed sequences keep their own order among themselves."""
+    queue = queue_of(seq(0), seq(1))
+    for seq_id in (7, 8):
+        resumed = seq(seq_id)
+        resumed.resumed_at = 1.0
+        queue.clocks.join(resumed)
+        queue.append_resumed(resumed)
+    assert drain(queue) == [7, 8, 0, 1]
+
+
+def test_a_resumed_sequence_does_not_jump_another_tenants_turn() -> None:
+    queue = queue_of(seq(0, "a"), seq(1, "b"))
+    queue.clocks.charge(next(iter(queue)), 10)  # a is ahead by 10 tokens: b's turn
+    resumed = seq(2, "a")
+    resumed.resumed_at = 1.0
+    queue.clocks.join(resumed)
+    queue.append_resumed(resumed)
+    assert drain(queue, tokens_each=20) == [1, 2, 0]

@@ -177,3 +177,15 @@ def test_a_newly_held_message_is_announced_so_the_heartbeat_lists_it_at_once() -
     admit(table, "a")
     admit(table, "b")
     assert len(announced) == 2 and len(table.held) == 2
+
+
+def test_a_resumed_request_records_the_time_to_its_next_token_once() -> None:
+    table, _ = make_table()
+    msg = cast(Msg, StandIn("r"))
+    table.admit(Delivery(msg, KEY, None), "r", [1, 2, 3], PARAMS, [7, 7], DEFAULT_QOS)  # emitted 2 before
+    seq = table.core.request("r")
+    assert seq is not None and seq.resumed_at > 0
+    assert table.apply([token(table, "r")]) == []
+    assert table.resumes.num_hops == 1 and seq.resumed_at == 0.0
+    table.apply([token(table, "r")])
+    assert table.resumes.num_hops == 1  # only the first token after the resume counts

@@ -110,6 +110,8 @@ class EngineCore:
         seq = Seq(next(self._seq_ids), request_id, prompt, params, qos=qos)
         for token_id in output_token_ids:
             seq.append_token(int(token_id))
+        if output_token_ids:
+            seq.resumed_at = time.monotonic()
         self._requests[request_id] = seq
         self._by_seq_id[seq.seq_id] = seq
         self.scheduler.add(seq)

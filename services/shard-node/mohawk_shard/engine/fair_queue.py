@@ -10,7 +10,9 @@ The class's system virtual time is the largest virtual time a tenant had when it
 tenant that had nothing queued or running re-enters at the larger of its own virtual time and the
 system virtual time, so idling banks no credit (and leaving does not forgive a lead). The same
 order decides two things: which waiting sequence is admitted next (`FairQueue`: first in, first
-out within a tenant; a preempted sequence goes back to the head of its tenant's queue), and which
+out within a tenant; a preempted sequence goes back to the head of its tenant's queue, and a
+resumed one, whose client has already seen tokens, goes ahead of the tenant's new work, behind the
+resumed ones before it), and which
 ready running sequences get into a step that cannot take all of them (`TenantClocks.order`).
 Sequences of the default `QoS` (one anonymous tenant, normal priority) keep arrival order.
 """
@@ -126,6 +128,13 @@ class FairQueue:
     def appendleft(self, seq: Sequence) -> None:
         """Back to the head of its tenant's queue (a preempted sequence)."""
         self._queue(seq).appendleft(seq)
+        self._num_waiting += 1
+
+    def append_resumed(self, seq: Sequence) -> None:
+        """Ahead of its tenant's new work, behind the resumed sequences already waiting."""
+        queue = self._queue(seq)
+        ahead = next((i for i, waiting in enumerate(queue) if not waiting.resumed_at), len(queue))
+        queue.insert(ahead, seq)
         self._num_waiting += 1
 
     def peek(self) -> Sequence | None:

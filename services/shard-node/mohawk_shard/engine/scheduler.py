@@ -114,9 +114,13 @@ class Scheduler:
         return self.num_admittable(max_waiting, burst) > 0
 
     def add(self, seq: Sequence) -> None:
+        """Queue `seq`: a resumed one (`resumed_at` set) ahead of its tenant's new work."""
         seq.status = SequenceStatus.WAITING
         self.clocks.join(seq)
-        self.waiting.append(seq)
+        if seq.resumed_at:
+            self.waiting.append_resumed(seq)
+        else:
+            self.waiting.append(seq)
 
     def finish(self, seq: Sequence) -> None:
         """Remove `seq` (finished, cancelled or failed) and free its KV blocks at once."""

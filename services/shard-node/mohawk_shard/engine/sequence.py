@@ -78,6 +78,9 @@ class Sequence:
     num_preemptions: int = 0
     qos: QoS = DEFAULT_QOS
     last_served: int = -1  # the scheduler's service count when it last ran (a tenant's take turns)
+    # time.monotonic() when it was queued again to continue tokens it had emitted (a resume after a
+    # lost step or stage 0, a redelivery); 0.0 for a new request. Resumed ones are served first.
+    resumed_at: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:

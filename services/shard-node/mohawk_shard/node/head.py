@@ -155,6 +155,7 @@ class HeadDriver:
             len(self.scheduler.running),
             self.kv_blocks_used,
             tuple(self.held.ack_subjects(MAX_HELD_ACKS)),
+            self.table.resumes,
         )
         return stage_snapshot(self.view, self.stage_index, self.stats, self.hops, queue)
 

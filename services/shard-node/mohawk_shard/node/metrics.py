@@ -50,3 +50,11 @@ def node_metrics(node: NodeSnapshot) -> Iterator[Metric]:
         yield gauge("mohawk_node_queue_depth", "requests waiting at stage 0", role.queue.waiting)
         yield gauge("mohawk_node_running", "sequences running at stage 0", role.queue.running)
         yield gauge("mohawk_node_kv_blocks_used", "KV blocks in use", role.queue.kv_blocks_used)
+        resumes = role.queue.resumes
+        if resumes is not None:
+            yield counter("mohawk_node_resumes", "stage 0: resumed requests caught up", resumes.num_hops)
+            yield gauge(
+                "mohawk_node_resume_p99_seconds",
+                "stage 0: p99 time from a resumed request's queueing to its next token",
+                resumes.percentile_ms(0.99) / 1000,
+            )

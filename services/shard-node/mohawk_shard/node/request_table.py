@@ -13,6 +13,9 @@ below has to remember every map. The operations:
   hold its message, open its span.
 - `joining`: what the sampling stage must learn of each sequence that (re)joins a step.
 - `apply`: a step's sampled tokens; a finished request's message is acked (its last event is out).
+  A resumed request's first new token ends its resume: the time from being queued again to that
+  token (the re-prefill of what its client has seen, served before new work) is recorded
+  (`resumes`, on /metrics) and logged.
 - `fail`: a step that could not run ends its requests with an error event (500).
 - `cancel`: a client's cancel, if its tag is the request's; the message is acked.
 - `expire`, then `resume`: a step whose deadline passed. Its sequence is freed and queued again
@@ -26,8 +29,11 @@ below has to remember every map. The operations:
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
+
+import structlog
 
 from mohawk_common.bus.requests import cancel_tag
 from mohawk_proto.v1 import bus_pb2
@@ -39,8 +45,11 @@ from mohawk_shard.engine.sequence import Sequence as Seq
 from mohawk_shard.engine.stage import StepBatch
 from mohawk_shard.node.bus_actions import Ack, Action, Fail, Late, Nak
 from mohawk_shard.node.held import Delivery, HeldRequests
+from mohawk_shard.node.hops import HopStats
 from mohawk_shard.node.traces import Attributes, StageTraces
 from mohawk_shard.node.wire import Joining
+
+log = structlog.get_logger("mohawk.shard.head")
 
 NO_PROGRESS = "the pipeline gave no result for {} steps in a row; retry the request"
 
@@ -72,6 +81,7 @@ class RequestTable:
         self.traces = traces
         self._on_forget = on_forget
         self._on_hold = on_hold
+        self.resumes = HopStats()  # seconds from a resumed request's queueing to its next token
 
     def forget(self, seq: Seq) -> None:
         """The core let `seq` go (finished, cancelled, failed, expired): every record of it goes."""
@@ -122,10 +132,22 @@ class RequestTable:
                 continue  # cancelled while its step was in flight
             delivery = self.held.get(seq.request_id)
             self.held.progressed(seq.request_id)
+            if seq.resumed_at:
+                self._caught_up(seq)
             self.core.apply_token(sampled.seq_id, sampled.token_id, finished=bool(sampled.finish_reason))
             if sampled.finish_reason and delivery is not None:
                 actions.append(Ack(delivery.msg))
         return actions
+
+    def _caught_up(self, seq: Seq) -> None:
+        took = self.resumes.record(seq.resumed_at, time.monotonic()) or 0.0
+        seq.resumed_at = 0.0
+        log.info(
+            "request caught up",
+            request_id=seq.request_id,
+            resume_ms=round(took * 1000, 1),
+            replayed_tokens=seq.num_output_tokens,
+        )
 
     def fail(self, batch: StepBatch, reason: str) -> list[Action]:
         """End every request of a step that could not run with an error event (500)."""

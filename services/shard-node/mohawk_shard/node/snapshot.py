@@ -45,6 +45,7 @@ class QueueSnapshot:
     running: int
     kv_blocks_used: int
     held_acks: tuple[str, ...] = ()
+    resumes: HopStats | None = None  # resumed requests: queued again to their next token
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from mohawk_common.bus import channels as channels_module
 from mohawk_common.bus import names
 from mohawk_common.bus.channels import ChannelManager
 from mohawk_common.bus.connect import connect, server_has_all
+from mohawk_common.bus.nats_auth import init_auth, issue_user
 from mohawk_common.bus.security import Security
 from mohawk_common.bus.server import NatsServer
 from mohawk_pqc.errors import AuthenticationError
@@ -163,9 +164,9 @@ def test_a_bogus_finish_ends_no_handshake_and_a_peers_offers_past_its_cap_replac
 class SlowManager(ChannelManager):
     """A responder that answers 0.2 s late, so another client's answer surely comes first."""
 
-    async def _on_handshake(self, msg: Msg) -> None:
+    async def _on_handshake(self, msg: Msg) -> bool:
         await asyncio.sleep(0.2)
-        await super()._on_handshake(msg)
+        return await super()._on_handshake(msg)
 
 
 def test_no_one_but_the_peer_can_refuse_its_handshake(nats_server: NatsServer, pki: Path) -> None:
@@ -281,3 +282,44 @@ def test_a_peer_nobody_listens_for_fails_at_once_and_counts_nothing(
             await nc.close()
 
     asyncio.run(scenario())
+
+
+def test_a_node_holding_two_plans_answers_handshakes_as_its_own_bus_user(tmp_path: Path, pki: Path) -> None:
+    """With a NATS user per process, a node may answer a request once per delivery allowance, and
+    nats-server counts every delivery of the request against it: two subscriptions of the
+    handshake subject (one per manager) left the node's one answer refused, and its peer timed out
+    (a restarted stage 0 met a neighbour loading its next stage). The managers share one
+    subscription, so the plan-2 manager's answer goes through while plan 1's is still held."""
+    auth = init_auth(tmp_path / "nats-auth")
+    for node in PEERS:
+        issue_user(auth, node, "shard", auth.creds(node), models=("m",))
+    server = NatsServer(tmp_path / "nats", auth=auth).start()
+
+    async def scenario() -> None:
+        a_nc = await connect([server.url], name="shard-a", attempts=3, creds=auth.creds("shard-a"))
+        b_nc = await connect([server.url], name="shard-b", attempts=3, creds=auth.creds("shard-b"))
+        a_sec, b_sec = security(pki, "shard-a"), security(pki, "shard-b")
+
+        def manager(nc, sec, node, version):  # type: ignore[no-untyped-def]
+            return ChannelManager(nc, sec, node_id=node, plan_version=version, expected_peers=PEERS)
+
+        b_old, b_new = manager(b_nc, b_sec, "shard-b", 1), manager(b_nc, b_sec, "shard-b", 2)
+        for m in (b_old, b_new):
+            await m.start()
+        await server_has_all(b_nc)
+        a = manager(a_nc, a_sec, "shard-a", 2)
+        await a.start()
+        try:
+            async with asyncio.timeout(5):  # a refused answer would leave it to the 10 s timeout
+                channel = await a.channel_to("shard-b")
+            assert b_new.receiving(channel.channel_id).peer_id == "shard-a"
+        finally:
+            for m in (a, b_old, b_new):
+                await m.stop()
+            await a_nc.close()
+            await b_nc.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()

@@ -11,9 +11,13 @@ is one `SecureChannel` per peer and plan version, with a sending and a receiving
 stage waits for the lower one's handshake instead of starting its own, so each pair has exactly one
 channel. A new plan version means new channels (the old ones are dropped with the plan). While a
 node loads its next stage beside the running one (make before break), it holds two managers, one
-per plan version, on the one handshake subject: a manager stays silent on an offer for a plan
-version another manager of the node serves (and on that offer's finish), so only the right one
-answers, while an offer no manager of the node serves is refused at once. An offer is signed by
+per plan version, behind one subscription of the node's handshake subject (`_HANDSHAKES`: nats-server
+counts every delivery against a user's one allowed reply, so two subscriptions of the subject
+left a node unable to answer any handshake while it held two managers; measured with two
+subscriptions and one reply: refused). Each message goes to the managers in turn until one answers:
+a manager stays silent on an offer for a plan version another manager of the node serves (and on
+that offer's finish), so only the right one answers, while an offer no manager of the node serves
+is refused at once. An offer is signed by
 its initiator (an unsigned or forged one is refused before any KEM work), and at most
 `MAX_PENDING_PER_PEER` answered offers of one peer wait for their finish (each `_PENDING_TTL_S` at
 most; a peer's newer offer past its cap replaces its oldest, counted as overloaded), so no one can
@@ -33,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +88,18 @@ class _Pending:
 
 
 _MANAGERS: dict[tuple[int, str], list[ChannelManager]] = {}  # by (connection, node id): started ones
+_HANDSHAKES: dict[tuple[int, str], Any] = {}  # the one subscription of each's handshake subject
+
+
+def _dispatch(key: tuple[int, str]) -> Callable[[Msg], Awaitable[None]]:
+    """The callback of `key`'s handshake subscription: each manager in turn, until one answers."""
+
+    async def on_handshake(msg: Msg) -> None:
+        for manager in list(_MANAGERS.get(key, [])):
+            if await manager._on_handshake(msg):
+                return
+
+    return on_handshake
 
 
 class ChannelManager:
@@ -110,22 +126,27 @@ class ChannelManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[bytes, _Pending] = {}
         self._seen_offers: dict[bytes, None] = {}  # insertion-ordered: a replayed offer costs no KEM
-        self._sub: Any = None
 
     async def start(self) -> None:
         if self.security.secure:
-            _MANAGERS.setdefault(self._local_key, []).append(self)
-            self._sub = await self.nc.subscribe(names.handshakes_to(self.node_id), cb=self._on_handshake)
+            key = self._local_key
+            _MANAGERS.setdefault(key, []).append(self)
+            if key not in _HANDSHAKES:
+                _HANDSHAKES[key] = None  # claimed before the await: a sibling starting meanwhile waits
+                subject = names.handshakes_to(self.node_id)
+                _HANDSHAKES[key] = await self.nc.subscribe(subject, cb=_dispatch(key))
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-        siblings = _MANAGERS.get(self._local_key, [])
+        key = self._local_key
+        siblings = _MANAGERS.get(key, [])
         if self in siblings:
             siblings.remove(self)
         if not siblings:
-            _MANAGERS.pop(self._local_key, None)
+            _MANAGERS.pop(key, None)
+            sub = _HANDSHAKES.pop(key, None)
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
         self._by_id.clear()
         self._by_peer.clear()
 
@@ -289,10 +310,11 @@ class ChannelManager:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def _on_handshake(self, msg: Msg) -> None:
+    async def _on_handshake(self, msg: Msg) -> bool:
+        """Answer a handshake message, unless a sibling manager serves it; whether it answered."""
         kind = (msg.headers or {}).get(_KIND_HEADER, "")
         if self._for_a_sibling(kind, msg.data):
-            return
+            return False
         reply = security_pb2.HandshakeReply(refused=True)
         try:
             sender = names.initiator_of(msg.subject) or ""
@@ -303,6 +325,7 @@ class ChannelManager:
             self.security.reject(AuthenticationError("malformed", str(exc)), what=f"handshake {kind}")
         with contextlib.suppress(Exception):
             await msg.respond(sign_reply(self.security.require().identity, msg.data, reply))
+        return True
 
     def _handle(self, kind: str, data: bytes, sender: str) -> bytes:
         """Answer handshake message `data` that `sender` (the subject's offering node, which only

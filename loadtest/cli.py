@@ -43,6 +43,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--tokens", type=int, help="tokens per turn and per chat request (16; 8 with --short)"
     )
     parser.add_argument("--quota-rpm", type=int, help="bronze's requests a minute (240; 50 with --short)")
+    parser.add_argument(
+        "--ttft-objective-s",
+        type=float,
+        help="the local gateway's time-to-first-token objective (admission by predicted wait: over it, "
+        "429 with Retry-After); the report's goodput counts requests within it (default: none)",
+    )
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--png", type=Path, help="draw the plot here")
     parser.add_argument("--url", help="drive this running gateway instead of starting a cluster")
@@ -104,7 +110,9 @@ def target_of(args: argparse.Namespace) -> Iterator[Target]:
     with tempfile.TemporaryDirectory(prefix="mohawk-loadtest-") as scratch:
         data_dir = args.data_dir or Path(scratch)
         log.info("starting a local cluster", data_dir=str(data_dir))
-        with local_target(data_dir, threads_per_node=args.threads) as target:
+        with local_target(
+            data_dir, threads_per_node=args.threads, ttft_objective_s=args.ttft_objective_s
+        ) as target:
             log.info("cluster ready", url=target.url)
             yield target
 
@@ -124,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_chat_clients=args.chat_clients,
         tokens_per_turn=args.tokens,
         quota_rpm=args.quota_rpm,
+        ttft_objective_s=args.ttft_objective_s,
     )
     raise_file_limit(spec)
     report: dict[str, Any]

@@ -102,6 +102,7 @@ class Refusal:
     code: str | None
     retry_after_s: float | None
     has_ratelimit_headers: bool
+    reason: str | None = None  # the gateway's X-Mohawk-Refusal (tenant_rate_limit, ttft_objective, ...)
 
 
 def error_class(kind: str) -> ErrorClass:
@@ -141,10 +142,16 @@ class Recorder:
         return log
 
     def refused(
-        self, log: RequestLog, code: str | None, retry_after_s: float | None, has_ratelimit_headers: bool
+        self,
+        log: RequestLog,
+        code: str | None,
+        retry_after_s: float | None,
+        has_ratelimit_headers: bool,
+        reason: str | None = None,
     ) -> None:
         log.num_refusals += 1
-        self.refusals.append(Refusal(log.tenant, self.now(), code, retry_after_s, has_ratelimit_headers))
+        refusal = Refusal(log.tenant, self.now(), code, retry_after_s, has_ratelimit_headers, reason)
+        self.refusals.append(refusal)
 
     def end(self, log: RequestLog, error: str | None = None) -> None:
         log.ended_at = self.now()

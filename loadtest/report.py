@@ -33,6 +33,7 @@ from loadtest.stats import (
 SHARE_TOLERANCE = 0.10
 MEMORY_TOLERANCE = 0.10
 FAILURE_CLASSES = ("lost", "hung", "5xx", "timeout")
+OBJECTIVE_REFUSAL = "ttft_objective"  # the gateway's X-Mohawk-Refusal for a predicted wait past the objective
 BUSY_DEFINITION = (
     "a tenant is busy for a whole bucket when, throughout it, at least one of its generation "
     "requests had been waiting for its first token for longer than queued_after_s (so it was "
@@ -76,10 +77,32 @@ def _rate_limited(spec: LoadSpec, recorder: Recorder) -> dict[str, Any]:
             "with_retry_after": sum(r.retry_after_s is not None for r in refusals),
             "with_ratelimit_headers": sum(r.has_ratelimit_headers for r in refusals),
             "codes": dict(Counter(str(r.code) for r in refusals)),
+            "reasons": dict(Counter(str(r.reason) for r in refusals)),
             "may_be_refused": spec.can_be_refused(tenant),
             "quota": {"rpm": tenant.rpm, "tpm": tenant.tpm, "max_concurrency": tenant.max_concurrency},
         }
     return out
+
+
+def _admission(spec: LoadSpec, recorder: Recorder, gens: Sequence[RequestLog]) -> dict[str, Any]:
+    """Admission by predicted wait: how many answers were 429 for the TTFT objective (of every
+    attempt at a generation), and goodput, the tokens of requests whose first token came within
+    the objective (TTFT from the attempt admitted) per second of the run, beside all tokens'."""
+    objective = spec.ttft_objective_s
+    refused = sum(r.reason == OBJECTIVE_REFUSAL for r in recorder.refusals)
+    attempts = len(gens) + sum(r.num_refusals for r in gens)
+    met = [r for r in gens if objective is not None and r.ttft_s is not None and r.ttft_s <= objective]
+    stamps = [t for r in gens for t in r.token_stamps()]
+    start = min((r.queued_at for r in gens), default=0.0)
+    span = max(max(stamps, default=start) - start, 1e-9)
+    return {
+        "ttft_objective_s": objective,
+        "refused": refused,
+        "refused_share": refused / attempts if attempts else 0.0,
+        "requests_within_objective": len(met) if objective is not None else None,
+        "goodput_tokens_per_s": num_tokens(met) / span if objective is not None else None,
+        "tokens_per_s": tokens_per_s(gens),
+    }
 
 
 def _fairness(spec: LoadSpec, recorder: Recorder, bucket_list: Sequence[Any]) -> dict[str, Any]:
@@ -155,6 +178,7 @@ def build_report(
             "by_class": dict(Counter(error_class(kind) for kind in errors.elements())),
         },
         "rate_limited": _rate_limited(spec, recorder),
+        "admission": _admission(spec, recorder, gens),
         "fairness": _fairness(spec, recorder, bucket_list),
         "memory": _memory(memory),
         "buckets": [dataclasses.asdict(b) for b in bucket_list],
@@ -189,14 +213,21 @@ def _error_checks(report: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _quota_check(report: Mapping[str, Any]) -> dict[str, Any]:
+    """A 429 for a quota only where a tenant's quota is below its demand; with a TTFT objective,
+    any tenant may also be refused for it (the predicted wait), each with Retry-After."""
     limited = report["rate_limited"].values()
+    has_objective = (report.get("admission") or {}).get("ttft_objective_s") is not None
+
+    def for_quota(v: Mapping[str, Any]) -> int:
+        return int(v["count"]) - (v.get("reasons", {}).get(OBJECTIVE_REFUSAL, 0) if has_objective else 0)
+
     wrong_tenant = {
-        t: v["count"] for t, v in report["rate_limited"].items() if v["count"] and not v["may_be_refused"]
+        t: n for t, v in report["rate_limited"].items() if (n := for_quota(v)) and not v["may_be_refused"]
     }
     no_retry_after = sum(v["count"] - v["with_retry_after"] for v in limited)
     wrong_code = sum(n for v in limited for code, n in v["codes"].items() if code != "rate_limit_exceeded")
     return _check(
-        "429 only for tenants over their own quota, each with Retry-After",
+        "429 only for tenants over their own quota (or the TTFT objective), each with Retry-After",
         not wrong_tenant and not no_retry_after and not wrong_code,
         f"{sum(v['count'] for v in limited)} 429s; {no_retry_after} without Retry-After; "
         f"{wrong_code} with another code; tenants that should never be refused: "

@@ -54,6 +54,10 @@ class LoadSpec:
     queued_after_s: float = 2.0
     system_prompt: str = "You are a concise assistant. Answer in one short paragraph."
     tenants: tuple[TenantSpec, ...] = ()
+    # the gateway's time-to-first-token objective (admission by predicted wait; None: off): a
+    # request refused for it is retried after its Retry-After, and goodput counts the tokens of
+    # requests whose first token came within it
+    ttft_objective_s: float | None = None
 
     def tenant_of_session(self, index: int) -> TenantSpec:
         return self.tenants[index % len(self.tenants)]
@@ -119,6 +123,7 @@ def standard_spec(
     num_chat_clients: int | None = None,
     tokens_per_turn: int | None = None,
     quota_rpm: int | None = None,
+    ttft_objective_s: float | None = None,
 ) -> LoadSpec:
     """The load: `gold` (weight 3) and `silver` (2) with generous quotas, `bronze` (1)
     with a low rpm quota; the short form (about 100 sessions) or the full one (1,000)."""
@@ -135,5 +140,7 @@ def standard_spec(
     )
     gold, silver, bronze = spec.tenants
     return dataclasses.replace(
-        spec, tenants=(spec.with_generous_quota(gold), spec.with_generous_quota(silver), bronze)
+        spec,
+        tenants=(spec.with_generous_quota(gold), spec.with_generous_quota(silver), bronze),
+        ttft_objective_s=ttft_objective_s,
     )

@@ -37,11 +37,14 @@ class Call:
 
 
 class _Refused(Exception):
-    def __init__(self, code: str | None, retry_after_s: float | None, has_headers: bool) -> None:
+    def __init__(
+        self, code: str | None, retry_after_s: float | None, has_headers: bool, reason: str | None
+    ) -> None:
         super().__init__(code)
         self.code = code
         self.retry_after_s = retry_after_s
         self.has_headers = has_headers
+        self.reason = reason  # the gateway's X-Mohawk-Refusal
 
 
 class _Failed(Exception):
@@ -73,7 +76,7 @@ async def send(
             else:
                 body = await _request(client, call, headers)
         except _Refused as refusal:
-            recorder.refused(log, refusal.code, refusal.retry_after_s, refusal.has_headers)
+            recorder.refused(log, refusal.code, refusal.retry_after_s, refusal.has_headers, refusal.reason)
             if refusal.retry_after_s is None or waited >= max_wait_s:
                 recorder.end(log, f"http_429:{refusal.code}")
                 return None
@@ -158,7 +161,8 @@ def _raise_for(response: httpx.Response) -> None:
     code = _error_code(response)
     if response.status_code == 429:
         has_headers = any(name.lower().startswith("x-ratelimit-") for name in response.headers)
-        raise _Refused(code, _retry_after(response.headers.get("retry-after")), has_headers)
+        retry_after = _retry_after(response.headers.get("retry-after"))
+        raise _Refused(code, retry_after, has_headers, response.headers.get("x-mohawk-refusal"))
     raise _Failed(f"http_{response.status_code}:{code}")
 
 

@@ -18,11 +18,21 @@ def markdown(report: Mapping[str, Any]) -> str:
 
 def _headline(report: Mapping[str, Any]) -> str:
     spec, tokens = report["spec"], report["tokens"]
-    return (
+    line = (
         f"{spec['num_sessions']} sessions × {spec['turns_per_session']} turns and "
         f"{spec['num_chat_clients']} chat clients × {spec['chat_requests_per_client']} requests, "
         f"{spec['tokens_per_turn']} tokens each; {report['duration_s']:.1f} s; "
         f"{tokens['total']} tokens, {tokens['tokens_per_s']:.1f} tokens/s aggregate"
+    )
+    admission = report.get("admission") or {}
+    objective = admission.get("ttft_objective_s")
+    if objective is None:
+        return line + "; no TTFT objective (every request queued)"
+    return line + (
+        f"; TTFT objective {objective:g} s: {admission['refused']} answers 429 for it "
+        f"({percent(admission['refused_share'])} of attempts), goodput "
+        f"{admission['goodput_tokens_per_s']:.1f} tokens/s (tokens of the "
+        f"{admission['requests_within_objective']} requests within it)"
     )
 
 
@@ -73,6 +83,11 @@ def _tenant_table(report: Mapping[str, Any]) -> list[str]:
             "429s (with Retry-After)",
             f"{num_429} ({num_with})",
             [f"{limited[t]['count']} ({limited[t]['with_retry_after']})" for t in tenants],
+        ),
+        _row(
+            "of which for the TTFT objective",
+            str(sum(v.get("reasons", {}).get("ttft_objective", 0) for v in limited.values())),
+            [str(limited[t].get("reasons", {}).get("ttft_objective", 0)) for t in tenants],
         ),
         _row(
             "computed-token share while all busy (vs weight share)",

@@ -48,9 +48,15 @@ class Target:
 
 @contextmanager
 def local_target(
-    data_dir: Path, *, threads_per_node: int | None = None, ready_timeout_s: float = READY_TIMEOUT_S
+    data_dir: Path,
+    *,
+    threads_per_node: int | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    ttft_objective_s: float | None = None,
 ) -> Iterator[Target]:
-    """A redis-server and a ready 1-node cluster with auth on, under `data_dir`; stopped on exit."""
+    """A redis-server and a ready 1-node cluster with auth on, under `data_dir`, its gateway with
+    `ttft_objective_s` (admission by predicted wait) when given; stopped on exit."""
+    objective = {} if ttft_objective_s is None else {"MOHAWK_TTFT_OBJECTIVE_S": str(ttft_objective_s)}
     redis = RedisServer(
         data_dir / "redis", free_port(), persist=False, log_file=data_dir / "logs" / "redis.log"
     )
@@ -63,7 +69,7 @@ def local_target(
             data_dir=data_dir,
             threads_per_node=threads_per_node,
             env=CLUSTER_ENV,
-            gateway_env={"MOHAWK_REDIS_URL": redis.url, **GATEWAY_ENV},
+            gateway_env={"MOHAWK_REDIS_URL": redis.url, **GATEWAY_ENV, **objective},
         )
         with LocalCluster(spec) as cluster:
             cluster.wait_ready(timeout=ready_timeout_s)

@@ -107,6 +107,7 @@ def test_ls_and_show_print_every_limit(redis_url: str, capsys: pytest.CaptureFix
         "rpm": "-",
         "tpm": "10000",
         "max concurrency": "4",
+        "ttft objective": "the gateway's",
         "key": f"{key.strip()[:8]}...",
     }
 
@@ -120,6 +121,9 @@ def test_update_changes_limits_and_keeps_the_key(redis_url: str, capsys: pytest.
     assert code == 0 and "rpm -" in err
     tenant = by_key(redis_url, key.strip())
     assert tenant is not None and (tenant.rpm, tenant.tpm, tenant.priority) == (None, 500, "low")
+    assert cli(capsys, "update", "acme", "--ttft-objective-s", "5", "--redis-url", redis_url)[0] == 0
+    tenant = by_key(redis_url, key.strip())
+    assert tenant is not None and tenant.ttft_objective_s == 5.0 and tenant.rpm is None  # the rest kept
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,8 @@ one Redis share the tenant's limit; the tenant's name, priority and weight trave
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -184,3 +186,28 @@ def test_a_request_without_max_tokens_is_capped_by_what_the_tenants_minute_has_l
         refused = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 50}, headers=small)
         assert refused.status_code == 429 and 1 <= int(refused.headers["Retry-After"]) <= 60
         assert refused.headers["x-ratelimit-remaining-tokens"] == str(60 - 2 * (num_prompt + 3))
+
+
+def test_a_tenants_own_ttft_objective_refuses_its_requests_and_not_the_others(
+    auth_gateway: httpx.Client, redis_url: str, pipeline: ScriptedPipeline
+) -> None:
+    """With one request waiting for a token that does not come, a tenant whose objective is 0.1 s
+    is refused (the gateway's own objective: none), and a tenant with no objective is still served."""
+    strict = {"Authorization": f"Bearer {add_tenant(redis_url, 'strict', ttft_objective_s=0.1)}"}
+    relaxed = {"Authorization": f"Bearer {add_tenant(redis_url, 'relaxed')}"}
+    assert auth_gateway.post("/v1/chat/completions", json=CHAT, headers=strict).status_code == 200
+    hang = {"messages": [{"role": "user", "content": "hang"}], "max_tokens": 3}
+    stuck = threading.Thread(target=_give_up, args=(str(auth_gateway.base_url), hang, relaxed, 3.0))
+    stuck.start()
+    try:
+        wait_until(lambda: any(r.tenant == "relaxed" for r in pipeline.requests))
+        refused = auth_gateway.post("/v1/chat/completions", json=CHAT, headers=strict)
+        assert refused.status_code == 429 and refused.headers["x-mohawk-refusal"] == "ttft_objective"
+        assert auth_gateway.post("/v1/chat/completions", json=CHAT, headers=relaxed).status_code == 200
+    finally:
+        stuck.join()
+
+
+def _give_up(url: str, body: dict[str, Any], headers: dict[str, str], after_s: float) -> None:
+    with contextlib.suppress(httpx.ReadTimeout), httpx.Client(base_url=url, timeout=after_s) as client:
+        client.post("/v1/chat/completions", json=body, headers=headers)

@@ -170,16 +170,27 @@ def test_standard_spec_deals_equal_work_and_only_bronze_can_be_refused() -> None
     assert short.can_be_refused(short.tenants[2])
 
 
-def synthetic_report(*, refusals: list[tuple[str, float | None]]) -> dict[str, Any]:
+def synthetic_report(
+    *,
+    refusals: list[tuple[str, float | None]],
+    reason: str = "tenant_rate_limit",
+    ttft_objective_s: float | None = None,
+) -> dict[str, Any]:
     """Three tenants getting tokens 3:2:1 for 4 s while each has a request waiting throughout."""
-    spec = LoadSpec(num_sessions=3, num_chat_clients=0, turns_per_session=2, tenants=TENANTS)
+    spec = LoadSpec(
+        num_sessions=3,
+        num_chat_clients=0,
+        turns_per_session=2,
+        tenants=TENANTS,
+        ttft_objective_s=ttft_objective_s,
+    )
     recorder = Recorder(clock=lambda: 0.0)
     for tenant, weight in (("gold", 3), ("silver", 2), ("bronze", 1)):
         for second in range(4):
             recorder.requests.append(stream(tenant, second, [second + 0.1 * (i + 1) for i in range(weight)]))
         recorder.requests.append(stream(tenant, 0.0, [4.5]))  # waits through 0–4 s: busy
     for tenant, retry_after in refusals:
-        recorder.refused(RequestLog(tenant, "chat", 0.0), "rate_limit_exceeded", retry_after, True)
+        recorder.refused(RequestLog(tenant, "chat", 0.0), "rate_limit_exceeded", retry_after, True, reason)
     memory = compare(
         {"gateway": 100, "shard-1": 200}, {"gateway": 150, "shard-1": 260}, {"gateway": 105, "shard-1": 260}
     )
@@ -207,6 +218,25 @@ def test_a_429_for_a_tenant_within_quota_or_without_retry_after_fails() -> None:
         report = synthetic_report(refusals=[refusal])
         quota = next(c for c in report["checks"] if c["name"].startswith("429"))
         assert quota["result"] == "fail", refusal
+
+
+def test_with_a_ttft_objective_any_tenant_may_be_refused_for_it_and_goodput_counts_the_timely() -> None:
+    report = synthetic_report(
+        refusals=[("gold", 1.0), ("silver", 2.0)], reason="ttft_objective", ttft_objective_s=1.0
+    )
+    quota = next(c for c in report["checks"] if c["name"].startswith("429"))
+    assert quota["result"] == "pass", quota
+    admission = report["admission"]
+    assert admission["refused"] == 2 and 0 < admission["refused_share"] < 1
+    # every request's first chunk comes 0.1 s after it is sent, but the three waiting ones' at 4.5 s
+    assert admission["requests_within_objective"] == 12
+    assert 0 < admission["goodput_tokens_per_s"] < admission["tokens_per_s"]
+    table = markdown(report)
+    assert "TTFT objective 1 s: 2 answers 429 for it" in table
+    assert "| of which for the TTFT objective | 2 | 1 | 1 | 0 |" in table
+    # without an objective the same 429s are a quota check's failure
+    plain = synthetic_report(refusals=[("gold", 1.0)], reason="ttft_objective")
+    assert next(c for c in plain["checks"] if c["name"].startswith("429"))["result"] == "fail"
 
 
 def test_the_png_is_written(tmp_path: Path) -> None:

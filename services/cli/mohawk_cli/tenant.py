@@ -61,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=1.0 if default is None else default,
             help="share of the pipeline against other tenants (default 1)",
         )
+        command.add_argument(
+            "--ttft-objective-s",
+            type=_seconds,
+            default=default,
+            help="refuse (429, Retry-After) requests whose first token is predicted later than this "
+            "(default: none, the gateway's MOHAWK_TTFT_OBJECTIVE_S)",
+        )
     for command in (add, update, ls, show, rotate, rm):
         command.add_argument(
             "--redis-url",
@@ -187,6 +194,10 @@ async def _show(store: TenantStore, args: argparse.Namespace) -> None:
         ("rpm", _text(tenant.rpm)),
         ("tpm", _text(tenant.tpm)),
         ("max concurrency", _text(tenant.max_concurrency)),
+        (
+            "ttft objective",
+            "the gateway's" if tenant.ttft_objective_s is None else f"{tenant.ttft_objective_s:g} s",
+        ),
         ("key", f"{tenant.key_prefix}..."),
         ("created", created),
     ):
@@ -208,8 +219,21 @@ async def _rm(store: TenantStore, args: argparse.Namespace) -> None:
 
 def _limits(args: argparse.Namespace) -> dict[str, Any]:
     """The limit flags given (all of them for add; only those on the command line for update)."""
-    fields = ("rpm", "tpm", "max_concurrency", "priority", "weight")
-    return {field: getattr(args, field) for field in fields if hasattr(args, field)}
+    from mohawk_common.tenancy.tenants import LIMIT_FIELDS
+
+    return {field: getattr(args, field) for field in LIMIT_FIELDS if hasattr(args, field)}
+
+
+def _seconds(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be more than 0 (or none)")
+    return value
 
 
 def _limit(text: str) -> int | None:
@@ -222,6 +246,10 @@ def _limit(text: str) -> int | None:
     if value < 1:
         raise argparse.ArgumentTypeError(f"want at least 1 (or none for unlimited), got {value}")
     return value
+
+
+def _objective(seconds: float | None) -> str:
+    return "the gateway's" if seconds is None else f"{seconds:g} s"
 
 
 def _text(limit: int | None) -> str:

@@ -46,6 +46,13 @@ class GatewaySettings(BusSettings, ModelFileSettings):
         "stays on one pipeline (routing.py)",
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After of 429 and 503 answers")
+    ttft_objective_s: float | None = Field(
+        None,
+        gt=0,
+        description="admission by predicted wait: a request whose first token is predicted later than "
+        "this gets 429 with a Retry-After from the same prediction, before it is tokenized; a "
+        "tenant's own ttft_objective_s overrides it; none = every request is queued",
+    )
     admission_first_look_s: float = Field(
         0.005,
         ge=0,

@@ -79,7 +79,9 @@ def unavailable_after(what: str, exc: BaseException, retry_after_s: int, **conte
     return unavailable(f"{what}; retry later", retry_after_s)
 
 
-RefusalReason = Literal["gateway_full", "queue_full", "tenant_rate_limit", "over_tenant_window"]
+RefusalReason = Literal[
+    "gateway_full", "queue_full", "tenant_rate_limit", "over_tenant_window", "ttft_objective"
+]
 REFUSAL_HEADER = "X-Mohawk-Refusal"  # which of RefusalReason a 429 is
 
 
@@ -94,7 +96,8 @@ def too_many_requests(
     """Every 429 the gateway answers, from here: OpenAI's `rate_limit_exceeded` with `reason` in
     the X-Mohawk-Refusal header (gateway_full: no room for another request in flight; queue_full:
     the request stream is at its bounds; tenant_rate_limit: the tenant's rpm, tpm or concurrency;
-    over_tenant_window: more tokens than a whole minute of the tenant's allows)."""
+    over_tenant_window: more tokens than a whole minute of the tenant's allows; ttft_objective: the
+    request's first token is predicted later than its objective, `wait_estimate.py`)."""
     all_headers = {**(headers or {}), REFUSAL_HEADER: reason}
     if retry_after_s is not None:
         all_headers.update(_retry_after(retry_after_s))

@@ -56,7 +56,7 @@ class Generation:
         arrived = asyncio.get_running_loop().time()
         self._deadline = arrived + gateway.settings.request_timeout_s
         self.observers = GenerationObservers(
-            gateway.metrics, gateway.reports, gateway.served_model, submission, arrived
+            gateway.metrics, gateway.reports, gateway.served_model, submission, arrived, gateway.waits
         )
         self.failed = False  # ended with an engine error
         self.finished = False

@@ -20,7 +20,8 @@ import structlog
 from mohawk_gateway.metrics import GatewayMetrics
 from mohawk_gateway.request_reports import RequestReporter
 from mohawk_gateway.request_trace import RequestTrace
-from mohawk_gateway.submission import Submission
+from mohawk_gateway.submission import Submission, capped_priority
+from mohawk_gateway.wait_estimate import WaitEstimate
 from mohawk_proto.v1 import engine_pb2
 
 log = structlog.get_logger("mohawk.gateway")
@@ -68,8 +69,12 @@ class GenerationObservers:
         model: str,
         submission: Submission,
         arrived: float,
+        waits: WaitEstimate | None = None,
     ) -> None:
         self._metrics, self._reports, self._model = metrics, reports, model
+        self._waits = waits  # told when the request waits for its first token, and when it ends
+        self._request_id = submission.request_id
+        self._priority = capped_priority(submission.priority, submission.tenant)
         self._endpoint = submission.endpoint
         self._tenant = submission.tenant_name
         self._tenant_label = submission.tenant_label  # on the bus: never the name
@@ -80,6 +85,8 @@ class GenerationObservers:
         )
 
     def submitted(self, num_prompt_tokens: int) -> None:
+        if self._waits is not None:
+            self._waits.submitted(self._request_id, self._priority)
         self._metrics.in_flight.labels(endpoint=self._endpoint).inc()
         self._metrics.prompt_tokens.labels(endpoint=self._endpoint).inc(num_prompt_tokens)
         self._log.info("request submitted", num_prompt_tokens=num_prompt_tokens)
@@ -93,6 +100,8 @@ class GenerationObservers:
         if event.error or not self.record.add(event, at):
             return
         if self.record.num_tokens == 1:
+            if self._waits is not None:
+                self._waits.first_token(self._request_id)
             self._metrics.time_to_first_token.labels(endpoint=self._endpoint).observe(
                 at - self.record.arrived
             )
@@ -106,6 +115,8 @@ class GenerationObservers:
         """The generation ended with `outcome` (ok, failed or why it was cancelled), `elapsed_s`
         after it arrived when it finished (None when it did not)."""
         record = self.record
+        if self._waits is not None:
+            self._waits.closed(self._request_id)
         self._metrics.in_flight.labels(endpoint=self._endpoint).dec()
         if elapsed_s is not None:
             self._metrics.request_duration.labels(endpoint=self._endpoint).observe(elapsed_s)

@@ -21,6 +21,11 @@ class GatewayMetrics:
         self.requests = Counter(
             "mohawk_gateway_requests", "HTTP requests answered", ["endpoint", "status"], registry=r
         )
+        self.refused_by_wait = Counter(
+            "mohawk_gateway_refused_by_predicted_wait",
+            "requests refused (429) because their first token was predicted past its objective",
+            registry=r,
+        )
         self.in_flight = Gauge(
             "mohawk_gateway_requests_in_flight", "generation requests running", ["endpoint"], registry=r
         )

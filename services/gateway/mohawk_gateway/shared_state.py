@@ -21,15 +21,18 @@ import anyio
 import jinja2
 
 from mohawk_common.telemetry import REQUESTS
+from mohawk_common.tenancy import Tenant
 from mohawk_gateway.access import Access
 from mohawk_gateway.admission import Admission
 from mohawk_gateway.bus import BusClient
 from mohawk_gateway.config import GatewaySettings
-from mohawk_gateway.errors import GatewayError, invalid, unavailable
+from mohawk_gateway.errors import GatewayError, invalid, too_many_requests, unavailable
 from mohawk_gateway.metrics import GatewayMetrics
 from mohawk_gateway.request_reports import RequestReporter
 from mohawk_gateway.routing import Router
+from mohawk_gateway.submission import capped_priority
 from mohawk_gateway.tokenizer import PromptCodec
+from mohawk_gateway.wait_estimate import WaitEstimate
 
 T = TypeVar("T")
 
@@ -53,6 +56,7 @@ class Gateway:
         self.num_started = 0  # requests submitted, and ended: the idle memory collector watches them
         self.num_ended = 0
         self.reports = RequestReporter(bus.instance, lambda data: bus.publish_telemetry(REQUESTS, data))
+        self.waits = WaitEstimate()  # when a request arriving now would get its first token
         self.reports.enabled = settings.telemetry
         self._tokenize_limiter: anyio.CapacityLimiter | None = None
 
@@ -82,6 +86,24 @@ class Gateway:
         if self.codec is None or (reason is not None and not self.bus.can_queue(self.served_model)):
             raise unavailable(f"not ready: {reason}", self.settings.retry_after_s)
         return self.codec
+
+    def check_wait(self, tenant: Tenant | None, priority: str | None = None) -> None:
+        """429 (`ttft_objective`) when a request of `tenant` at `priority` (None: the tenant's) is
+        predicted to wait longer for its first token than its objective (`wait_estimate.py`)."""
+        objective = tenant.ttft_objective_s if tenant is not None else None
+        objective = objective if objective is not None else self.settings.ttft_objective_s
+        if objective is None:
+            return
+        predicted = self.waits.predict(capped_priority(priority, tenant))
+        if predicted.wait_s <= objective:
+            return
+        self.metrics.refused_by_wait.inc()
+        raise too_many_requests(
+            "ttft_objective",
+            f"the first token is predicted in {predicted.wait_s:.1f} s ({predicted.ahead} requests ahead), "
+            f"over the {objective:g} s objective; retry later",
+            retry_after_s=predicted.retry_after_s(objective),
+        )
 
     async def encode(self, encode: Callable[[T], list[int]], prompt: T, param: str) -> list[int]:
         """Tokenize off the event loop, in a few threads, once there is room for the request (else

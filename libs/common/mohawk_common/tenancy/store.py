@@ -71,6 +71,7 @@ class TenantStore:
         max_concurrency: int | None = None,
         priority: Priority = "normal",
         weight: float = 1.0,
+        ttft_objective_s: float | None = None,
     ) -> tuple[Tenant, str]:
         """A new tenant and its API key, the only time the key is ever returned; TenantExists if
         the name is taken. The tenant gets a new id, whatever tenant held its name before."""
@@ -83,6 +84,7 @@ class TenantStore:
             max_concurrency=max_concurrency,
             priority=priority,
             weight=weight,
+            ttft_objective_s=ttft_objective_s,
             key_prefix=display_prefix(api_key),
         )
         key_hash = hash_api_key(api_key)
@@ -116,7 +118,8 @@ class TenantStore:
         return [Tenant.model_validate_json(raw) for raw in await self._call(read) if raw is not None]
 
     async def update(self, name: str, /, **changes: Any) -> Tenant:
-        """Change some of the tenant's limits (rpm, tpm, max_concurrency, priority, weight); the
+        """Change some of the tenant's limits (`LIMIT_FIELDS`: rpm, tpm, max_concurrency, priority,
+        weight, ttft_objective_s); the
         gateways apply them from the next request on."""
         unknown = sorted(set(changes) - set(LIMIT_FIELDS))
         if unknown:

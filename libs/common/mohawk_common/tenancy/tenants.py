@@ -15,7 +15,7 @@ Priority = Literal["high", "normal", "low"]
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 # The fields an operator sets (`mohawk tenant add|update`); the rest are the store's.
-LIMIT_FIELDS = ("rpm", "tpm", "max_concurrency", "priority", "weight")
+LIMIT_FIELDS = ("rpm", "tpm", "max_concurrency", "priority", "weight", "ttft_objective_s")
 
 
 class Tenant(BaseModel):
@@ -29,6 +29,11 @@ class Tenant(BaseModel):
     max_concurrency: int | None = Field(None, ge=1, description="requests running at once")
     priority: Priority = "normal"
     weight: float = Field(1.0, gt=0, description="share of the pipeline against other tenants")
+    ttft_objective_s: float | None = Field(
+        None,
+        gt=0,
+        description="time to first token past which its requests are refused (429); none: the gateway's",
+    )
     key_prefix: str = Field("", description="the first characters of the current key, for display")
     created: float = Field(default_factory=time.time, description="UNIX time it was added")
     id: str = Field("", description="given once when it is added, never changed ('': stored before ids)")

@@ -87,6 +87,7 @@ async def start_turn(
 ) -> Turn:
     """Check the session's caps, take its lock, tokenize and submit; the caller must `close()`."""
     _check_caps(state)
+    gateway.check_wait(tenant, state.qos.priority)  # before the lock and any work
     request_id = new_request_id("chatcmpl")
     await store.lock_turn(state.id, request_id, gateway.settings.request_timeout_s + 30.0)
     try:

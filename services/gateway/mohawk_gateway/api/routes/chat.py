@@ -22,6 +22,7 @@ async def create_chat_completion(
     body: ChatCompletionCreate, request: Request, gateway: GatewayDep, tenant: TenantDep
 ) -> Response:
     codec = gateway.ready_codec(body.model)
+    gateway.check_wait(tenant)  # before any work is spent on it
     messages = [message.for_template() for message in body.messages]
     prompt = await gateway.encode_chat(codec, messages, "messages")
     sampling = build_sampling(body, max_tokens=body.token_limit, logprobs=body.num_logprobs)

@@ -23,6 +23,7 @@ async def create_completion(
     body: CompletionCreate, request: Request, gateway: GatewayDep, tenant: TenantDep
 ) -> Response:
     codec = gateway.ready_codec(body.model)
+    gateway.check_wait(tenant)  # before any work is spent on it
     if isinstance(body.prompt, str):
         prompt = await gateway.encode(codec.encode_text, body.prompt, "prompt")
     else:

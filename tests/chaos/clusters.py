@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from itertools import pairwise
 from pathlib import Path
 
 import httpx
+import pytest
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus.server import free_port
@@ -33,6 +35,16 @@ def chaos_spec(data_dir: Path, nodes: int, coordinators: int = 1, **env: str) ->
         max_payload=256 * 1024,  # a 512-token step's activations cross in chunks
         nats_auth=True,  # a user per process, as `mohawk up` runs: the coordinator hears departures
     )
+
+
+@contextmanager
+def started_cluster(
+    tmp_path_factory: pytest.TempPathFactory, name: str, nodes: int
+) -> Iterator[LocalCluster]:
+    """A `chaos_spec` cluster of `nodes` shard nodes under a fresh `name` directory, ready."""
+    with LocalCluster(chaos_spec(tmp_path_factory.mktemp(name), nodes)) as running:
+        running.wait_ready(timeout=240)
+        yield running
 
 
 def streams_through(

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 from mohawk_cli.cluster import LocalCluster
-from tests.chaos.clusters import assert_identical, chaos_spec, streams_through
+from tests.chaos.clusters import assert_identical, started_cluster, streams_through
 from tests.integration.cluster_helpers import wait_for_stages
 
 KILLS = int(os.environ.get("MOHAWK_SOAK_KILLS", "20"))
@@ -34,9 +34,7 @@ REFORM_S = 180.0  # the restarted node back in a 3-stage plan within this long
 
 @pytest.fixture
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    spec = chaos_spec(tmp_path_factory.mktemp("chaos-soak"), 3)
-    with LocalCluster(spec) as running:
-        running.wait_ready(timeout=240)
+    with started_cluster(tmp_path_factory, "chaos-soak", 3) as running:
         yield running
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from mohawk_cli.cluster import LocalCluster
-from tests.chaos.clusters import assert_identical, chaos_spec, streams_through
+from tests.chaos.clusters import assert_identical, started_cluster, streams_through
 from tests.chaos.memory import kv_pool_bytes, resident_bytes, settled, total_grown
 from tests.integration.cluster_helpers import current_plan, wait_for_stages
 
@@ -28,9 +28,7 @@ BOUND_S = 60.0  # every stream done within this long after the kill
 
 @pytest.fixture
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    spec = chaos_spec(tmp_path_factory.mktemp("chaos-shard"), 3)
-    with LocalCluster(spec) as running:
-        running.wait_ready(timeout=240)
+    with started_cluster(tmp_path_factory, "chaos-shard", 3) as running:
         yield running
 
 

@@ -42,6 +42,11 @@ def security(pki: Path, node: str) -> Security:
     return Security(load_bundle(pki / "nodes" / node, role="shard"), CryptographyKem(), role="shard")
 
 
+def manager(nc: Client, sec: Security, node: str, version: int) -> ChannelManager:
+    """`node`'s channel manager for plan `version` of the two-node plan `PEERS`."""
+    return ChannelManager(nc, sec, node_id=node, plan_version=version, expected_peers=PEERS)
+
+
 def test_the_manager_of_the_offers_plan_answers_and_an_unserved_plan_is_refused(
     nats_server: NatsServer, pki: Path
 ) -> None:
@@ -49,9 +54,6 @@ def test_the_manager_of_the_offers_plan_answers_and_an_unserved_plan_is_refused(
         a_nc = await connect([nats_server.url], name="a", attempts=3)
         b_nc = await connect([nats_server.url], name="b", attempts=3)
         a_sec, b_sec = security(pki, "shard-a"), security(pki, "shard-b")
-
-        def manager(nc, sec, node, version):  # type: ignore[no-untyped-def]
-            return ChannelManager(nc, sec, node_id=node, plan_version=version, expected_peers=PEERS)
 
         # shard-b serves plan 1 and has loaded plan 2 beside it; both listen on mohawk.v1.hs.shard-b
         b_old, b_new = manager(b_nc, b_sec, "shard-b", 1), manager(b_nc, b_sec, "shard-b", 2)
@@ -299,9 +301,6 @@ def test_a_node_holding_two_plans_answers_handshakes_as_its_own_bus_user(tmp_pat
         a_nc = await connect([server.url], name="shard-a", attempts=3, creds=auth.creds("shard-a"))
         b_nc = await connect([server.url], name="shard-b", attempts=3, creds=auth.creds("shard-b"))
         a_sec, b_sec = security(pki, "shard-a"), security(pki, "shard-b")
-
-        def manager(nc, sec, node, version):  # type: ignore[no-untyped-def]
-            return ChannelManager(nc, sec, node_id=node, plan_version=version, expected_peers=PEERS)
 
         b_old, b_new = manager(b_nc, b_sec, "shard-b", 1), manager(b_nc, b_sec, "shard-b", 2)
         for m in (b_old, b_new):

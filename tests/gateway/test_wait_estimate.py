@@ -27,45 +27,68 @@ class Clock:
         return self.now
 
 
+def served(waits: WaitEstimate, clock: Clock, tenant: str, count: int, every_s: float) -> None:
+    """`count` requests of `tenant`, each getting its first token `every_s` after the last."""
+    for i in range(count):
+        waits.submitted(f"{tenant}-done-{i}", tenant, 1.0, "normal")
+        clock.now += every_s
+        waits.first_token(f"{tenant}-done-{i}")
+
+
 def test_the_wait_is_the_requests_ahead_over_the_first_token_rate() -> None:
     clock = Clock()
     waits = WaitEstimate(window_s=10.0, clock=clock)
-    assert waits.predict("normal").wait_s == 0.0  # nothing ahead: no wait
-    for i in range(20):  # 20 first tokens in the last 10 s: 2 a second
-        waits.submitted(f"done-{i}", "normal")
-        clock.now += 0.5
-        waits.first_token(f"done-{i}")
+    assert waits.predict("", 1.0, "normal").wait_s == 0.0  # no rate yet, nothing ahead
+    served(waits, clock, "", 20, 0.5)  # 20 first tokens in the last 10 s: 2 a second
     for i in range(7):
-        waits.submitted(f"queued-{i}", "normal")
-    predicted = waits.predict("normal")
+        waits.submitted(f"queued-{i}", "", 1.0, "normal")
+    predicted = waits.predict("", 1.0, "normal")
     assert (predicted.ahead, predicted.rate_per_s) == (7, 2.0)
-    assert predicted.wait_s == pytest.approx(4.0)  # (7 + 1) / 2
-    assert predicted.retry_after_s(2.0) == 2 and predicted.retry_after_s(10.0) == 1
+    assert predicted.wait_s == pytest.approx(3.5)  # 7 / 2
+    assert predicted.retry_after_s(1.0) == 3 and predicted.retry_after_s(10.0) == 1
 
 
-def test_priorities_keep_their_order_and_ended_requests_stop_counting() -> None:
+def test_an_admitted_request_counts_before_it_is_submitted_and_then_once() -> None:
+    """Clients back together after the same Retry-After: each one admitted raises the next's wait."""
     clock = Clock()
     waits = WaitEstimate(window_s=10.0, clock=clock)
-    for i in range(10):
-        waits.submitted(f"r{i}", "normal")
-        clock.now += 1.0
-        waits.first_token(f"r{i}")  # 1 a second
-    for i in range(5):
-        waits.submitted(f"low-{i}", "low")
-    waits.submitted("normal-0", "normal")
-    assert waits.predict("high").ahead == 0  # high waits for no one below it
-    assert waits.predict("normal").ahead == 1
-    assert waits.predict("low").ahead == 6
-    waits.closed("normal-0")  # cancelled before its first token
-    assert waits.predict("normal").wait_s == 0.0
+    served(waits, clock, "", 10, 1.0)  # 1 a second
+    assert waits.predict("", 1.0, "normal").wait_s == 0.0
+    waits.admit("", 1.0, "normal")
+    assert waits.predict("", 1.0, "normal").wait_s == pytest.approx(1.0)
+    waits.submitted("r", "", 1.0, "normal")  # the admitted one, now on the bus: still one
+    assert waits.predict("", 1.0, "normal").ahead == 1
+    waits.admit("", 1.0, "normal")  # admitted, then refused or failed before its submission
+    clock.now += 11.0
+    assert waits.predict("", 1.0, "normal").ahead == 1  # the stale admission no longer counts
+
+
+def test_priorities_keep_their_order_and_each_tenant_waits_for_its_own_queue_at_its_share() -> None:
+    clock = Clock()
+    waits = WaitEstimate(window_s=10.0, clock=clock)
+    served(waits, clock, "gold", 10, 1.0)  # 1 a second, all gold's
+    for i in range(6):
+        waits.submitted(f"gold-{i}", "gold", 3.0, "normal")
+    waits.submitted("bronze-0", "bronze", 1.0, "normal")
+    waits.submitted("low-0", "gold", 3.0, "low")
+    assert waits.predict("vip", 1.0, "high").ahead == 0  # high waits for no one below it
+    # gold: its 6 at its own measured rate (1/s): 6 s; bronze: its 1 at its weight's share of
+    # the rate (1 of gold 3 + bronze 1: 0.25/s): 4 s; a new tenant has nothing of its own ahead
+    assert waits.predict("gold", 3.0, "normal").wait_s == pytest.approx(6.0)
+    assert waits.predict("bronze", 1.0, "normal").wait_s == pytest.approx(4.0)
+    assert waits.predict("new", 1.0, "normal").wait_s == 0.0
+    # low waits for every normal request first, at the whole rate, then its own
+    assert waits.predict("gold", 3.0, "low").ahead == 8
+    waits.closed("bronze-0")  # cancelled before its first token
+    assert waits.predict("bronze", 1.0, "normal").ahead == 0
 
 
 def test_with_no_first_token_in_the_window_the_oldest_wait_is_the_estimate() -> None:
     clock = Clock()
     waits = WaitEstimate(window_s=5.0, clock=clock)
-    waits.submitted("stuck", "normal")
+    waits.submitted("stuck", "", 1.0, "normal")
     clock.now += 7.0
-    assert waits.predict("normal") == Prediction(7.0, 1, 0.0)
+    assert waits.predict("", 1.0, "normal") == Prediction(7.0, 1, 0.0)
 
 
 def _hang(url: str) -> None:
@@ -84,8 +107,8 @@ def test_a_gateway_with_an_objective_refuses_what_it_cannot_serve_in_time_and_sa
     with httpx.Client(base_url=gateway.url, timeout=10) as client:
         wait_until(lambda: is_ready(client))
         assert client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 200
-        # one request that gets no token: the next is predicted to wait (1 + 1) / the first-token
-        # rate, and one first token in the seconds since the gateway started is far below 4 a second
+        # one request that gets no token: the next is predicted to wait 1 / the first-token rate,
+        # and one first token in the seconds since the gateway started is far below 2 a second
         hung = [threading.Thread(target=_hang, args=(gateway.url,))]
         for thread in hung:
             thread.start()

@@ -75,6 +75,7 @@ class GenerationObservers:
         self._waits = waits  # told when the request waits for its first token, and when it ends
         self._request_id = submission.request_id
         self._priority = capped_priority(submission.priority, submission.tenant)
+        self._weight = submission.tenant.weight if submission.tenant is not None else 1.0
         self._endpoint = submission.endpoint
         self._tenant = submission.tenant_name
         self._tenant_label = submission.tenant_label  # on the bus: never the name
@@ -86,7 +87,7 @@ class GenerationObservers:
 
     def submitted(self, num_prompt_tokens: int) -> None:
         if self._waits is not None:
-            self._waits.submitted(self._request_id, self._priority)
+            self._waits.submitted(self._request_id, self._tenant, self._weight, self._priority)
         self._metrics.in_flight.labels(endpoint=self._endpoint).inc()
         self._metrics.prompt_tokens.labels(endpoint=self._endpoint).inc(num_prompt_tokens)
         self._log.info("request submitted", num_prompt_tokens=num_prompt_tokens)

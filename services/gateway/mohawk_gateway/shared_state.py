@@ -94,8 +94,11 @@ class Gateway:
         objective = objective if objective is not None else self.settings.ttft_objective_s
         if objective is None:
             return
-        predicted = self.waits.predict(capped_priority(priority, tenant))
+        name, weight = (tenant.name, tenant.weight) if tenant is not None else ("", 1.0)
+        effective = capped_priority(priority, tenant)
+        predicted = self.waits.predict(name, weight, effective)
         if predicted.wait_s <= objective:
+            self.waits.admit(name, weight, effective)  # it waits from now, not from its submission
             return
         self.metrics.refused_by_wait.inc()
         raise too_many_requests(

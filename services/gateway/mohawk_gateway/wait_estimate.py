@@ -1,18 +1,24 @@
 """Admission by predicted wait: when would a request arriving now get its first token?
 
-Design. Every request this gateway has submitted and that has no token yet is waiting for its
-first one, and the rate at which such requests get it is measured (first tokens over the last
-`window_s`). By Little's law a new request's wait is the work ahead of it over that rate:
-`(ahead + 1) / rate`, where `ahead` counts the requests waiting at its priority or higher, since
-stage 0 serves priority classes strictly (a `high` request waits only for `high` work). The
-estimate is the gateway's own: it sees its own requests and its own share of the first tokens,
-which are in the same proportion when several gateways share a pipeline. With no first token in
-the window (a cold start, or a pipeline that stopped), the estimate is the age of the oldest
-request waiting, which its wait is at least. A request whose estimate is over its objective (its
-tenant's `ttft_objective_s`, else the gateway's) is refused with 429 before it is tokenized or
-reaches the bus, with `Retry-After` the time the queue needs to drain to the objective at the
-measured rate (`refusal`): an OpenAI client's retries then come back when they can be served.
-Pure bookkeeping on the caller's clock.
+Design. Every request this gateway has admitted and that has no token yet waits for its first one,
+and the rate at which requests get it is measured over the last `window_s`, in all and by tenant.
+By Little's law a wait is the work ahead over the rate it drains at, and stage 0 orders that work
+as its fair queue does: priority classes strictly (a `high` request waits only for `high` work),
+then tenants by weight. So a request of tenant T waits for the requests of higher classes, at the
+whole rate, and then for T's own, at T's rate: `higher / rate + own / rate_T` (nothing ahead, no
+wait: at a light load the rate is low because few ask, not because the pipeline is slow), where T's
+rate is the larger of what T measured and what its weight guarantees it while backlogged (the whole
+rate times T's weight over the weights of the tenants waiting beside it): a tenant that sent little
+lately is not judged by its own small rate, and a tenant over its share waits for its own queue.
+With no first token at all in the window (a cold start, a pipeline that stopped) the estimate is
+the age of the oldest request ahead, which the wait is at least. A request counts as waiting from
+the moment it is admitted (`admit`, before it is tokenized), not from its submission a few
+milliseconds later: clients that come back together after the same Retry-After were otherwise all
+admitted against the same count. One over its objective (its tenant's `ttft_objective_s`, else the
+gateway's) is refused with 429 before any work is spent on it, `Retry-After` the time the queue
+needs to drain to the objective at that rate. The estimate is the gateway's own: several gateways
+each see their own requests and their own share of the first tokens, which stay in proportion. Pure
+bookkeeping on the caller's clock.
 """
 
 from __future__ import annotations
@@ -26,6 +32,15 @@ from dataclasses import dataclass
 from mohawk_common.tenancy import PRIORITIES
 
 _RANK: dict[str, int] = {priority: rank for rank, priority in enumerate(PRIORITIES)}  # lower: first
+PENDING_S = 10.0  # an admitted request not submitted by then (refused later, failed) stops counting
+
+
+@dataclass(slots=True)
+class _Waiting:
+    tenant: str
+    weight: float
+    rank: int
+    since: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +48,8 @@ class Prediction:
     """A predicted wait for the first token, and what it was made from."""
 
     wait_s: float
-    ahead: int  # requests waiting for their first token at this priority or higher
-    rate_per_s: float  # first tokens a second over the window (0: none in it)
+    ahead: int  # requests waiting for their first token before this one
+    rate_per_s: float  # the rate this request's own turn drains at (0: no first token in the window)
 
     def retry_after_s(self, objective_s: float) -> int:
         """Seconds until a request would be predicted within `objective_s` (at least 1)."""
@@ -45,31 +60,54 @@ class WaitEstimate:
     def __init__(self, window_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s = window_s
         self._clock = clock
-        self._waiting: dict[str, tuple[int, float]] = {}  # request id -> (priority rank, since)
-        self._firsts: deque[float] = deque()  # when each first token came, within the window
+        self._pending: deque[_Waiting] = deque()  # admitted, not yet submitted
+        self._waiting: dict[str, _Waiting] = {}  # request id -> submitted, no token yet
+        self._firsts: deque[tuple[float, str]] = deque()  # (when, tenant) of each first token
         self._started = clock()
 
-    def submitted(self, request_id: str, priority: str) -> None:
-        self._waiting[request_id] = (_RANK.get(priority, _RANK["normal"]), self._clock())
+    def admit(self, tenant: str, weight: float, priority: str) -> None:
+        """A request let in: it waits from now (its submission takes it over)."""
+        self._pending.append(_Waiting(tenant, weight, _rank(priority), self._clock()))
+
+    def submitted(self, request_id: str, tenant: str, weight: float, priority: str) -> None:
+        admitted = next((w for w in self._pending if w.tenant == tenant), None)
+        if admitted is not None:
+            self._pending.remove(admitted)
+        since = admitted.since if admitted is not None else self._clock()
+        self._waiting[request_id] = _Waiting(tenant, weight, _rank(priority), since)
 
     def first_token(self, request_id: str) -> None:
-        if self._waiting.pop(request_id, None) is not None:
-            self._firsts.append(self._clock())
+        waiting = self._waiting.pop(request_id, None)
+        if waiting is not None:
+            self._firsts.append((self._clock(), waiting.tenant))
 
     def closed(self, request_id: str) -> None:
         """The request ended (with no token, if it is still counted as waiting)."""
         self._waiting.pop(request_id, None)
 
-    def predict(self, priority: str) -> Prediction:
+    def predict(self, tenant: str, weight: float, priority: str) -> Prediction:
         now = self._clock()
-        while self._firsts and now - self._firsts[0] > self.window_s:
+        while self._firsts and now - self._firsts[0][0] > self.window_s:
             self._firsts.popleft()
-        rank = _RANK.get(priority, _RANK["normal"])
-        ahead = [since for r, since in self._waiting.values() if r <= rank]
+        while self._pending and now - self._pending[0].since > PENDING_S:
+            self._pending.popleft()
+        rank = _rank(priority)
+        everyone = [*self._pending, *self._waiting.values()]
+        higher = [w for w in everyone if w.rank < rank]
+        peers = [w for w in everyone if w.rank == rank]
+        own = [w for w in peers if w.tenant == tenant]
+        ahead = len(higher) + len(own)
         span = min(self.window_s, max(1e-3, now - self._started))
         rate = len(self._firsts) / span
-        if not ahead:
-            return Prediction(0.0, 0, rate)
         if rate == 0.0:
-            return Prediction(now - min(ahead), len(ahead), rate)
-        return Prediction((len(ahead) + 1) / rate, len(ahead), rate)
+            oldest = min((w.since for w in (*higher, *own)), default=now)
+            return Prediction(now - oldest, ahead, 0.0)
+        weights = {w.tenant: w.weight for w in peers}
+        weights[tenant] = weight
+        share = rate * weight / sum(weights.values())  # what its weight guarantees it while backlogged
+        own_rate = max(share, sum(t == tenant for _, t in self._firsts) / span)
+        return Prediction(len(higher) / rate + len(own) / own_rate, ahead, own_rate)
+
+
+def _rank(priority: str) -> int:
+    return _RANK.get(priority, _RANK["normal"])

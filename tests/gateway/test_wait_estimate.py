@@ -83,12 +83,16 @@ def test_priorities_keep_their_order_and_each_tenant_waits_for_its_own_queue_at_
     assert waits.predict("bronze", 1.0, "normal").ahead == 0
 
 
-def test_with_no_first_token_in_the_window_the_oldest_wait_is_the_estimate() -> None:
+def test_with_no_first_token_in_the_window_the_wait_is_at_least_those_ahead_times_the_oldest_age() -> None:
+    """None came in the oldest's 7 s: the rate is under 1/7 a second, so 3 ahead wait over 21 s."""
     clock = Clock()
     waits = WaitEstimate(window_s=5.0, clock=clock)
     waits.submitted("stuck", "", 1.0, "normal")
     clock.now += 7.0
     assert waits.predict("", 1.0, "normal") == Prediction(7.0, 1, 0.0)
+    waits.admit("", 1.0, "normal")
+    waits.admit("", 1.0, "normal")
+    assert waits.predict("", 1.0, "normal") == Prediction(21.0, 3, 0.0)
 
 
 def _hang(url: str) -> None:

@@ -10,15 +10,17 @@ wait: at a light load the rate is low because few ask, not because the pipeline 
 rate is the larger of what T measured and what its weight guarantees it while backlogged (the whole
 rate times T's weight over the weights of the tenants waiting beside it): a tenant that sent little
 lately is not judged by its own small rate, and a tenant over its share waits for its own queue.
-With no first token at all in the window (a cold start, a pipeline that stopped) the estimate is
-the age of the oldest request ahead, which the wait is at least. A request counts as waiting from
-the moment it is admitted (`admit`, before it is tokenized), not from its submission a few
-milliseconds later: clients that come back together after the same Retry-After were otherwise all
-admitted against the same count. One over its objective (its tenant's `ttft_objective_s`, else the
-gateway's) is refused with 429 before any work is spent on it, `Retry-After` the time the queue
-needs to drain to the objective at that rate. The estimate is the gateway's own: several gateways
-each see their own requests and their own share of the first tokens, which stay in proportion. Pure
-bookkeeping on the caller's clock.
+With no first token at all in the window (a cold start, a pipeline that stopped) no first token
+came since the oldest request ahead arrived, so the rate is under one over its age and the wait at
+least the requests ahead times that age (the age alone, as a first version had it, lets a burst
+that arrives before the first token in whole). A request counts as waiting from the moment it is
+admitted (`admit`, before it is tokenized), not from its submission a few milliseconds later:
+clients that come back together after the same Retry-After were otherwise all admitted against the
+same count. One over its objective (its tenant's `ttft_objective_s`, else the gateway's) is refused
+with 429 before any work is spent on it, `Retry-After` the time the queue needs to drain to the
+objective at that rate. The estimate is the gateway's own: several gateways each see their own
+requests and their own share of the first tokens, which stay in proportion. Pure bookkeeping on the
+caller's clock.
 """
 
 from __future__ import annotations
@@ -99,9 +101,9 @@ class WaitEstimate:
         ahead = len(higher) + len(own)
         span = min(self.window_s, max(1e-3, now - self._started))
         rate = len(self._firsts) / span
-        if rate == 0.0:
+        if rate == 0.0:  # none came since the oldest ahead arrived: the rate is under 1 / its age
             oldest = min((w.since for w in (*higher, *own)), default=now)
-            return Prediction(now - oldest, ahead, 0.0)
+            return Prediction(ahead * (now - oldest), ahead, 0.0)
         weights = {w.tenant: w.weight for w in peers}
         weights[tenant] = weight
         share = rate * weight / sum(weights.values())  # what its weight guarantees it while backlogged

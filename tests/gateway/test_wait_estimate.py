@@ -83,6 +83,21 @@ def test_priorities_keep_their_order_and_each_tenant_waits_for_its_own_queue_at_
     assert waits.predict("bronze", 1.0, "normal").ahead == 0
 
 
+def test_what_a_tenants_requests_waited_lately_is_a_floor_while_it_has_requests_ahead() -> None:
+    clock = Clock()
+    waits = WaitEstimate(window_s=30.0, clock=clock)
+    for i in range(10):  # 10 first tokens, each 8 s after its admission
+        waits.submitted(f"slow-{i}", "t", 1.0, "normal")
+    clock.now += 8.0
+    for i in range(10):
+        waits.first_token(f"slow-{i}")
+    waits.submitted("next", "t", 1.0, "normal")
+    assert waits.predict("t", 1.0, "normal").wait_s == pytest.approx(8.0)  # not 1 / (10 / 8 s)
+    assert waits.predict("other", 1.0, "normal").wait_s == 0.0  # nothing of its own ahead
+    clock.now += 6.0  # the measured waits are older than RECENT_S: the model alone again
+    assert waits.predict("t", 1.0, "normal").wait_s < 8.0
+
+
 def test_with_no_first_token_in_the_window_the_wait_is_at_least_those_ahead_times_the_oldest_age() -> None:
     """None came in the oldest's 7 s: the rate is under 1/7 a second, so 3 ahead wait over 21 s."""
     clock = Clock()

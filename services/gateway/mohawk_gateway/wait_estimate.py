@@ -35,6 +35,7 @@ from mohawk_common.tenancy import PRIORITIES
 
 _RANK: dict[str, int] = {priority: rank for rank, priority in enumerate(PRIORITIES)}  # lower: first
 PENDING_S = 10.0  # an admitted request not submitted by then (refused later, failed) stops counting
+RECENT_S = 5.0  # the first tokens whose waits are the measured floor of a prediction
 
 
 @dataclass(slots=True)
@@ -64,7 +65,7 @@ class WaitEstimate:
         self._clock = clock
         self._pending: deque[_Waiting] = deque()  # admitted, not yet submitted
         self._waiting: dict[str, _Waiting] = {}  # request id -> submitted, no token yet
-        self._firsts: deque[tuple[float, str]] = deque()  # (when, tenant) of each first token
+        self._firsts: deque[tuple[float, str, float]] = deque()  # (when, tenant, its wait) each
         self._started = clock()
 
     def admit(self, tenant: str, weight: float, priority: str) -> None:
@@ -81,7 +82,8 @@ class WaitEstimate:
     def first_token(self, request_id: str) -> None:
         waiting = self._waiting.pop(request_id, None)
         if waiting is not None:
-            self._firsts.append((self._clock(), waiting.tenant))
+            now = self._clock()
+            self._firsts.append((now, waiting.tenant, now - waiting.since))
 
     def closed(self, request_id: str) -> None:
         """The request ended (with no token, if it is still counted as waiting)."""
@@ -107,8 +109,12 @@ class WaitEstimate:
         weights = {w.tenant: w.weight for w in peers}
         weights[tenant] = weight
         share = rate * weight / sum(weights.values())  # what its weight guarantees it while backlogged
-        own_rate = max(share, sum(t == tenant for _, t in self._firsts) / span)
-        return Prediction(len(higher) / rate + len(own) / own_rate, ahead, own_rate)
+        own_rate = max(share, sum(t == tenant for _, t, _ in self._firsts) / span)
+        predicted = len(higher) / rate + len(own) / own_rate
+        if own:  # what its tenant's requests waited lately is a floor: the model may be wrong
+            recent = sorted(w for at, t, w in self._firsts if t == tenant and now - at <= RECENT_S)
+            predicted = max(predicted, recent[len(recent) // 2] if recent else 0.0)
+        return Prediction(predicted, ahead, own_rate)
 
 
 def _rank(priority: str) -> int:

@@ -11,7 +11,8 @@ leave) and loads and serves that stage. And it follows certificate revocations. 
 takes requests off the stream asks for the next heartbeat at once (`beat_soon`, at most one per
 `EARLY_BEAT_S`): the heartbeat lists the requests it holds, which the coordinator hands back to the
 stream the moment the node leaves, so the list must not be up to an interval old (a stage 0 killed
-right after taking requests left them to wait out the ack wait, 10 s).
+right after taking requests left them to wait out the ack wait, 10 s). Only the heartbeat goes out
+early: the telemetry report and the idle trim keep the interval.
 """
 
 from __future__ import annotations
@@ -233,20 +234,25 @@ class ShardNode:
         trim, idle, window = load_malloc_trim(), IdleTrim(), StepWindow(time.monotonic())
         sequence = 0
         trimming: asyncio.Task[None] | None = None
+        interval_due = 0.0  # the report and the idle trim keep the interval; early beats skip them
         while True:
             snapshot = self.snapshot()  # one per tick: the heartbeat and the report read it
             with contextlib.suppress(Exception):
                 heartbeat = self.heartbeat(snapshot)
                 heartbeat.sequence = sequence = sequence + 1  # with sent_at: readers refuse replays
                 await self.nc.publish(subject, encode_json(self._signed(heartbeat)))
-            if self.settings.telemetry:
-                with contextlib.suppress(Exception):  # for the telemetry service, signed as heartbeats are
-                    report = step_report(snapshot, window).model_dump_json()
-                    bundle = self.security.bundle
-                    identity = bundle.identity if bundle is not None else None
-                    await self.nc.publish(stats_subject, seal_report(STEP, self.node_id, report, identity))
-            if trim is not None and (trimming is None or trimming.done()):
-                trimming = asyncio.create_task(self._trim_if_idle(trim, idle))
+            now = time.monotonic()
+            if now >= interval_due:
+                interval_due = now + self.settings.heartbeat_interval_s
+                if self.settings.telemetry:
+                    with contextlib.suppress(Exception):  # for the telemetry service, signed as heartbeats
+                        report = step_report(snapshot, window).model_dump_json()
+                        bundle = self.security.bundle
+                        identity = bundle.identity if bundle is not None else None
+                        sealed = seal_report(STEP, self.node_id, report, identity)
+                        await self.nc.publish(stats_subject, sealed)
+                if trim is not None and (trimming is None or trimming.done()):
+                    trimming = asyncio.create_task(self._trim_if_idle(trim, idle))
             with contextlib.suppress(TimeoutError):  # not wait_for: 3.11 may swallow a cancel
                 async with asyncio.timeout(self.settings.heartbeat_interval_s):
                     await self._beat_soon.wait()

@@ -19,8 +19,11 @@ clients that come back together after the same Retry-After were otherwise all ad
 same count. One over its objective (its tenant's `ttft_objective_s`, else the gateway's) is refused
 with 429 before any work is spent on it, `Retry-After` the time the queue needs to drain to the
 objective at that rate. The estimate is the gateway's own: several gateways each see their own
-requests and their own share of the first tokens, which stay in proportion. Pure bookkeeping on the
-caller's clock.
+requests and their own share of the first tokens, which stay in proportion. What the tenant's
+requests really waited for their first tokens in the last `RECENT_S` (the median) is a floor under
+the prediction while it has requests ahead: the model leaves out what the gateway cannot see (room
+in stage 0's running set, its own backlog), and measured waits bring it back. Pure bookkeeping on
+the caller's clock.
 """
 
 from __future__ import annotations

@@ -194,10 +194,7 @@ async def _show(store: TenantStore, args: argparse.Namespace) -> None:
         ("rpm", _text(tenant.rpm)),
         ("tpm", _text(tenant.tpm)),
         ("max concurrency", _text(tenant.max_concurrency)),
-        (
-            "ttft objective",
-            "the gateway's" if tenant.ttft_objective_s is None else f"{tenant.ttft_objective_s:g} s",
-        ),
+        ("ttft objective", _objective(tenant.ttft_objective_s)),
         ("key", f"{tenant.key_prefix}..."),
         ("created", created),
     ):

@@ -133,10 +133,9 @@ def init_auth(directory: Path) -> NatsAuth:
     for name in TOOL_USERS:
         if not auth.creds(name).is_file() or auth.creds(name).is_symlink():
             issue_user(auth, name, name, auth.creds(name))
-    if not auth.creds(SYSTEM_USER).is_file() or auth.creds(SYSTEM_USER).is_symlink():
-        _issue_system_user(auth)
-    if not auth.creds(EVENTS_USER).is_file() or auth.creds(EVENTS_USER).is_symlink():
-        _issue_events_user(auth)
+    for name, permissions in _system_users(auth).items():
+        if not auth.creds(name).is_file() or auth.creds(name).is_symlink():
+            _issue_system_account_user(auth, name, permissions)
     return auth
 
 
@@ -236,35 +235,29 @@ def _signed_account(auth: NatsAuth, revocations: dict[str, int]) -> str:
     )
 
 
-def _issue_system_user(auth: NatsAuth) -> None:
-    """The system account's user (the operator's): it pushes account updates and asks the servers
-    about themselves (`$SYS.REQ.>`: what `nats server report connections` does over NATS, where
-    auth applies, instead of the unauthenticated monitoring port), and reads their answers."""
-    user = NKey.create("user")
-    permissions = UserPermissions(publish=(UPDATE_SUBJECT, SYSTEM_REQUESTS), subscribe=("_INBOX.>",))
-    token = user_jwt(
-        auth.key("system"), user.public_key, name=SYSTEM_USER, permissions=permissions, expires_at=None
-    )
-    auth.creds(SYSTEM_USER).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _write_private(auth.creds(SYSTEM_USER), creds_text(token, user))
-
-
 def connection_events(account_public_key: str) -> tuple[str, str]:
     """The subjects nats-server announces the account's client connections and disconnections on
     (`io.nats.server.advisory.v1.client_connect` / `client_disconnect`, in the system account)."""
     return (f"$SYS.ACCOUNT.{account_public_key}.CONNECT", f"$SYS.ACCOUNT.{account_public_key}.DISCONNECT")
 
 
-def _issue_events_user(auth: NatsAuth) -> None:
-    """The system account's listen-only user: the MOHAWK account's connection advisories, nothing
-    else (no publish, no other account's events, no server requests)."""
+def _system_users(auth: NatsAuth) -> dict[str, UserPermissions]:
+    """The system account's users (the operator's), each with what it may do:
+    - `system` pushes account updates and asks the servers about themselves (`$SYS.REQ.>`: what
+      `nats server report connections` does over NATS, where auth applies, instead of the
+      unauthenticated monitoring port), and reads their answers;
+    - `events` only hears the MOHAWK account's connection advisories (no publish, no other
+      account's events, no server requests): the coordinators' ear on the servers."""
+    return {
+        SYSTEM_USER: UserPermissions(publish=(UPDATE_SUBJECT, SYSTEM_REQUESTS), subscribe=("_INBOX.>",)),
+        EVENTS_USER: UserPermissions(publish=(), subscribe=connection_events(auth.key("account").public_key)),
+    }
+
+
+def _issue_system_account_user(auth: NatsAuth, name: str, permissions: UserPermissions) -> None:
     user = NKey.create("user")
-    subjects = connection_events(auth.key("account").public_key)
-    permissions = UserPermissions(publish=(), subscribe=subjects)
-    token = user_jwt(
-        auth.key("system"), user.public_key, name=EVENTS_USER, permissions=permissions, expires_at=None
-    )
-    _write_private(auth.creds(EVENTS_USER), creds_text(token, user))
+    token = user_jwt(auth.key("system"), user.public_key, name=name, permissions=permissions, expires_at=None)
+    _write_private(auth.creds(name), creds_text(token, user))
 
 
 def _write_private(path: Path, text: str) -> None:

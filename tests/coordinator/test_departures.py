@@ -29,6 +29,7 @@ from mohawk_coordinator.departures import (
     hear_advisories,
     parse_advisory,
 )
+from mohawk_proto.v1 import bus_pb2
 from tests.coordinator.fake_node import MODEL, FakeNode
 from tests.coordinator.harness import Replica, settings, stage_ranges, wait_for_plan
 
@@ -122,30 +123,46 @@ async def _replica(server: NatsServer, auth: NatsAuth, **overrides: object) -> t
     return Replica(coordinator, asyncio.create_task(coordinator.run()), nc), events
 
 
+async def _planned_over_two(
+    server: NatsServer, auth: NatsAuth, **overrides: object
+) -> tuple[Replica, Client, list[FakeNode], bus_pb2.Plan]:
+    """A coordinator hearing advisories, two nodes heartbeating on connections of their own users,
+    and the plan over both."""
+    replica, events = await _replica(server, auth, **overrides)
+    assert events is not None
+    conns = [await _user(server, auth, f"node-{i}", "shard") for i in range(2)]
+    nodes = [await FakeNode(nc, f"node-{i}").start() for i, nc in enumerate(conns)]
+    plan = await wait_for_plan(
+        replica.coordinator.buckets, lambda p: len(p.stages) == 2, 10, "a plan over both nodes"
+    )
+    return replica, events, nodes, plan
+
+
+async def _stop(replica: Replica, events: Client, nodes: list[FakeNode]) -> None:
+    for node in nodes:
+        await node.stop()
+        await node.nc.close()
+    await replica.stop()
+    await events.close()
+
+
 def test_a_node_whose_connection_closes_leaves_the_plan_at_once(
     auth_server: tuple[NatsServer, NatsAuth],
 ) -> None:
     server, auth = auth_server
 
     async def scenario() -> None:
-        replica, events = await _replica(server, auth)
+        replica, events, nodes, _ = await _planned_over_two(server, auth)
         buckets = replica.coordinator.buckets
-        conns = [await _user(server, auth, f"node-{i}", "shard") for i in range(2)]
-        nodes = [await FakeNode(nc, f"node-{i}").start() for i, nc in enumerate(conns)]
-        await wait_for_plan(buckets, lambda p: len(p.stages) == 2, 10, "a plan over both nodes")
         await nodes[1].stop()
         closed = time.monotonic()
-        await conns[1].close()  # the process exits: its socket closes, the server says so
+        await nodes[1].nc.close()  # the process exits: its socket closes, the server says so
         plan = await wait_for_plan(buckets, lambda p: len(p.stages) == 1, 5, "a plan without node-1")
         took = time.monotonic() - closed
         print(f"\nnode-1's connection closed: a plan without it {took:.3f} s later")
         assert stage_ranges(plan) == [("node-0", 0, 30)]
         assert took < 1.0, f"{took:.2f} s: not the advisory (heartbeats lapse after {HEARTBEAT_TTL_S} s)"
-        await nodes[0].stop()
-        await conns[0].close()
-        await replica.stop()
-        assert events is not None
-        await events.close()
+        await _stop(replica, events, nodes)
 
     asyncio.run(scenario())
 
@@ -156,24 +173,16 @@ def test_a_connection_that_comes_back_within_the_grace_does_not_re_plan(
     server, auth = auth_server
 
     async def scenario() -> None:
-        replica, events = await _replica(server, auth, departure_grace_s=1.0)
+        replica, events, nodes, first = await _planned_over_two(server, auth, departure_grace_s=1.0)
         buckets = replica.coordinator.buckets
-        conns = [await _user(server, auth, f"node-{i}", "shard") for i in range(2)]
-        nodes = [await FakeNode(nc, f"node-{i}").start() for i, nc in enumerate(conns)]
-        first = await wait_for_plan(buckets, lambda p: len(p.stages) == 2, 10, "a plan over both nodes")
         await nodes[1].stop()
-        await conns[1].close()  # a link that drops and comes back: the same process, a new connection
+        await nodes[1].nc.close()  # a link that drops and comes back: the same process, a new connection
         nodes[1].nc = await _user(server, auth, "node-1", "shard")
         await nodes[1].start()
         await asyncio.sleep(2.5)
         assert (await wait_for_plan(buckets, lambda p: True, 1, "the plan")).version == first.version
         assert set(replica.coordinator.registry.live()) == {"node-0", "node-1"}
-        for node in nodes:
-            await node.stop()
-            await node.nc.close()
-        await replica.stop()
-        assert events is not None
-        await events.close()
+        await _stop(replica, events, nodes)
 
     asyncio.run(scenario())
 

@@ -5,8 +5,10 @@ heartbeat loop. Against a real nats-server; the step is a job holding the comput
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import pytest
@@ -25,41 +27,55 @@ INTERVAL_S = 0.2
 STEP_S = 4.0  # one long step, past the node timeout's 3 s
 
 
+def bare_node(**settings: object) -> ShardNode:
+    """A shard node with no model: its snapshot is None and its heartbeat a bare one."""
+    values = {"node_id": "n1", "insecure": True, **settings}
+    node = ShardNode(NodeSettings.model_validate(values), Security(None, CryptographyKem(), role="shard"))
+    node.snapshot = lambda: None  # type: ignore[method-assign,assignment,return-value]
+    node.heartbeat = lambda _snapshot=None: bus_pb2.Heartbeat(node_id="n1", role="shard")  # type: ignore[method-assign]
+    return node
+
+
+@contextlib.asynccontextmanager
+async def beating(url: str, node: ShardNode) -> AsyncIterator[list[float]]:
+    """`node`'s heartbeat loop running on a real bus, and when each heartbeat arrived at a probe."""
+    node.nc = await connect([url], name="probe-node", attempts=3)
+    probe = await connect([url], name="probe", attempts=3)
+    arrivals: list[float] = []
+
+    async def on_beat(_msg: object) -> None:
+        arrivals.append(time.monotonic())
+
+    await probe.subscribe(names.heartbeat_subject("n1"), cb=on_beat)
+    await probe.flush()
+    loop = asyncio.create_task(node._heartbeat_loop())
+    try:
+        yield arrivals
+    finally:
+        loop.cancel()
+        await probe.close()
+        await node.nc.close()
+        node.executor.shutdown(wait=False)
+
+
 @pytest.mark.slow  # over 5 s here: the inner loop leaves it to `make test`
 def test_heartbeats_keep_their_interval_while_a_long_step_holds_the_compute_thread(
     nats_server: NatsServer,
 ) -> None:
     if load_malloc_trim() is None:
         pytest.skip("no malloc_trim in this C library: the node never trims")
-    settings = NodeSettings.model_validate(
-        {"node_id": "n1", "insecure": True, "heartbeat_interval_s": INTERVAL_S, "telemetry": False}
-    )
-    node = ShardNode(settings, Security(None, CryptographyKem(), role="shard"))
-    node.snapshot = lambda: None  # type: ignore[method-assign,assignment,return-value]
-    node.heartbeat = lambda _snapshot=None: bus_pb2.Heartbeat(node_id="n1", role="shard")  # type: ignore[method-assign]
+    node = bare_node(heartbeat_interval_s=INTERVAL_S, telemetry=False)
     role = SimpleNamespace(num_steps=1)
     node.stages.current = SimpleNamespace(role=role)  # type: ignore[assignment]
 
     async def scenario() -> list[float]:
-        node.nc = await connect([nats_server.url], name="probe-node", attempts=3)
-        probe = await connect([nats_server.url], name="probe", attempts=3)
-        arrivals: list[float] = []
-
-        async def on_beat(_msg: object) -> None:
-            arrivals.append(time.monotonic())
-
-        await probe.subscribe(names.heartbeat_subject("n1"), cb=on_beat)
-        beating = asyncio.create_task(node._heartbeat_loop())
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(0.5)
-        role.num_steps = 2  # a step ran; from now on the counter stands still: the node looks idle
-        step = loop.run_in_executor(node.executor, time.sleep, STEP_S)  # ... while a long step runs
-        await step
-        await asyncio.sleep(0.5)
-        beating.cancel()
-        await probe.close()
-        await node.nc.close()
-        node.executor.shutdown(wait=False)
+        async with beating(nats_server.url, node) as arrivals:
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(0.5)
+            role.num_steps = 2  # a step ran; from now on the counter stands still: the node looks idle
+            step = loop.run_in_executor(node.executor, time.sleep, STEP_S)  # ... while a long step runs
+            await step
+            await asyncio.sleep(0.5)
         return arrivals
 
     arrivals = asyncio.run(scenario())
@@ -83,33 +99,15 @@ def test_an_early_heartbeat_goes_out_at_once_and_the_telemetry_report_keeps_the_
         return SimpleNamespace(model_dump_json=lambda: "{}")
 
     monkeypatch.setattr(service, "step_report", step_report)
-    settings = NodeSettings.model_validate(
-        {"node_id": "n1", "insecure": True, "heartbeat_interval_s": 2.0, "telemetry": True}
-    )
-    node = ShardNode(settings, Security(None, CryptographyKem(), role="shard"))
-    node.snapshot = lambda: None  # type: ignore[method-assign,assignment,return-value]
-    node.heartbeat = lambda _snapshot=None: bus_pb2.Heartbeat(node_id="n1", role="shard")  # type: ignore[method-assign]
+    node = bare_node(heartbeat_interval_s=2.0, telemetry=True)
 
     async def scenario() -> list[float]:
-        node.nc = await connect([nats_server.url], name="probe-node", attempts=3)
-        probe = await connect([nats_server.url], name="probe", attempts=3)
-        arrivals: list[float] = []
-
-        async def on_beat(_msg: object) -> None:
-            arrivals.append(time.monotonic())
-
-        await probe.subscribe(names.heartbeat_subject("n1"), cb=on_beat)
-        await probe.flush()
-        beating = asyncio.create_task(node._heartbeat_loop())
-        await asyncio.sleep(0.3)  # the first heartbeat, at the start
-        for _ in range(8):  # requests taken every 0.15 s
-            node.beat_soon()
-            await asyncio.sleep(0.15)
-        await asyncio.sleep(0.2)
-        beating.cancel()
-        await probe.close()
-        await node.nc.close()
-        node.executor.shutdown(wait=False)
+        async with beating(nats_server.url, node) as arrivals:
+            await asyncio.sleep(0.3)  # the first heartbeat, at the start
+            for _ in range(8):  # requests taken every 0.15 s
+                node.beat_soon()
+                await asyncio.sleep(0.15)
+            await asyncio.sleep(0.2)
         return arrivals
 
     arrivals = asyncio.run(scenario())

@@ -9,6 +9,7 @@ spec.py      what to run: counts, tokens, tenants and their quotas
 driver.py    the clients: sessions and chat loops over one httpx.AsyncClient
 stream.py    one generation request: 429s honoured and retried, errors classified, tokens timed
 measure.py   what the clients record: one `RequestLog` per request, refusals by tenant
+loop_lag.py  the generator's own event-loop lag, sampled while the load runs
 memory.py    RSS of the cluster's processes, sampled every 0.5 s
 stats.py     percentiles, per-second buckets, the all-busy window and token shares
 report.py    the JSON report and the acceptance checks

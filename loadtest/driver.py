@@ -1,4 +1,4 @@
-"""The clients: N sessions and M chat loops, started evenly over the ramp, on one httpx client.
+"""The clients: N sessions and M chat loops, started evenly over the ramp, each on its own connection.
 
 Design. Each session is one task: create it (`POST /v1/sessions`), send its turns one after the
 other, each streamed (`POST /v1/sessions/{id}/infer`), then delete it. A turn that fails ends the
@@ -6,14 +6,21 @@ session, since its history is no longer what the client thinks; the turns it nev
 counted by tenant (`Recorder.not_sent`). Each chat client is one task that sends its requests one
 after the other as streamed `/v1/chat/completions` with usage (a failed one does not stop it).
 Every generation asks for exactly `tokens_per_turn` tokens (`ignore_eos`, greedy), so the tenants'
-shares measure the scheduler, not where the model chose to stop. The httpx client has a
-connection for every task and then some, so no request ever waits for one.
+shares measure the scheduler, not where the model chose to stop. Every task has an httpx client
+of its own with one connection, so no request ever waits for one. One client pooling a connection
+per task cost the generator more than the gateway: httpcore's pool walks all its connections (and
+polls each idle one's socket) on every request and release, so at 1,050 connections the
+generator spent most of a core on it and read its sockets tens of seconds late, which the run
+counted as time to first token (see docs/benchmarks.md). The tasks share one TLS context, which
+is costly to build.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,15 +45,19 @@ TOPICS = (
     "salt",
 )
 CONNECT_TIMEOUT_S = 30.0
-SPARE_CONNECTIONS = 64
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    return ssl.create_default_context()
 
 
 def make_client(url: str, spec: LoadSpec) -> httpx.AsyncClient:
-    """One client for the whole run: a connection per task, the stall timeout as its read timeout."""
-    num_connections = spec.num_sessions + spec.num_chat_clients + SPARE_CONNECTIONS
+    """One task's client: one connection, the stall timeout as its read timeout."""
     return httpx.AsyncClient(
         base_url=url,
-        limits=httpx.Limits(max_connections=num_connections, max_keepalive_connections=num_connections),
+        verify=_tls_context(),
+        limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
         timeout=httpx.Timeout(spec.stall_timeout_s, connect=CONNECT_TIMEOUT_S, pool=None),
     )
 
@@ -65,14 +76,14 @@ class Driver:
     def __init__(
         self,
         spec: LoadSpec,
-        client: httpx.AsyncClient,
+        url: str,
         api_keys: Mapping[str, str],
         recorder: Recorder,
         *,
         seed: int = 0,
     ) -> None:
         self.spec = spec
-        self.client = client
+        self.url = url
         self.api_keys = api_keys
         self.recorder = recorder
         self.rng = random.Random(seed)
@@ -90,11 +101,11 @@ class Driver:
         await asyncio.gather(*sessions, *clients)
 
     async def _send(
-        self, tenant: TenantSpec, kind: RequestKind, call: Call
+        self, client: httpx.AsyncClient, tenant: TenantSpec, kind: RequestKind, call: Call
     ) -> tuple[RequestLog, dict[str, Any] | None]:
         log = self.recorder.begin(tenant.name, kind)
         body = await send(
-            self.client,
+            client,
             self.recorder,
             log,
             call,
@@ -106,13 +117,19 @@ class Driver:
 
     async def _session(self, index: int, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
+        async with make_client(self.url, self.spec) as client:
+            await self._session_turns(client, index)
+
+    async def _session_turns(self, client: httpx.AsyncClient, index: int) -> None:
         spec, tenant = self.spec, self.spec.tenant_of_session(index)
         opening = {
             "qos": {"priority": tenant.priority, "max_tokens_per_turn": spec.tokens_per_turn},
             "routing": {"affinity": True},
             "system_prompt": spec.system_prompt,
         }
-        log, created = await self._send(tenant, "session.create", Call("POST", "/v1/sessions", opening))
+        log, created = await self._send(
+            client, tenant, "session.create", Call("POST", "/v1/sessions", opening)
+        )
         session_id = created.get("id") if created else None
         if not isinstance(session_id, str):
             if log.ok:
@@ -126,15 +143,22 @@ class Driver:
                 **generation_fields(spec),
             }
             log, _ = await self._send(
-                tenant, "session.turn", Call("POST", f"/v1/sessions/{session_id}/infer", body, stream=True)
+                client,
+                tenant,
+                "session.turn",
+                Call("POST", f"/v1/sessions/{session_id}/infer", body, stream=True),
             )
             if not log.ok:
                 self.recorder.not_sent[tenant.name] += spec.turns_per_session - turn - 1
                 break
-        await self._send(tenant, "session.delete", Call("DELETE", f"/v1/sessions/{session_id}"))
+        await self._send(client, tenant, "session.delete", Call("DELETE", f"/v1/sessions/{session_id}"))
 
     async def _chat_client(self, index: int, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
+        async with make_client(self.url, self.spec) as client:
+            await self._chat_requests(client, index)
+
+    async def _chat_requests(self, client: httpx.AsyncClient, index: int) -> None:
         spec, tenant = self.spec, self.spec.tenant_of_client(index)
         for request in range(spec.chat_requests_per_client):
             topic = TOPICS[(index + request) % len(TOPICS)]
@@ -143,4 +167,4 @@ class Driver:
                 {"role": "user", "content": f"Client {index}, request {request + 1}: describe {topic}."},
             ]
             body = {"messages": messages, **generation_fields(spec)}
-            await self._send(tenant, "chat", Call("POST", "/v1/chat/completions", body, stream=True))
+            await self._send(client, tenant, "chat", Call("POST", "/v1/chat/completions", body, stream=True))

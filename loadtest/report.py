@@ -25,6 +25,7 @@ from loadtest.stats import (
     itl_ms,
     num_tokens,
     outstanding_window,
+    percentiles,
     tokens_per_s,
     ttft_ms,
     window_shares,
@@ -51,6 +52,14 @@ def _pct(p: Percentiles) -> dict[str, Any]:
 
 def _latency(requests: Sequence[RequestLog]) -> dict[str, Any]:
     return {"ttft_ms": _pct(ttft_ms(requests)), "itl_ms": _pct(itl_ms(requests))}
+
+
+def _generator(lags_s: Sequence[float]) -> dict[str, Any]:
+    """How late the load generator's own loop ran (see loop_lag.py): its stamps are late by this."""
+    return {
+        "loop_lag_ms": _pct(percentiles(lags_s, 1000.0)),
+        "max_loop_lag_ms": max(lags_s, default=0.0) * 1000.0,
+    }
 
 
 def _tenant_requests(spec: LoadSpec, recorder: Recorder, tenant: TenantSpec) -> dict[str, Any]:
@@ -156,7 +165,12 @@ def _memory(rows: Sequence[MemoryRow]) -> dict[str, Any]:
 
 
 def build_report(
-    spec: LoadSpec, recorder: Recorder, memory: Sequence[MemoryRow], *, target: Mapping[str, Any]
+    spec: LoadSpec,
+    recorder: Recorder,
+    memory: Sequence[MemoryRow],
+    *,
+    target: Mapping[str, Any],
+    generator_lags_s: Sequence[float] = (),
 ) -> dict[str, Any]:
     requests = recorder.requests
     gens = generations(requests)
@@ -181,6 +195,7 @@ def build_report(
         "admission": _admission(spec, recorder, gens),
         "fairness": _fairness(spec, recorder, bucket_list),
         "memory": _memory(memory),
+        "generator": _generator(generator_lags_s),
         "buckets": [dataclasses.asdict(b) for b in bucket_list],
     }
     report["checks"] = checks(report)

@@ -1,10 +1,10 @@
 """One whole load test against a target: tenants, warm-up, RSS before, the load, RSS after, report.
 
-Design. The order is the measurement's: the warm-up first (its own tenant and client, closed when
-done), a settle, RSS "before"; then the load with its own client while a thread samples RSS every
-0.5 s for the peaks; the client closed (its idle keep-alive connections would hold memory in the
-gateway), a settle, RSS "after". The run's tenants are removed from Redis at the end, whatever
-happened.
+Design. The order is the measurement's: the warm-up first (its own tenant and clients, closed
+when done), a settle, RSS "before"; then the load, each task with a client of its own, while a
+thread samples RSS every 0.5 s for the peaks and a task the generator's own loop lag; every client
+closed as its task ends (idle keep-alive connections would hold memory in the gateway), a settle,
+RSS "after". The run's tenants are removed from Redis at the end, whatever happened.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 import structlog
 
 from bench.results_file import write_results
-from loadtest.driver import Driver, make_client
+from loadtest.driver import Driver
+from loadtest.loop_lag import LoopLagProbe
 from loadtest.measure import Recorder
 from loadtest.memory import PeakSampler, compare, snapshot
 from loadtest.plot import write_png
@@ -40,8 +41,8 @@ async def run_load(spec: LoadSpec, target: Target, *, seed: int = 0) -> dict[str
     try:
         with PeakSampler(target.pids) as sampler:
             log.info("load started", sessions=spec.num_sessions, chat_clients=spec.num_chat_clients)
-            async with make_client(target.url, spec) as client:
-                await Driver(spec, client, keys, recorder, seed=seed).run()
+            async with LoopLagProbe() as lag:
+                await Driver(spec, target.url, keys, recorder, seed=seed).run()
             log.info("load done", requests=len(recorder.requests), seconds=round(recorder.now(), 1))
             await asyncio.sleep(spec.settle_s)
         after = snapshot(target.pids)
@@ -52,6 +53,7 @@ async def run_load(spec: LoadSpec, target: Target, *, seed: int = 0) -> dict[str
         recorder,
         compare(before, sampler.peak, after),
         target={"url": target.url, "started_here": target.started_here, "pids": dict(target.pids)},
+        generator_lags_s=lag.lags_s,
     )
     report["warmup"] = {"requests": len(warmup.requests), "ok": num_warmup_ok}
     return report

@@ -40,8 +40,9 @@ def _row(label: str, overall: str, values: Sequence[str]) -> str:
     return "| " + " | ".join([label, overall, *values]) + " |"
 
 
-def _ms(p: Mapping[str, Any]) -> str:
-    return "–" if p["count"] == 0 else " / ".join(f"{p[q]:.0f}" for q in ("p50", "p95", "p99"))
+def _ms(p: Mapping[str, Any] | None) -> str:
+    """p50 / p95 / p99 in ms; "–" for none (or a saved report from before the figure was kept)."""
+    return "–" if not p or p["count"] == 0 else " / ".join(f"{p[q]:.0f}" for q in ("p50", "p95", "p99"))
 
 
 def _quota(quota: Mapping[str, int | None]) -> str:
@@ -78,6 +79,11 @@ def _tenant_table(report: Mapping[str, Any]) -> list[str]:
                 [_ms(latency["by_tenant"][t][key]) for t in tenants],
             )
             for name, key in (("TTFT", "ttft_ms"), ("ITL", "itl_ms"))
+        ),
+        _row(
+            "load generator's loop lag p50 / p95 / p99, ms",
+            _ms((report.get("generator") or {}).get("loop_lag_ms")),
+            ["–"] * len(tenants),
         ),
         _row(
             "429s (with Retry-After)",

@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtest.driver import Driver, make_client
+from loadtest.driver import Driver
 from loadtest.measure import Recorder
 from loadtest.spec import LoadSpec, TenantSpec
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
@@ -130,8 +130,7 @@ async def warm_up(target: Target, spec: LoadSpec) -> Recorder:
     keys = await create_tenants(target.redis_url, warmup.tenants)
     recorder = Recorder()
     try:
-        async with make_client(target.url, warmup) as client:
-            await Driver(warmup, client, keys, recorder).run()
+        await Driver(warmup, target.url, keys, recorder).run()
     finally:
         await remove_tenants(target.redis_url, warmup.tenants)
     return recorder

@@ -12,7 +12,12 @@ import httpx
 import pytest
 
 from mohawk_common.bus.server import NatsServer
-from mohawk_gateway.wait_estimate import Prediction, WaitEstimate
+from mohawk_gateway.wait_estimate import (
+    CALIBRATION_QUANTILE,
+    MIN_CALIBRATION_SAMPLES,
+    Prediction,
+    WaitEstimate,
+)
 from tests.gateway.conftest import ServerThread, is_ready, wait_until
 from tests.gateway.scripted import ScriptedPipeline
 
@@ -45,7 +50,7 @@ def test_the_wait_is_the_requests_ahead_over_the_first_token_rate() -> None:
     predicted = waits.predict("", 1.0, "normal")
     assert (predicted.ahead, predicted.rate_per_s) == (7, 2.0)
     assert predicted.wait_s == pytest.approx(3.5)  # 7 / 2
-    assert predicted.retry_after_s(1.0) == 3 and predicted.retry_after_s(10.0) == 1
+    assert predicted.drain_interval_s == pytest.approx(0.5)
 
 
 def test_an_admitted_request_counts_before_it_is_submitted_and_then_once() -> None:
@@ -107,7 +112,71 @@ def test_with_no_first_token_in_the_window_the_wait_is_at_least_those_ahead_time
     assert waits.predict("", 1.0, "normal") == Prediction(7.0, 1, 0.0)
     waits.admit("", 1.0, "normal")
     waits.admit("", 1.0, "normal")
-    assert waits.predict("", 1.0, "normal") == Prediction(21.0, 3, 0.0)
+    predicted = waits.predict("", 1.0, "normal")
+    assert predicted == Prediction(21.0, 3, 0.0)
+    assert predicted.drain_interval_s == pytest.approx(7.0)
+
+
+def test_the_refused_are_told_to_come_back_one_drain_interval_apart() -> None:
+    """10 queued at 2 first tokens a second, a 2 s objective: the first refused comes back when
+    the queue is down to 2 s (3 s), each next one half a second later, never past a minute; the
+    refused of another tenant queue on their own; once the times told have passed, it starts over."""
+    clock = Clock()
+    waits = WaitEstimate(window_s=10.0, clock=clock)
+    served(waits, clock, "", 20, 0.5)
+    for i in range(10):
+        waits.submitted(f"queued-{i}", "", 1.0, "normal")
+    predicted = waits.predict("", 1.0, "normal")
+    assert predicted.wait_s == pytest.approx(5.0)
+    told = [waits.refuse("", predicted, 2.0) for _ in range(4)]
+    assert told == [3, 4, 4, 5]  # 3, 3.5, 4, 4.5 s, rounded up
+    assert waits.refuse("other", predicted, 2.0) == 3
+    assert max(waits.refuse("", predicted, 2.0) for _ in range(200)) == 60
+    clock.now += 61.0
+    assert waits.refuse("", predicted, 2.0) == 3
+    clock.now += 61.0
+    assert waits.refuse("", predicted, 10.0) == 1  # within the objective already (on a stale figure): 1 s
+
+
+def test_the_model_is_scaled_by_how_far_off_it_was_lately() -> None:
+    """Requests admitted on a 2 s prediction got their first token after 6 s: the next prediction is
+    three times the model's; a model that was right is left alone; too few samples change nothing."""
+    clock = Clock()
+    waits = WaitEstimate(window_s=30.0, clock=clock)
+    served(waits, clock, "", 20, 0.5)  # 2 a second
+    for i in range(4):
+        waits.submitted(f"queued-{i}", "", 1.0, "normal")
+    assert waits.calibration() == 1.0
+    for i in range(MIN_CALIBRATION_SAMPLES):
+        predicted = waits.predict("", 1.0, "normal")
+        waits.admit("", 1.0, "normal", predicted)
+        waits.submitted(f"late-{i}", "", 1.0, "normal")
+    first_model_s = 2.0
+    clock.now += 3 * first_model_s  # some waited 6 s on a 2 s prediction, the later ones less
+    for i in range(MIN_CALIBRATION_SAMPLES):
+        waits.first_token(f"late-{i}")
+    ratios = sorted(6.0 / (first_model_s + i * 0.5) for i in range(MIN_CALIBRATION_SAMPLES))
+    assert waits.calibration("") == pytest.approx(ratios[int(CALIBRATION_QUANTILE * len(ratios))])
+    assert waits.calibration("") > 1.0
+    assert waits.calibration("new") == waits.calibration("")  # none of its own: everyone's
+    predicted = waits.predict("", 1.0, "normal")
+    assert predicted.model_s is not None
+    assert predicted.wait_s >= predicted.model_s * waits.calibration("") - 1e-9
+
+
+def test_each_tenant_is_judged_by_its_own_errors_once_it_has_enough() -> None:
+    clock = Clock()
+    waits = WaitEstimate(window_s=30.0, clock=clock)
+    served(waits, clock, "", 20, 0.5)
+    for tenant, late_by in (("gold", 1.0), ("bronze", 4.0)):
+        for i in range(MIN_CALIBRATION_SAMPLES):
+            waits.admit(tenant, 1.0, "normal", Prediction(1.0, 2, 2.0))
+            waits.submitted(f"{tenant}-{i}", tenant, 1.0, "normal")
+        clock.now += late_by
+        for i in range(MIN_CALIBRATION_SAMPLES):
+            waits.first_token(f"{tenant}-{i}")
+    assert waits.calibration("gold") == pytest.approx(1.0)
+    assert waits.calibration("bronze") == pytest.approx(4.0)  # 4 s on a 1 s prediction
 
 
 def _hang(url: str) -> None:

@@ -73,6 +73,7 @@ def test_short_load_test(tmp_path: Path) -> None:
 
     assert report["tokens"]["total"] == 220 * spec.tokens_per_turn
     assert report["latency"]["overall"]["ttft_ms"]["count"] == 220
+    assert report["generator"]["loop_lag_ms"]["count"] > 0
     assert {row["tenant"] for row in report["fairness"]["tenants"]} == {"gold", "silver", "bronze"}
     for process in report["memory"]["processes"]:
         if process["name"].startswith(("gateway", "shard")):

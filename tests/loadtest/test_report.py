@@ -58,6 +58,25 @@ def test_ttft_counts_from_the_answered_attempt_and_itl_between_chunks() -> None:
     assert gaps.p50 == pytest.approx(150.0)
 
 
+def test_the_generators_loop_lag_is_reported_beside_the_latencies() -> None:
+    report = build_report(
+        LoadSpec(num_sessions=1, num_chat_clients=0, turns_per_session=1, tenants=TENANTS),
+        recorder_of([stream("gold", 10.0, [13.0])]),
+        [],
+        target={"url": "http://x"},
+        generator_lags_s=[0.001, 0.002, 0.5],
+    )
+    assert report["generator"]["loop_lag_ms"]["p50"] == pytest.approx(2.0)
+    assert report["generator"]["max_loop_lag_ms"] == pytest.approx(500.0)
+    assert "| load generator's loop lag p50 / p95 / p99, ms | 2 / " in markdown(report)
+
+
+def recorder_of(logs: list[RequestLog]) -> Recorder:
+    recorder = Recorder(clock=lambda: 0.0)
+    recorder.requests.extend(logs)
+    return recorder
+
+
 def test_token_stamps_put_chunkless_tokens_at_the_last_chunk() -> None:
     assert stream("gold", 0.0, [1.0, 2.0], num_tokens=4).token_stamps() == [1.0, 2.0, 2.0, 2.0]
     assert stream("gold", 0.0, [1.0, 2.0], num_tokens=0).token_stamps() == [1.0, 2.0]  # failed mid-stream

@@ -98,14 +98,14 @@ class Gateway:
         effective = capped_priority(priority, tenant)
         predicted = self.waits.predict(name, weight, effective)
         if predicted.wait_s <= objective:
-            self.waits.admit(name, weight, effective)  # it waits from now, not from its submission
+            self.waits.admit(name, weight, effective, predicted)  # it waits from now, not from submission
             return
         self.metrics.refused_by_wait.inc()
         raise too_many_requests(
             "ttft_objective",
             f"the first token is predicted in {predicted.wait_s:.1f} s ({predicted.ahead} requests ahead), "
             f"over the {objective:g} s objective; retry later",
-            retry_after_s=predicted.retry_after_s(objective),
+            retry_after_s=self.waits.refuse(name, predicted, objective),
         )
 
     async def encode(self, encode: Callable[[T], list[int]], prompt: T, param: str) -> list[int]:

@@ -22,8 +22,23 @@ objective at that rate. The estimate is the gateway's own: several gateways each
 requests and their own share of the first tokens, which stay in proportion. What the tenant's
 requests really waited for their first tokens in the last `RECENT_S` (the median) is a floor under
 the prediction while it has requests ahead: the model leaves out what the gateway cannot see (room
-in stage 0's running set, its own backlog), and measured waits bring it back. Pure bookkeeping on
-the caller's clock.
+in stage 0's running set, its own backlog), and measured waits bring it back.
+
+The model is also corrected by its own record: each admitted request keeps what the model
+predicted for it, and when its first token comes the ratio of the real wait to that prediction
+is kept for `window_s`; the model's figure is multiplied by the `CALIBRATION_QUANTILE` of the
+tenant's ratios (of every tenant's, while it has too few; predictions under `MIN_CALIBRATED_S` are
+too small to divide by), so a pipeline slower than its recent first-token rate says (a shared CPU,
+longer prompts), or a tenant's share smaller than its recent rate (others came back), is found out
+within a window, and a faster one admits more.
+
+A refused request is told when to come back so that the refused come back one at a time, at the
+rate the queue drains: the first after the wait down to the objective, each next one a drain
+interval later (`1 / rate` for its tenant) than the last one still to come back, up to
+`MAX_RETRY_AFTER_S` (what every OpenAI Python client honours; past its limit it uses its own short
+backoff). Every refused client given the same Retry-After would come back together, find the queue
+full again and be refused again: a storm of refusals that costs the gateway, and the shard beside
+it, CPU the pipeline needed. Pure bookkeeping on the caller's clock.
 """
 
 from __future__ import annotations
@@ -39,6 +54,11 @@ from mohawk_common.tenancy import PRIORITIES
 _RANK: dict[str, int] = {priority: rank for rank, priority in enumerate(PRIORITIES)}  # lower: first
 PENDING_S = 10.0  # an admitted request not submitted by then (refused later, failed) stops counting
 RECENT_S = 5.0  # the first tokens whose waits are the measured floor of a prediction
+CALIBRATION_QUANTILE = 0.95  # of real wait / predicted wait: what the model's figure is scaled by
+MIN_CALIBRATED_S = 0.5  # a prediction under this is not divided by
+MIN_CALIBRATION_SAMPLES = 10  # fewer ratios than this in the window: no correction
+CALIBRATION_BOUNDS = (0.5, 8.0)
+MAX_RETRY_AFTER_S = 60.0
 
 
 @dataclass(slots=True)
@@ -47,6 +67,7 @@ class _Waiting:
     weight: float
     rank: int
     since: float
+    model_s: float = 0.0  # what the model predicted when it was admitted (0: not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +77,14 @@ class Prediction:
     wait_s: float
     ahead: int  # requests waiting for their first token before this one
     rate_per_s: float  # the rate this request's own turn drains at (0: no first token in the window)
+    model_s: float | None = None  # Little's law alone, before calibration and floor (None: the same)
 
-    def retry_after_s(self, objective_s: float) -> int:
-        """Seconds until a request would be predicted within `objective_s` (at least 1)."""
-        return max(1, math.ceil(self.wait_s - objective_s))
+    @property
+    def drain_interval_s(self) -> float:
+        """How often one of the requests ahead gets its first token."""
+        if self.rate_per_s > 0.0:
+            return 1.0 / self.rate_per_s
+        return self.wait_s / max(1, self.ahead)
 
 
 class WaitEstimate:
@@ -69,24 +94,42 @@ class WaitEstimate:
         self._pending: deque[_Waiting] = deque()  # admitted, not yet submitted
         self._waiting: dict[str, _Waiting] = {}  # request id -> submitted, no token yet
         self._firsts: deque[tuple[float, str, float]] = deque()  # (when, tenant, its wait) each
+        self._ratios: deque[tuple[float, str, float]] = deque()  # (when, tenant, real / predicted wait)
+        self._returns: dict[str, list[float]] = {}  # tenant -> when its refused were told to return
         self._started = clock()
 
-    def admit(self, tenant: str, weight: float, priority: str) -> None:
-        """A request let in: it waits from now (its submission takes it over)."""
-        self._pending.append(_Waiting(tenant, weight, _rank(priority), self._clock()))
+    def admit(self, tenant: str, weight: float, priority: str, prediction: Prediction | None = None) -> None:
+        """A request let in, on `prediction`: it waits from now (its submission takes it over)."""
+        model_s = 0.0 if prediction is None else prediction.model_s or prediction.wait_s
+        self._pending.append(_Waiting(tenant, weight, _rank(priority), self._clock(), model_s))
+
+    def refuse(self, tenant: str, prediction: Prediction, objective_s: float) -> int:
+        """Seconds a request refused on `prediction` should wait before it comes back (at least 1):
+        until the queue is down to `objective_s`, then behind the tenant's refused still to return,
+        one drain interval each (see the module's design)."""
+        now = self._clock()
+        returning = [at for at in self._returns.get(tenant, ()) if at > now]
+        after_s = prediction.wait_s - objective_s
+        if returning:
+            after_s = max(after_s, max(returning) - now + prediction.drain_interval_s)
+        after_s = min(MAX_RETRY_AFTER_S, max(1.0, after_s))
+        self._returns[tenant] = [*returning, now + after_s]
+        return math.ceil(after_s)
 
     def submitted(self, request_id: str, tenant: str, weight: float, priority: str) -> None:
         admitted = next((w for w in self._pending if w.tenant == tenant), None)
         if admitted is not None:
             self._pending.remove(admitted)
-        since = admitted.since if admitted is not None else self._clock()
-        self._waiting[request_id] = _Waiting(tenant, weight, _rank(priority), since)
+        since, model_s = (admitted.since, admitted.model_s) if admitted is not None else (self._clock(), 0.0)
+        self._waiting[request_id] = _Waiting(tenant, weight, _rank(priority), since, model_s)
 
     def first_token(self, request_id: str) -> None:
         waiting = self._waiting.pop(request_id, None)
         if waiting is not None:
             now = self._clock()
             self._firsts.append((now, waiting.tenant, now - waiting.since))
+            if waiting.model_s >= MIN_CALIBRATED_S:
+                self._ratios.append((now, waiting.tenant, (now - waiting.since) / waiting.model_s))
 
     def closed(self, request_id: str) -> None:
         """The request ended (with no token, if it is still counted as waiting)."""
@@ -96,6 +139,8 @@ class WaitEstimate:
         now = self._clock()
         while self._firsts and now - self._firsts[0][0] > self.window_s:
             self._firsts.popleft()
+        while self._ratios and now - self._ratios[0][0] > self.window_s:
+            self._ratios.popleft()
         while self._pending and now - self._pending[0].since > PENDING_S:
             self._pending.popleft()
         rank = _rank(priority)
@@ -113,11 +158,24 @@ class WaitEstimate:
         weights[tenant] = weight
         share = rate * weight / sum(weights.values())  # what its weight guarantees it while backlogged
         own_rate = max(share, sum(t == tenant for _, t, _ in self._firsts) / span)
-        predicted = len(higher) / rate + len(own) / own_rate
+        model_s = len(higher) / rate + len(own) / own_rate
+        predicted = model_s * self.calibration(tenant)
         if own:  # what its tenant's requests waited lately is a floor: the model may be wrong
             recent = sorted(w for at, t, w in self._firsts if t == tenant and now - at <= RECENT_S)
             predicted = max(predicted, recent[len(recent) // 2] if recent else 0.0)
-        return Prediction(predicted, ahead, own_rate)
+        return Prediction(predicted, ahead, own_rate, model_s)
+
+    def calibration(self, tenant: str | None = None) -> float:
+        """What the model's figure for `tenant` is multiplied by: the `CALIBRATION_QUANTILE` of
+        real over predicted waits in the window, the tenant's own when it has enough, within
+        `CALIBRATION_BOUNDS` (1 with too few to judge)."""
+        ratios = sorted(ratio for _, t, ratio in self._ratios if t == tenant)
+        if len(ratios) < MIN_CALIBRATION_SAMPLES:
+            ratios = sorted(ratio for _, _, ratio in self._ratios)
+        if len(ratios) < MIN_CALIBRATION_SAMPLES:
+            return 1.0
+        low, high = CALIBRATION_BOUNDS
+        return min(high, max(low, ratios[min(len(ratios) - 1, int(CALIBRATION_QUANTILE * len(ratios)))]))
 
 
 def _rank(priority: str) -> int:

@@ -154,9 +154,11 @@ def _memory(rows: Sequence[MemoryRow]) -> dict[str, Any]:
             {
                 "name": row.name,
                 "before_mib": mib(row.before_bytes),
+                "working_set_mib": mib(row.working_bytes),
                 "peak_mib": mib(row.peak_bytes),
                 "after_mib": mib(row.after_bytes),
                 "change": row.change,
+                "growth": row.growth,
                 "within": row.within,
             }
             for row in rows
@@ -267,8 +269,15 @@ def _share_check(report: Mapping[str, Any]) -> dict[str, Any]:
 def _memory_check(report: Mapping[str, Any]) -> dict[str, Any]:
     rows = [p for p in report["memory"]["processes"] if p["name"].startswith(CHECKED_PROCESSES)]
     ok = None if not rows or any(p["within"] is None for p in rows) else all(p["within"] for p in rows)
-    detail = ", ".join(f"{p['name']} {signed(p['change'])}" for p in rows) or "no RSS taken"
-    return _check(f"gateway and shard RSS back within {MEMORY_TOLERANCE:.0%} of before", ok, detail)
+    detail = (
+        ", ".join(
+            f"{p['name']} {signed(p['growth'])} (since before the load {signed(p['change'])})" for p in rows
+        )
+        or "no RSS taken"
+    )
+    return _check(
+        f"gateway and shard RSS after the run within {MEMORY_TOLERANCE:.0%} of their working set", ok, detail
+    )
 
 
 def counts(values: Mapping[str, int]) -> str:

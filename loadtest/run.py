@@ -4,13 +4,15 @@ Design. The order is the measurement's: the warm-up first (its own tenant and cl
 when done), a settle, RSS "before"; then the load, each task with a client of its own, while a
 thread samples RSS every 0.5 s for the peaks and a task the generator's own loop lag; every client
 closed as its task ends (idle keep-alive connections would hold memory in the gateway), a settle,
-RSS "after". The run's tenants are removed from Redis at the end, whatever happened.
+RSS "after"; the memory check judges "after" against the RSS once a quarter of the requests had
+ended (memory.py says why). The run's tenants are removed from Redis at the end, whatever happened.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,9 @@ from loadtest.target import Target, create_tenants, remove_tenants, warm_up
 
 log = structlog.get_logger("loadtest")
 
+WORKING_SET_FRACTION = 4  # the working set is read once 1 / this of the requests have ended
+WORKING_SET_POLL_S = 1.0
+
 
 async def run_load(spec: LoadSpec, target: Target, *, seed: int = 0) -> dict[str, Any]:
     """Drive `spec` against `target`; the report (see report.py)."""
@@ -41,7 +46,7 @@ async def run_load(spec: LoadSpec, target: Target, *, seed: int = 0) -> dict[str
     try:
         with PeakSampler(target.pids) as sampler:
             log.info("load started", sessions=spec.num_sessions, chat_clients=spec.num_chat_clients)
-            async with LoopLagProbe() as lag:
+            async with LoopLagProbe() as lag, _working_set_marked(recorder, sampler, spec):
                 await Driver(spec, target.url, keys, recorder, seed=seed).run()
             log.info("load done", requests=len(recorder.requests), seconds=round(recorder.now(), 1))
             await asyncio.sleep(spec.settle_s)
@@ -51,12 +56,35 @@ async def run_load(spec: LoadSpec, target: Target, *, seed: int = 0) -> dict[str
     report = build_report(
         spec,
         recorder,
-        compare(before, sampler.peak, after),
+        compare(before, sampler.peak, after, working_set=sampler.working_set),
         target={"url": target.url, "started_here": target.started_here, "pids": dict(target.pids)},
         generator_lags_s=lag.lags_s,
     )
     report["warmup"] = {"requests": len(warmup.requests), "ok": num_warmup_ok}
     return report
+
+
+@contextlib.asynccontextmanager
+async def _working_set_marked(
+    recorder: Recorder, sampler: PeakSampler, spec: LoadSpec
+) -> AsyncIterator[None]:
+    """While the load runs: mark the sampler's working set once a quarter of the generation
+    requests the spec sends have ended."""
+    total = sum(spec.num_requests_of(t.name) for t in spec.tenants)
+    quarter = max(1, total // WORKING_SET_FRACTION)
+
+    async def watch() -> None:
+        while sum(r.generates and r.ended_at is not None for r in recorder.requests) < quarter:
+            await asyncio.sleep(WORKING_SET_POLL_S)
+        sampler.mark_working_set()
+
+    task = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def write_outputs(

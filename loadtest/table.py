@@ -123,12 +123,18 @@ def memory_table(report: Mapping[str, Any]) -> str:
 
 
 def _memory_table(report: Mapping[str, Any]) -> list[str]:
+    """Saved runs from before the working set was kept have no such column: "–" there."""
     lines = [
-        "| process | RSS before, MiB | peak, MiB | after, MiB | change | within 10% |",
-        "|---|---|---|---|---|---|",
+        "| process | RSS before, MiB | working set, MiB | peak, MiB | after, MiB | after vs before "
+        "| after vs working set | within 10% |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in report["memory"]["processes"]:
         within = "–" if p["within"] is None else "yes" if p["within"] else "no"
-        sizes = [str(p[k]) if p[k] is not None else "–" for k in ("before_mib", "peak_mib", "after_mib")]
-        lines.append("| " + " | ".join([p["name"], *sizes, signed(p["change"]), within]) + " |")
+        sizes = [
+            "–" if p.get(k) is None else str(p[k])
+            for k in ("before_mib", "working_set_mib", "peak_mib", "after_mib")
+        ]
+        changes = [signed(p["change"]), signed(p.get("growth"))]
+        lines.append("| " + " | ".join([p["name"], *sizes, *changes, within]) + " |")
     return lines

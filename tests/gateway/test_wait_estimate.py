@@ -164,6 +164,21 @@ def test_the_model_is_scaled_by_how_far_off_it_was_lately() -> None:
     assert predicted.wait_s >= predicted.model_s * waits.calibration("") - 1e-9
 
 
+def test_requests_still_waiting_past_their_prediction_count_before_their_first_token() -> None:
+    """10 admitted on a 1 s prediction and still waiting 3 s later: the model is at least 3 times
+    too optimistic, known now; requests not yet past their prediction say nothing."""
+    clock = Clock()
+    waits = WaitEstimate(window_s=30.0, clock=clock)
+    served(waits, clock, "", 20, 0.5)
+    for i in range(MIN_CALIBRATION_SAMPLES):
+        waits.admit("", 1.0, "normal", Prediction(1.0, 2, 2.0))
+        waits.submitted(f"late-{i}", "", 1.0, "normal")
+    clock.now += 0.9
+    assert waits.calibration("") == 1.0
+    clock.now += 2.1
+    assert waits.calibration("") == pytest.approx(3.0)
+
+
 def test_each_tenant_is_judged_by_its_own_errors_once_it_has_enough() -> None:
     clock = Clock()
     waits = WaitEstimate(window_s=30.0, clock=clock)

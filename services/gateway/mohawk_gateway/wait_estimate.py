@@ -30,7 +30,9 @@ is kept for `window_s`; the model's figure is multiplied by the `CALIBRATION_QUA
 tenant's ratios (of every tenant's, while it has too few; predictions under `MIN_CALIBRATED_S` are
 too small to divide by), so a pipeline slower than its recent first-token rate says (a shared CPU,
 longer prompts), or a tenant's share smaller than its recent rate (others came back), is found out
-within a window, and a faster one admits more.
+within a window, and a faster one admits more. A request still waiting past its prediction counts
+too, with its wait so far (its ratio can only grow): a pipeline that slows is found out while its
+requests are late, not one wait later when their first tokens come.
 
 A refused request is told when to come back so that the refused come back one at a time, at the
 rate the queue drains: the first after the wait down to the objective, each next one a drain
@@ -167,11 +169,19 @@ class WaitEstimate:
 
     def calibration(self, tenant: str | None = None) -> float:
         """What the model's figure for `tenant` is multiplied by: the `CALIBRATION_QUANTILE` of
-        real over predicted waits in the window, the tenant's own when it has enough, within
-        `CALIBRATION_BOUNDS` (1 with too few to judge)."""
-        ratios = sorted(ratio for _, t, ratio in self._ratios if t == tenant)
+        real over predicted waits in the window, and of the waits so far of requests still waiting
+        past their prediction (a ratio at least that large is certain), the tenant's own when it
+        has enough, within `CALIBRATION_BOUNDS` (1 with too few to judge)."""
+        now = self._clock()
+        overdue = [
+            (w.tenant, (now - w.since) / w.model_s)
+            for w in (*self._pending, *self._waiting.values())
+            if w.model_s >= MIN_CALIBRATED_S and now - w.since > w.model_s
+        ]
+        known = [(t, ratio) for _, t, ratio in self._ratios] + overdue
+        ratios = sorted(ratio for t, ratio in known if t == tenant)
         if len(ratios) < MIN_CALIBRATION_SAMPLES:
-            ratios = sorted(ratio for _, _, ratio in self._ratios)
+            ratios = sorted(ratio for _, ratio in known)
         if len(ratios) < MIN_CALIBRATION_SAMPLES:
             return 1.0
         low, high = CALIBRATION_BOUNDS

@@ -84,6 +84,46 @@ def test_a_tenant_that_leaves_keeps_its_lead() -> None:
     assert clocks.vtime(Priority.NORMAL, "a") == 100.0
 
 
+def test_a_tenant_with_work_running_but_none_queued_banks_no_credit_either() -> None:
+    """`gold` (weight 3) keeps one sequence running and nothing queued while `bronze` is served 300
+    tokens; gold's new work then shares by weight from bronze's virtual time, not all before it."""
+    clocks = TenantClocks()
+    queue = FairQueue(clocks)
+    running = seq(0, "gold", weight=3.0)
+    clocks.join(running)  # admitted: running, not queued
+    bronze = [seq(100 + i, "bronze") for i in range(40)]
+    for s in bronze:
+        clocks.join(s)
+        queue.append(s)
+    for _ in range(30):
+        head = queue.peek()
+        assert head is not None and head.qos.tenant == "bronze"
+        queue.remove(head)
+        clocks.charge(head, 10)
+    assert clocks.vtime(Priority.NORMAL, "gold") == 0.0
+    gold = [seq(1 + i, "gold", weight=3.0) for i in range(30)]
+    for s in gold:
+        clocks.join(s)
+        queue.append(s)
+    assert clocks.vtime(Priority.NORMAL, "gold") == pytest.approx(300.0)  # bronze's, lifted to
+    order = drain(queue, tokens_each=10)[:8]
+    assert sum(i < 100 for i in order) == 6  # 3:1 from here, not 30 of gold's first
+
+
+def test_a_preempted_sequence_put_back_is_not_lifted_but_new_work_is() -> None:
+    queue = queue_of(seq(100, "bronze"))
+    clocks = queue.clocks
+    clocks.charge(seq(100, "bronze"), 50)
+    preempted = seq(0, "gold")
+    clocks.join(preempted)
+    clocks.charge(preempted, 5)
+    queue.appendleft(preempted)
+    assert clocks.vtime(Priority.NORMAL, "gold") == 5.0
+    queue.remove(preempted)
+    queue.append(preempted)
+    assert clocks.vtime(Priority.NORMAL, "gold") == 50.0
+
+
 def test_order_picks_a_step_by_weight_without_charging() -> None:
     clocks = TenantClocks()
     heavy = [seq(i, "heavy", weight=3.0) for i in range(6)]

@@ -8,7 +8,14 @@ decoded tokens alike; prefix-cache hits cost nothing), and whoever has the small
 is served next, so while tenants stay busy the tokens they get are in proportion to their weights.
 The class's system virtual time is the largest virtual time a tenant had when it was served; a
 tenant that had nothing queued or running re-enters at the larger of its own virtual time and the
-system virtual time, so idling banks no credit (and leaving does not forgive a lead). The same
+system virtual time, so idling banks no credit (and leaving does not forgive a lead). A tenant
+that had sequences running but none queued is not backlogged either: when new work of it is
+queued, its virtual time is lifted to at least the smallest of the tenants already queued (as the
+VTC paper lifts a client that joins the waiting queue). Without that, a tenant kept short of work
+(its clients refused by the gateway's admission, say) trailed while others used the room it left,
+and once its queue filled again it took everything until it caught up: in a load test with
+admission by predicted wait, a weight-1 tenant got no token for a second and its requests waited
+20-28 s while a weight-3 tenant caught up. The same
 order decides two things: which waiting sequence is admitted next (`FairQueue`: first in, first
 out within a tenant; a preempted sequence goes back to the head of its tenant's queue, and a
 resumed one, whose client has already seen tokens, goes ahead of the tenant's new work, behind the
@@ -70,6 +77,12 @@ class TenantClocks:
         klass.clock = max(klass.clock, tenant.vtime)
         tenant.vtime += num_tokens / seq.qos.weight
 
+    def lift(self, seq: Sequence, floor: float) -> None:
+        """`seq`'s tenant's virtual time is at least `floor`."""
+        tenant = self._classes[seq.qos.priority].tenants.get(seq.qos.tenant)
+        if tenant is not None:
+            tenant.vtime = max(tenant.vtime, floor)
+
     def vtime(self, priority: Priority, tenant: str) -> float:
         klass = self._classes[priority]
         known = klass.tenants.get(tenant)
@@ -122,6 +135,7 @@ class FairQueue:
                 yield from tenants[name]
 
     def append(self, seq: Sequence) -> None:
+        self._lift_if_new(seq)
         self._queue(seq).append(seq)
         self._num_waiting += 1
 
@@ -132,6 +146,7 @@ class FairQueue:
 
     def append_resumed(self, seq: Sequence) -> None:
         """Ahead of its tenant's new work, behind the resumed sequences already waiting."""
+        self._lift_if_new(seq)
         queue = self._queue(seq)
         ahead = next((i for i, waiting in enumerate(queue) if not waiting.resumed_at), len(queue))
         queue.insert(ahead, seq)
@@ -154,6 +169,14 @@ class FairQueue:
         self._num_waiting -= 1
         if not queue:
             del tenants[seq.qos.tenant]
+
+    def _lift_if_new(self, seq: Sequence) -> None:
+        """A tenant with nothing queued joins the queue no further behind than the least of the
+        tenants queued (a preempted sequence, put back with `appendleft`, is not new work)."""
+        tenants = self._queues[seq.qos.priority]
+        if seq.qos.tenant in tenants or not tenants:
+            return
+        self.clocks.lift(seq, min(self.clocks.vtime(seq.qos.priority, t) for t in tenants))
 
     def _queue(self, seq: Sequence) -> deque[Sequence]:
         return self._queues[seq.qos.priority].setdefault(seq.qos.tenant, deque())

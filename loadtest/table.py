@@ -40,9 +40,8 @@ def _row(label: str, overall: str, values: Sequence[str]) -> str:
     return "| " + " | ".join([label, overall, *values]) + " |"
 
 
-def _ms(p: Mapping[str, Any] | None) -> str:
-    """p50 / p95 / p99 in ms; "–" for none (or a saved report from before the figure was kept)."""
-    return "–" if not p or p["count"] == 0 else " / ".join(f"{p[q]:.0f}" for q in ("p50", "p95", "p99"))
+def _ms(p: Mapping[str, Any]) -> str:
+    return "–" if p["count"] == 0 else " / ".join(f"{p[q]:.0f}" for q in ("p50", "p95", "p99"))
 
 
 def _quota(quota: Mapping[str, int | None]) -> str:
@@ -82,7 +81,7 @@ def _tenant_table(report: Mapping[str, Any]) -> list[str]:
         ),
         _row(
             "load generator's loop lag p50 / p95 / p99, ms",
-            _ms((report.get("generator") or {}).get("loop_lag_ms")),
+            _ms(report["generator"]["loop_lag_ms"]),
             ["–"] * len(tenants),
         ),
         _row(
@@ -123,7 +122,6 @@ def memory_table(report: Mapping[str, Any]) -> str:
 
 
 def _memory_table(report: Mapping[str, Any]) -> list[str]:
-    """Saved runs from before the working set was kept have no such column: "–" there."""
     lines = [
         "| process | RSS before, MiB | working set, MiB | peak, MiB | after, MiB | after vs before "
         "| after vs working set | within 10% |",
@@ -132,9 +130,9 @@ def _memory_table(report: Mapping[str, Any]) -> list[str]:
     for p in report["memory"]["processes"]:
         within = "–" if p["within"] is None else "yes" if p["within"] else "no"
         sizes = [
-            "–" if p.get(k) is None else str(p[k])
+            "–" if p[k] is None else str(p[k])
             for k in ("before_mib", "working_set_mib", "peak_mib", "after_mib")
         ]
-        changes = [signed(p["change"]), signed(p.get("growth"))]
+        changes = [signed(p["change"]), signed(p["growth"])]
         lines.append("| " + " | ".join([p["name"], *sizes, *changes, within]) + " |")
     return lines

@@ -28,6 +28,12 @@ class CoordinatorSettings(BusSettings, ModelFileSettings):
     replicas: Replicas = Field(
         1, description="pipelines to form: a number, or auto (as many as the nodes hold); see replicas.py"
     )
+    standbys: bool = Field(
+        False,
+        description="ask nodes with memory to spare to hold another stage's layers warm (a spare "
+        "whole, a neighbour widening its stage), so a failover re-plans onto them with no load "
+        "(standbys.py); off: a replacement loads its layers while stage 0 keeps the requests",
+    )
     max_model_len: int | None = Field(None, ge=2, description="context cap; none = the model's and KV's")
     plan_settle_s: float = Field(
         1.5, ge=0, description="re-plan once the set of live nodes has been unchanged this long"

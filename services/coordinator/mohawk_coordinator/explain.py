@@ -97,8 +97,8 @@ async def _read_nodes(js: JetStreamContext) -> dict[str, bus_pb2.Heartbeat]:
 
 
 def render(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> str:
-    """The plan as operators read it: header, each pipeline with a row per stage, spares, live nodes
-    left out, reasons."""
+    """The plan as operators read it: header, each pipeline with a row per stage, standbys, spares,
+    live nodes left out, reasons."""
     created = datetime.fromtimestamp(plan.created, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     lines = pipelines(plan)
     rows = [
@@ -115,6 +115,7 @@ def render(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> str:
             f"{pipeline.num_kv_blocks} KV blocks, max_model_len {pipeline.max_model_len}",
         ]
         rows += _stage_rows(pipeline, plan, nodes)
+    rows += _standby_rows(plan, nodes)
     quarantined = set(plan.quarantined)
     if plan.spares:
         rows.append(f"spares (ready to replace a failed stage): {', '.join(plan.spares)}")
@@ -147,6 +148,30 @@ def _stage_rows(pipeline: Pipeline, plan: bus_pb2.Plan, nodes: Mapping[str, bus_
             f"{node.seconds_per_layer:>9.2g}  {loaded}"
         )
     return lines
+
+
+def _standby_rows(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> list[str]:
+    """A row per standby: who holds whose layers warm, and whether the holder reports them loaded."""
+    if not plan.standbys:
+        return []
+    rows = [
+        "",
+        f"standbys (layers held warm, no KV; a failover takes them over unloaded): {len(plan.standbys)}",
+    ]
+    rows.append(f"{'node':<20} {'layers':<10} {'covers':<20} {'pipeline':>8} {'weights MiB':>11}  loaded")
+    for standby in plan.standbys:
+        node = nodes.get(standby.node_id)
+        stage = bus_pb2.PlanStage(start=standby.start, end=standby.end)
+        weights = weights_cell(node, stage, plan.num_layers) if node is not None else "?"
+        held = node is not None and (node.standby_layer_start, node.standby_layer_end) == (
+            standby.start,
+            standby.end,
+        )
+        rows.append(
+            f"{standby.node_id:<20} {f'[{standby.start}, {standby.end})':<10} {standby.covers:<20} "
+            f"{standby.pipeline:>8} {weights:>11}  {'yes' if held else 'no'}"
+        )
+    return rows
 
 
 def stage_weight_bytes(node: bus_pb2.Heartbeat, stage: bus_pb2.PlanStage, num_layers: int) -> int:

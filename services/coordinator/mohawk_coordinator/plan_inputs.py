@@ -34,6 +34,7 @@ from mohawk_common.kv_groups import KVGroup, group_of_layer, kv_groups, max_toke
 from mohawk_coordinator.config import CoordinatorSettings
 from mohawk_coordinator.planner import ModelFootprint, NodeCapacity, PlanningError
 from mohawk_coordinator.replicas import form_pipelines, kept_pipelines, replicas_reason
+from mohawk_coordinator.standbys import choose_standbys, repair
 from mohawk_proto.v1 import bus_pb2
 
 FP32_BYTES = 4
@@ -135,16 +136,19 @@ def build_plan(
     """
     nodes = {hb.node_id: hb for hb in heartbeats}
     footprint = shape.footprint
+    capacities = node_capacities(nodes.values())
     kept = kept_pipelines(current, footprint, nodes) if settings.replicas != 1 else []
+    repaired = repair(current, footprint, nodes, capacities) if settings.standbys else []
     taken = {node_id for pipeline in kept for node_id in pipeline.node_ids}
-    free = [c for c in node_capacities(nodes.values()) if c.node_id not in taken]
-    wanted = None if settings.replicas == "auto" else settings.replicas - len(kept)
+    taken |= {s.node_id for _, placement in repaired for s in placement.stages}
+    free = [c for c in capacities if c.node_id not in taken]
+    wanted = None if settings.replicas == "auto" else settings.replicas - len(kept) - len(repaired)
     formed = []
     if free and (wanted is None or wanted > 0):
         try:
             formed = form_pipelines(footprint, free, settings.placement, wanted)
         except PlanningError:
-            if not kept:
+            if not kept and not repaired:
                 raise
     plan = bus_pb2.Plan(
         model=settings.served_model,
@@ -155,10 +159,12 @@ def build_plan(
     for pipeline in kept:
         list_pipeline(plan, pipeline)
         plan.stages.extend(pipeline.stages)
-    free_ids = (i for i in itertools.count() if i not in {p.id for p in kept})
-    many = len(kept) + len(formed) > 1
-    for placement in formed:
-        pipeline_id = next(free_ids)
+    slots = {p.id for p in kept} | {p.id for p, _ in repaired}
+    free_ids = (i for i in itertools.count() if i not in slots)
+    many = len(kept) + len(repaired) + len(formed) > 1
+    placed = [(old.id, placement) for old, placement in repaired]
+    placed += [(next(free_ids), placement) for placement in formed]
+    for pipeline_id, placement in placed:
         stages = [
             bus_pb2.PlanStage(
                 node_id=s.node_id,
@@ -181,7 +187,13 @@ def build_plan(
     plan.max_model_len = min(p.max_model_len for p in plan.pipelines)
     plan.state = ACTIVE if any(p.active for p in plan.pipelines) else LOADING
     if settings.replicas != 1 or many:
-        plan.reasons.insert(0, replicas_reason(settings.replicas, len(kept), len(formed), len(plan.spares)))
+        plan.reasons.insert(
+            0, replicas_reason(settings.replicas, len(kept), len(repaired) + len(formed), len(plan.spares))
+        )
+    if settings.standbys:
+        standbys, reasons = choose_standbys(plan, capacities, footprint, nodes)
+        plan.standbys.extend(standbys)
+        plan.reasons.extend(reasons)
     return plan
 
 
@@ -238,7 +250,16 @@ def same_placement(a: bus_pb2.Plan, b: bus_pb2.Plan) -> bool:
             )
             for p in pipelines(plan)
         )
-        return (plan.model, plan.model_id, plan.num_layers, lines, plan.block_size, tuple(plan.spares))
+        standbys = tuple((b.node_id, b.node_started_at_ms, b.start, b.end, b.covers) for b in plan.standbys)
+        return (
+            plan.model,
+            plan.model_id,
+            plan.num_layers,
+            lines,
+            plan.block_size,
+            tuple(plan.spares),
+            standbys,
+        )
 
     return key(a) == key(b)
 

@@ -73,7 +73,7 @@ class StepResult(_message.Message):
     def __init__(self, plan_version: _Optional[int] = ..., step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SampledResult, _Mapping]]] = ..., sent_at: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role", "hop_ms_p50", "hop_ms_p99", "num_hops", "security_rejections", "insecure", "held_layer_start", "held_layer_end", "model_id", "num_layers", "hidden_size", "vocab_size", "num_kv_heads", "head_dim", "max_position_embeddings", "layer_weight_bytes", "embedding_weight_bytes", "head_weight_bytes", "weights_format", "failed_steps", "expired_steps", "held_requests", "signed", "layer_windows", "sequence")
+    __slots__ = ("node_id", "model", "backend", "device", "total_memory_bytes", "free_memory_bytes", "memory_limit_bytes", "kv_cache_bytes", "seconds_per_layer", "plan_version", "stage", "loaded", "sent_at", "started_at_ms", "kv_block_bytes_per_layer", "role", "hop_ms_p50", "hop_ms_p99", "num_hops", "security_rejections", "insecure", "held_layer_start", "held_layer_end", "model_id", "num_layers", "hidden_size", "vocab_size", "num_kv_heads", "head_dim", "max_position_embeddings", "layer_weight_bytes", "embedding_weight_bytes", "head_weight_bytes", "weights_format", "failed_steps", "expired_steps", "held_requests", "signed", "layer_windows", "sequence", "standby_layer_start", "standby_layer_end")
     class SecurityRejectionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,8 @@ class Heartbeat(_message.Message):
     SIGNED_FIELD_NUMBER: _ClassVar[int]
     LAYER_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_LAYER_END_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     model: str
     backend: str
@@ -161,7 +163,9 @@ class Heartbeat(_message.Message):
     signed: ControlSignature
     layer_windows: _containers.RepeatedScalarFieldContainer[int]
     sequence: int
-    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ..., hop_ms_p50: _Optional[float] = ..., hop_ms_p99: _Optional[float] = ..., num_hops: _Optional[int] = ..., security_rejections: _Optional[_Mapping[str, int]] = ..., insecure: _Optional[bool] = ..., held_layer_start: _Optional[int] = ..., held_layer_end: _Optional[int] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., layer_weight_bytes: _Optional[int] = ..., embedding_weight_bytes: _Optional[int] = ..., head_weight_bytes: _Optional[int] = ..., weights_format: _Optional[str] = ..., failed_steps: _Optional[int] = ..., expired_steps: _Optional[int] = ..., held_requests: _Optional[_Iterable[str]] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ..., layer_windows: _Optional[_Iterable[int]] = ..., sequence: _Optional[int] = ...) -> None: ...
+    standby_layer_start: int
+    standby_layer_end: int
+    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ..., plan_version: _Optional[int] = ..., stage: _Optional[int] = ..., loaded: _Optional[bool] = ..., sent_at: _Optional[float] = ..., started_at_ms: _Optional[int] = ..., kv_block_bytes_per_layer: _Optional[int] = ..., role: _Optional[str] = ..., hop_ms_p50: _Optional[float] = ..., hop_ms_p99: _Optional[float] = ..., num_hops: _Optional[int] = ..., security_rejections: _Optional[_Mapping[str, int]] = ..., insecure: _Optional[bool] = ..., held_layer_start: _Optional[int] = ..., held_layer_end: _Optional[int] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., layer_weight_bytes: _Optional[int] = ..., embedding_weight_bytes: _Optional[int] = ..., head_weight_bytes: _Optional[int] = ..., weights_format: _Optional[str] = ..., failed_steps: _Optional[int] = ..., expired_steps: _Optional[int] = ..., held_requests: _Optional[_Iterable[str]] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ..., layer_windows: _Optional[_Iterable[int]] = ..., sequence: _Optional[int] = ..., standby_layer_start: _Optional[int] = ..., standby_layer_end: _Optional[int] = ...) -> None: ...
 
 class PlanStage(_message.Message):
     __slots__ = ("node_id", "start", "end", "pipeline", "node_started_at_ms")
@@ -176,6 +180,22 @@ class PlanStage(_message.Message):
     pipeline: int
     node_started_at_ms: int
     def __init__(self, node_id: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., pipeline: _Optional[int] = ..., node_started_at_ms: _Optional[int] = ...) -> None: ...
+
+class PlanStandby(_message.Message):
+    __slots__ = ("node_id", "start", "end", "node_started_at_ms", "covers", "pipeline")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    NODE_STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    COVERS_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    start: int
+    end: int
+    node_started_at_ms: int
+    covers: str
+    pipeline: int
+    def __init__(self, node_id: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., node_started_at_ms: _Optional[int] = ..., covers: _Optional[str] = ..., pipeline: _Optional[int] = ...) -> None: ...
 
 class PlanPipeline(_message.Message):
     __slots__ = ("id", "epoch", "active", "num_kv_blocks", "max_model_len")
@@ -192,7 +212,7 @@ class PlanPipeline(_message.Message):
     def __init__(self, id: _Optional[int] = ..., epoch: _Optional[int] = ..., active: _Optional[bool] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("version", "model", "model_id", "num_layers", "stages", "num_kv_blocks", "block_size", "max_model_len", "state", "leader", "created", "reasons", "quarantined", "pipelines", "spares", "signed")
+    __slots__ = ("version", "model", "model_id", "num_layers", "stages", "num_kv_blocks", "block_size", "max_model_len", "state", "leader", "created", "reasons", "quarantined", "pipelines", "spares", "signed", "standbys")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +229,7 @@ class Plan(_message.Message):
     PIPELINES_FIELD_NUMBER: _ClassVar[int]
     SPARES_FIELD_NUMBER: _ClassVar[int]
     SIGNED_FIELD_NUMBER: _ClassVar[int]
+    STANDBYS_FIELD_NUMBER: _ClassVar[int]
     version: int
     model: str
     model_id: str
@@ -225,7 +246,8 @@ class Plan(_message.Message):
     pipelines: _containers.RepeatedCompositeFieldContainer[PlanPipeline]
     spares: _containers.RepeatedScalarFieldContainer[str]
     signed: ControlSignature
-    def __init__(self, version: _Optional[int] = ..., model: _Optional[str] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[PlanStage, _Mapping]]] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., created: _Optional[float] = ..., reasons: _Optional[_Iterable[str]] = ..., quarantined: _Optional[_Iterable[str]] = ..., pipelines: _Optional[_Iterable[_Union[PlanPipeline, _Mapping]]] = ..., spares: _Optional[_Iterable[str]] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ...) -> None: ...
+    standbys: _containers.RepeatedCompositeFieldContainer[PlanStandby]
+    def __init__(self, version: _Optional[int] = ..., model: _Optional[str] = ..., model_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[PlanStage, _Mapping]]] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., created: _Optional[float] = ..., reasons: _Optional[_Iterable[str]] = ..., quarantined: _Optional[_Iterable[str]] = ..., pipelines: _Optional[_Iterable[_Union[PlanPipeline, _Mapping]]] = ..., spares: _Optional[_Iterable[str]] = ..., signed: _Optional[_Union[ControlSignature, _Mapping]] = ..., standbys: _Optional[_Iterable[_Union[PlanStandby, _Mapping]]] = ...) -> None: ...
 
 class GatewayPresence(_message.Message):
     __slots__ = ("gateway_id", "instance", "pid", "at_ms", "signed")

@@ -45,6 +45,8 @@ def build_heartbeat(
         plan_version=following.plan_version,
         stage=following.stage_index,
         loaded=following.loaded,
+        standby_layer_start=following.standby[0],
+        standby_layer_end=following.standby[1],
         sent_at=time.time(),
         started_at_ms=started_at_ms,
         insecure=insecure,

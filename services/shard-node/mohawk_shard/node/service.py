@@ -125,6 +125,7 @@ class ShardNode:
         await cancel_and_wait(heartbeat, watcher, revocations)
         await self.stages.drop_next()
         await self.stages.stop_role()
+        self.stages.standby.close()
         with contextlib.suppress(Exception):
             await self.nc.drain()
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -258,6 +259,11 @@ class ShardNode:
                     await self._beat_soon.wait()
                 await asyncio.sleep(EARLY_BEAT_S)  # the rest of a burst of requests, in one heartbeat
             self._beat_soon.clear()
+
+    @property
+    def started_at_ms(self) -> int:
+        """This run of the node (its heartbeats' started_at_ms), which plans place stages on."""
+        return self._started_at_ms
 
     def beat_soon(self) -> None:
         """Send the next heartbeat now rather than at the interval (what stage 0 holds changed)."""

@@ -51,11 +51,13 @@ class QueueSnapshot:
 @dataclass(frozen=True, slots=True)
 class Following:
     """Where the node stands with the plan: the version it follows (0 while the plan gives it no
-    stage), the stage it was given (-1: none), and whether that stage is loaded."""
+    stage), the stage it was given (-1: none), whether that stage is loaded, and the layer range
+    it holds warm as a standby ((0, 0): none)."""
 
     plan_version: int = 0
     stage_index: int = -1
     loaded: bool = False
+    standby: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)

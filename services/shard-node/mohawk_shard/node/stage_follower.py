@@ -38,6 +38,7 @@ from mohawk_common.model_store.slice_source import SliceSource
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import backend_from_settings
+from mohawk_shard.backends.stacked import parts_of
 from mohawk_shard.engine.backend import Backend
 from mohawk_shard.engine.stage import Stage
 from mohawk_shard.node.capacity import Capacity
@@ -46,6 +47,7 @@ from mohawk_shard.node.pipeline_view import view_of
 from mohawk_shard.node.roles import Role, RoleHost, make_role
 from mohawk_shard.node.snapshot import Following
 from mohawk_shard.node.stage_plan import Action, StageAssignment, decide
+from mohawk_shard.node.standby import WarmStandby, asked_of
 
 log = structlog.get_logger("mohawk.shard")
 
@@ -72,6 +74,9 @@ class FollowerHost(RoleHost, Protocol):
     @property
     def loader(self) -> Executor: ...
 
+    @property
+    def started_at_ms(self) -> int: ...
+
 
 @dataclass(slots=True)
 class Serving:
@@ -93,11 +98,16 @@ class StageFollower:
         self.plan: bus_pb2.Plan | None = None  # the whole plan last followed
         self.stage_index = -1
         self.loaded = False
+        self.took_standby = False  # the last stage loaded was the standby's weights
         self.current: Serving | None = None
         self.next: Serving | None = None  # loaded beside the running stage, until its pipeline is active
         self._backend: Backend | None = None  # the running stage's (None once it is let go)
         self._failed_steps = 0  # of roles already stopped
         self._expired_steps = 0
+        mlx = host.settings.backend == "mlx"  # loads where it computes
+        self.standby = WarmStandby(
+            host.node_id, self._make_backend, host.executor if mlx else None, host.beat_soon, self._free
+        )
 
     @property
     def role(self) -> Role | None:
@@ -105,7 +115,7 @@ class StageFollower:
 
     def following(self) -> Following:
         version = self.plan.version if self.plan is not None and self.stage_index >= 0 else 0
-        return Following(version, self.stage_index, self.loaded)
+        return Following(version, self.stage_index, self.loaded, self.standby.held)
 
     def step_counts(self) -> tuple[int, int]:
         """Steps this node failed, and (stage 0) steps it gave up waiting for, since it started."""
@@ -134,6 +144,7 @@ class StageFollower:
         self.plan = plan
         if asked is None:
             await self._leave(plan, decision.action)
+            self.standby.follow(asked_of(plan, self.host.node_id, self.host.started_at_ms))
             return
         if decision.action == Action.KEEP:
             self.stage_index = asked.index
@@ -146,6 +157,7 @@ class StageFollower:
         elif decision.action == Action.LOAD:
             await self.stop_role()
             await self.load_stage(asked, beside=False)
+        self.standby.follow(asked_of(plan, self.host.node_id, self.host.started_at_ms))
         current = self.current
         if current is not None:  # which routed requests it must also serve (stage 0)
             active = {p.id for p in pipelines(plan) if p.active}
@@ -189,7 +201,7 @@ class StageFollower:
         on until the new pipeline is active) or in its place, and report it loaded."""
         view, index = asked.view, asked.index
         placement = view.stages[index]
-        self.stage_index, self.loaded = index, False
+        self.stage_index, self.loaded, self.took_standby = index, False, False
         held = self._backend  # not kept past this line: the old stage must go before the new loads
         reuse = held is not None and (held.start, held.end) == (placement.start, placement.end)
         del held
@@ -215,6 +227,7 @@ class StageFollower:
             stage=index,
             layers=f"[{placement.start}, {placement.end})",
             shared_weights=beside and reuse,
+            from_standby=self.took_standby,
             weight_mb=round(backend.weight_bytes / 2**20, 1),
             num_kv_blocks=view.num_kv_blocks,
             load_s=round(time.monotonic() - started, 2),
@@ -227,6 +240,9 @@ class StageFollower:
         held = self._backend
         if held is not None and (held.start, held.end) == (start, end):
             backend = share_weights(held) if beside else held
+        elif (warm := self.standby.take(start, end, held, beside)) is not None:
+            backend, self.took_standby = warm, True
+            del held
         else:
             del held
             if not beside:  # let the old weights and KV pool go before the new ones load
@@ -292,7 +308,11 @@ class StageFollower:
     def _free(self, gone: weakref.ref[Backend] | None) -> None:
         """`free_now` for a backend this node no longer serves (kept if it serves it still)."""
         if gone is not None:
-            held = (self._backend, self.next.backend if self.next is not None else None)
+            held = (
+                *parts_of(self._backend),
+                *parts_of(self.next.backend if self.next is not None else None),
+                *parts_of(self.standby.backend),
+            )
             free_now(gone, held=held)
 
     async def stop_role(self) -> None:

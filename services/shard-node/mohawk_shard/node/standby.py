@@ -1,0 +1,136 @@
+"""A shard node's warm standby: the layer range the plan asks it to hold loaded beside its stage,
+so that a failover hands it that range with nothing to load.
+
+Design. The plan's `standbys` (the coordinator's `standbys.py`) name the node, its run and a
+range. The node loads the range's weights and no KV pool on a thread of its own, in the
+background: a plan that arrives meanwhile, a failover's among them, is followed at once (a failover
+that needs the range before it is loaded loads it the ordinary way). The heartbeat reports the range
+once it is held, and only then does the coordinator re-plan onto it. When a plan gives the node the
+range as its stage, or its own stage widened by it, `take` hands over the held weights (widened:
+its own backend and the standby stacked, `StackedBackend`) and the stage allocates its KV pool. A
+range the plan no longer asks for is let go. An MLX node loads where it computes (its arrays
+belong to the thread that made them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+
+import structlog
+
+from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.backends.stacked import StackedBackend
+from mohawk_shard.engine.backend import Backend
+from mohawk_shard.node.handover import share_weights
+
+log = structlog.get_logger("mohawk.shard")
+
+Range = tuple[int, int]
+NONE: Range = (0, 0)
+
+
+def asked_of(plan: bus_pb2.Plan, node_id: str, started_at_ms: int) -> Range:
+    """The range `plan` asks this node's run to hold warm (NONE: none)."""
+    for standby in plan.standbys:
+        if standby.node_id == node_id and standby.node_started_at_ms in (0, started_at_ms):
+            return standby.start, standby.end
+    return NONE
+
+
+class WarmStandby:
+    """The standby range a node holds (`held`), loading and letting go as plans ask."""
+
+    def __init__(
+        self,
+        node_id: str,
+        make_backend: Callable[[int, int], Backend],
+        loader: Executor | None,
+        beat_soon: Callable[[], None],
+        free: Callable[[weakref.ref[Backend]], None],
+    ) -> None:
+        self._log = log.bind(node_id=node_id)
+        self._make_backend = make_backend
+        self._own_loader = loader is None
+        self._loader = loader if loader is not None else ThreadPoolExecutor(1, thread_name_prefix="standby")
+        self._beat_soon = beat_soon
+        self._free = free
+        self.backend: Backend | None = None
+        self._wanted = NONE
+        self._loading: asyncio.Task[None] | None = None
+
+    @property
+    def held(self) -> Range:
+        return (self.backend.start, self.backend.end) if self.backend is not None else NONE
+
+    def follow(self, wanted: Range) -> None:
+        """Hold `wanted` (NONE: nothing): let another range go, load this one in the background."""
+        self._wanted = wanted
+        if self.backend is not None and self.held != wanted:
+            self.let_go()
+        if wanted != NONE and self.backend is None and self._loading is None:
+            self._loading = asyncio.get_running_loop().create_task(self._load(wanted))
+
+    async def _load(self, wanted: Range) -> None:
+        started = time.monotonic()
+        try:
+            loop = asyncio.get_running_loop()
+            backend = await loop.run_in_executor(self._loader, self._make_backend, *wanted)
+        except Exception:
+            self._log.exception("standby could not be loaded", layers=f"[{wanted[0]}, {wanted[1]})")
+            return
+        finally:
+            self._loading = None
+        if self._wanted != wanted:  # the plan changed while it loaded
+            gone = weakref.ref(backend)
+            del backend
+            self._free(gone)
+            self.follow(self._wanted)
+            return
+        self.backend = backend
+        self._beat_soon()
+        self._log.info(
+            "standby loaded",
+            layers=f"[{wanted[0]}, {wanted[1]})",
+            weight_mb=round(backend.weight_bytes / 2**20, 1),
+            load_s=round(time.monotonic() - started, 2),
+        )
+
+    def take(self, start: int, end: int, own: Backend | None, beside: bool) -> Backend | None:
+        """The backend for a stage of layers [start, end) from the standby (alone, or stacked with
+        `own`, the node's running backend, shared when the new stage loads `beside` it); None
+        when the standby does not make that range."""
+        standby = self.backend
+        if standby is None:
+            return None
+        if (standby.start, standby.end) == (start, end):
+            self.backend = None
+            return standby
+        if own is None:
+            return None
+        mine = share_weights(own) if beside else own
+        if own.end == standby.start and (own.start, standby.end) == (start, end):
+            parts = [mine, standby]
+        elif standby.end == own.start and (standby.start, own.end) == (start, end):
+            parts = [standby, mine]
+        else:
+            return None
+        self.backend = None
+        return StackedBackend(parts)
+
+    def let_go(self) -> None:
+        standby, self.backend = self.backend, None
+        if standby is None:
+            return
+        self._log.info("standby let go", layers=f"[{standby.start}, {standby.end})")
+        gone = weakref.ref(standby)
+        del standby
+        self._free(gone)
+
+    def close(self) -> None:
+        self.let_go()
+        if self._own_loader and isinstance(self._loader, ThreadPoolExecutor):
+            self._loader.shutdown(wait=False, cancel_futures=True)

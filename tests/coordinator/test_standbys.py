@@ -56,7 +56,8 @@ def test_a_dead_middle_stage_is_taken_over_by_the_neighbour_holding_it() -> None
     del beats["b"]
     second = publish(build_plan(SHAPE, beats.values(), on, first), 2)
     assert ranges(second) == [("a", 0, 20), ("c", 20, 30)]  # c keeps its range, a widens by b's
-    assert any("repaired from standbys, nothing loaded: a took b's layers [10, 20) warm" in r for r in second.reasons)
+    repaired = "repaired from standbys, nothing loaded: a took b's layers [10, 20) warm"
+    assert any(repaired in r for r in second.reasons)
     assert pipelines(second)[0].epoch == 2 and not pipelines(second)[0].active
     # the next standbys: a holds [0, 20) now, c may hold it only beside its own, and a c's
     assert held(second) == [("c", 0, 20, "a"), ("a", 20, 30, "c")]

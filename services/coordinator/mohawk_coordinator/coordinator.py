@@ -320,6 +320,7 @@ class Coordinator:
             stages=[f"{s.pipeline}:{s.node_id}[{s.start},{s.end})" for s in plan.stages],
             active=[p.id for p in plan.pipelines if p.active],
             spares=list(plan.spares),
+            standbys=[f"{b.node_id}[{b.start},{b.end})" for b in plan.standbys],
             num_kv_blocks=plan.num_kv_blocks,
             max_model_len=plan.max_model_len,
         )

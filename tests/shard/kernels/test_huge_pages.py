@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mohawk_shard.kernels.huge_pages import HUGE_PAGE, MIN_BYTES, huge_empty
+from mohawk_shard.kernels.huge_pages import HUGE_PAGE, MIN_BYTES, huge_empty, huge_zeros
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -65,3 +65,15 @@ def test_its_memory_goes_back_when_it_goes() -> None:
 def test_it_is_on_huge_pages_where_the_kernel_lends_them() -> None:
     t = huge_empty(32 << 20, dtype=torch.uint8).fill_(1)
     assert huge_kib_at(t.data_ptr()) > 0
+
+
+def test_zeros_read_as_zeros_and_cost_no_memory_until_written() -> None:
+    gc.collect()
+    before = rss_kib()
+    pool = huge_zeros(2, 64 * MIN_BYTES // 2, dtype=torch.float16)  # 256 MiB, as a KV pool
+    assert rss_kib() - before < 16 * 1024  # nothing written: no page faulted in
+    assert pool.data_ptr() % HUGE_PAGE == 0 and not pool.any()
+    pool[1, -1] = 2.0
+    assert pool.sum().item() == 2.0
+    small = huge_zeros(4, 4, dtype=torch.float32)
+    assert small.shape == (4, 4) and not small.any()

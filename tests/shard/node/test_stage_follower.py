@@ -56,8 +56,10 @@ class Harness(StageFollower):
     """A follower whose loads build stand-in roles, and whose memory always has room beside."""
 
     def __init__(self, make_before_break: bool = True) -> None:
-        settings = SimpleNamespace(make_before_break=make_before_break)
-        super().__init__(SimpleNamespace(node_id="n1", settings=settings, source=None))  # type: ignore[arg-type]
+        settings = SimpleNamespace(make_before_break=make_before_break, backend="torch")
+        host = SimpleNamespace(node_id="n1", settings=settings, source=None, executor=None)
+        host.beat_soon, host.started_at_ms = lambda: None, 1
+        super().__init__(host)  # type: ignore[arg-type]
         self.loads: list[tuple[int, int, bool]] = []
 
     async def load_stage(self, asked: StageAssignment, *, beside: bool) -> None:

@@ -157,7 +157,6 @@ class StageFollower:
         elif decision.action == Action.LOAD:
             await self.stop_role()
             await self.load_stage(asked, beside=False)
-        self.standby.follow(asked_of(plan, self.host.node_id, self.host.started_at_ms))
         current = self.current
         if current is not None:  # which routed requests it must also serve (stage 0)
             active = {p.id for p in pipelines(plan) if p.active}
@@ -165,6 +164,8 @@ class StageFollower:
             if decision.is_active and not current.started:
                 current.started = True
                 await current.role.start()
+        if decision.is_active:  # a standby loads once the node's pipeline serves, never during a failover
+            self.standby.follow(asked_of(plan, self.host.node_id, self.host.started_at_ms))
 
     def check_slice_holds(self, placement: bus_pb2.PlanStage) -> None:
         """A node serving from a slice package refuses (counted) a stage its verified manifest does
@@ -227,6 +228,7 @@ class StageFollower:
             stage=index,
             layers=f"[{placement.start}, {placement.end})",
             shared_weights=beside and reuse,
+            kept_weights=reuse,
             from_standby=self.took_standby,
             weight_mb=round(backend.weight_bytes / 2**20, 1),
             num_kv_blocks=view.num_kv_blocks,

@@ -1,0 +1,116 @@
+"""A node's warm standby on real (tiny) torch backends: loaded in the background when a plan asks
+for it and reported held, handed over whole or stacked under the node's own stage, let go when
+the plan asks for another range, and a load the plan changed under is not kept."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from pathlib import Path
+
+import pytest
+
+from mohawk_common.model_store import ModelSource, open_model
+from mohawk_proto.v1 import bus_pb2
+from mohawk_shard.backends import make_backend
+from mohawk_shard.backends.stacked import StackedBackend
+from mohawk_shard.engine.backend import Backend
+from mohawk_shard.node.stage_follower import free_now
+from mohawk_shard.node.standby import NONE, WarmStandby, asked_of
+from tests.shard.engine.test_architectures import build_tiny
+
+
+@pytest.fixture(scope="module")
+def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> ModelSource:
+    directory: Path = tmp_path_factory.mktemp("standby")
+    build_tiny("llama-gqa4-tied", directory, open_model(None).load_tokenizer())
+    return open_model(directory)
+
+
+class Loads:
+    """What the standby was asked to load and how often it asked for a heartbeat."""
+
+    def __init__(self, source: ModelSource) -> None:
+        self.source, self.ranges, self.beats = source, list[tuple[int, int]](), 0
+
+    def make(self, start: int, end: int) -> Backend:
+        self.ranges.append((start, end))
+        return make_backend("torch", self.source, start, end, device="cpu")
+
+    def beat(self) -> None:
+        self.beats += 1
+
+
+def standby(loads: Loads) -> WarmStandby:
+    return WarmStandby("n1", loads.make, None, loads.beat, lambda gone: free_now(gone, held=()))
+
+
+async def settled(holder: WarmStandby) -> None:
+    for _ in range(200):
+        if holder._loading is None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the standby never finished loading")
+
+
+def test_the_plan_names_the_range_of_this_run_only() -> None:
+    plan = bus_pb2.Plan(standbys=[bus_pb2.PlanStandby(node_id="n1", start=2, end=4, node_started_at_ms=7)])
+    assert asked_of(plan, "n1", 7) == (2, 4)
+    assert asked_of(plan, "n1", 8) == NONE and asked_of(plan, "n2", 7) == NONE
+
+
+def test_held_whole_or_stacked_under_the_nodes_stage_then_let_go(tiny_source: ModelSource) -> None:
+    async def scenario() -> None:
+        loads = Loads(tiny_source)
+        holder = standby(loads)
+        holder.follow((2, 4))
+        assert holder.held == NONE  # loading in the background
+        await settled(holder)
+        assert holder.held == (2, 4) and loads.beats == 1
+        assert holder.take(0, 4, None, beside=False) is None  # nothing to stack it under
+        taken = holder.take(2, 4, None, beside=False)
+        assert taken is not None and (taken.start, taken.end) == (2, 4) and holder.held == NONE
+
+        holder.follow((2, 4))
+        await settled(holder)
+        own = loads.make(0, 2)
+        assert holder.take(0, 3, own, beside=False) is None and holder.held == (2, 4)
+        stacked = holder.take(0, 4, own, beside=True)
+        assert isinstance(stacked, StackedBackend) and (stacked.start, stacked.end) == (0, 4)
+        assert stacked.parts[0] is not own and stacked.parts[0].model is own.model  # shared weights
+        assert holder.held == NONE
+
+        holder.follow((0, 2))  # a standby before the node's own range stacks first
+        await settled(holder)
+        behind = loads.make(2, 4)
+        stacked = holder.take(0, 4, behind, beside=False)
+        assert isinstance(stacked, StackedBackend) and stacked.parts[1] is behind
+
+        holder.follow((2, 4))
+        await settled(holder)
+        gone = weakref.ref(holder.backend)
+        holder.follow((0, 2))  # another range: the held one goes at once
+        gc.collect()
+        assert gone() is None
+        await settled(holder)
+        assert holder.held == (0, 2)
+        holder.follow(NONE)
+        assert holder.held == NONE
+        holder.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_load_the_plan_changed_under_is_not_kept(tiny_source: ModelSource) -> None:
+    async def scenario() -> None:
+        loads = Loads(tiny_source)
+        holder = standby(loads)
+        holder.follow((2, 4))
+        holder.follow((0, 2))  # asked for another range while the first loads
+        await settled(holder)
+        await settled(holder)
+        assert loads.ranges == [(2, 4), (0, 2)] and holder.held == (0, 2)
+        holder.close()
+
+    asyncio.run(scenario())

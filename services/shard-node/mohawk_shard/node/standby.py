@@ -8,13 +8,17 @@ that needs the range before it is loaded loads it the ordinary way). The heartbe
 once it is held, and only then does the coordinator re-plan onto it. When a plan gives the node the
 range as its stage, or its own stage widened by it, `take` hands over the held weights (widened:
 its own backend and the standby stacked, `StackedBackend`) and the stage allocates its KV pool. A
-range the plan no longer asks for is let go. An MLX node loads where it computes (its arrays
-belong to the thread that made them).
+range the plan no longer asks for is let go. The load thread runs at the lowest priority, so it
+takes only the CPU that serving leaves. An MLX node loads where it computes (its arrays belong to
+the thread that made them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -41,6 +45,14 @@ def asked_of(plan: bus_pb2.Plan, node_id: str, started_at_ms: int) -> Range:
     return NONE
 
 
+def _lowest_priority() -> None:
+    """The standby's load thread yields to serving: nice 19 for this thread (Linux keeps nice per
+    thread, and the threads torch starts from it inherit it), so a load that overlaps a resume
+    takes only the CPU the stages leave."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
 class WarmStandby:
     """The standby range a node holds (`held`), loading and letting go as plans ask."""
 
@@ -55,7 +67,9 @@ class WarmStandby:
         self._log = log.bind(node_id=node_id)
         self._make_backend = make_backend
         self._own_loader = loader is None
-        self._loader = loader if loader is not None else ThreadPoolExecutor(1, thread_name_prefix="standby")
+        self._loader = loader or ThreadPoolExecutor(
+            1, thread_name_prefix="standby", initializer=_lowest_priority
+        )
         self._beat_soon = beat_soon
         self._free = free
         self.backend: Backend | None = None

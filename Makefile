@@ -54,8 +54,12 @@ up: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# the chaos suite's full form: kill -9 every role under load (the short form runs in `make test`)
+# the chaos suite's full form: kill -9 every role under load, and a stage of a 1.7B-shaped Q4_K_M
+# file (the short form runs in `make test`); the bench extra's llama.cpp quantizer writes that file
+# once into ~/.cache/mohawk/bench-models (about 9 minutes to build the first time)
 chaos: setup
+	CMAKE_ARGS="$$(sh bench/llama_cpp_cmake_args.sh)" $(PIP) install -e ".[bench]"
+	$(PY) bench/real_shapes.py --shape smollm2-1.7b --types Q4_K_M
 	MOHAWK_FULL=1 $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/chaos
 
 # hosts as hosts: three network-namespace hosts on a bridge, a 3-server NATS cluster with

@@ -1,0 +1,91 @@
+"""The middle stage killed on a model of the size users run: SmolLM2-1.7B's shape (24 layers of 2048,
+random weights) quantized to Q4_K_M by llama.cpp's own quantizer (`bench/real_shapes.py`, cached
+outside the repository), split over three shard nodes, under 16 greedy streams. Without standbys
+the two survivors load the dead node's layers while stage 0 keeps the requests; with them
+(`standbys`) the neighbour holding those layers takes them over and nothing loads. Every stream
+ends with the text the same cluster gave undisturbed just before (the weights are random, so
+that run is the reference). The figures it prints are docs/request-flow.md's.
+
+Long form only: `make chaos` writes the file first (the `bench` extra, for llama.cpp's quantizer);
+without the file the test says how to write it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.real_shapes import cache_dir, cached_name
+from mohawk_cli.cluster import LocalCluster
+from tests.chaos.clusters import assert_identical, chaos_spec, streams_through
+from tests.chaos.test_standby_failover import at, events
+from tests.integration.cluster_helpers import current_plan, wait_for_stages
+
+pytestmark = [pytest.mark.slow, pytest.mark.full_form]
+
+SHAPE, TYPE = "smollm2-1.7b", "Q4_K_M"
+NUM_STREAMS = 16
+BOUND_S = 600.0  # 2 cores, three 1.7B stages and their loads
+
+
+def model_path() -> Path:
+    path = cache_dir() / cached_name(SHAPE, TYPE)
+    if not path.is_file():
+        pytest.skip(
+            f"{path} is not written: `make chaos` writes it, or `.venv/bin/pip install -e '.[bench]'` "
+            f"then `.venv/bin/python bench/real_shapes.py --shape {SHAPE} --types {TYPE}`"
+        )
+    return path
+
+
+@pytest.mark.parametrize("standbys", [False, True], ids=["survivors-load", "standby"])
+def test_a_1_7b_middle_stage_killed_under_16_streams(
+    tmp_path_factory: pytest.TempPathFactory, standbys: bool
+) -> None:
+    spec = chaos_spec(tmp_path_factory.mktemp("chaos-1.7b"), 3, MOHAWK_STANDBYS=str(standbys).lower())
+    with LocalCluster(dataclasses.replace(spec, model=str(model_path()))) as cluster:
+        cluster.wait_ready(timeout=BOUND_S)
+        plan = wait_for_stages(cluster, 3, timeout=BOUND_S)
+        victim = plan.stages[1].node_id
+        holder = _standby_held_for(cluster, victim) if standbys else None
+        undisturbed, _ = streams_through(cluster, lambda: None, NUM_STREAMS, BOUND_S)
+        reference = {prompt: text for prompt, (text, _) in undisturbed}
+        killed_at: list[float] = []
+        stalls: list[float] = []
+
+        def kill() -> None:
+            killed_at.append(time.time())
+            cluster.kill(victim)
+
+        done, took = streams_through(cluster, kill, NUM_STREAMS, BOUND_S, stalls=stalls)
+        assert_identical(done, reference)
+        loads = {
+            node: [e for e in events(cluster, node, "stage loaded") if at(e) > killed_at[0]]
+            for node in (s.node_id for s in plan.stages if s.node_id != victim)
+        }
+        assert all(loads.values()), loads
+        if holder is not None:
+            assert loads[holder][0]["from_standby"] is True, loads
+            assert all(e["kept_weights"] for node, got in loads.items() if node != holder for e in got), loads
+        slowest = max(e["load_s"] for got in loads.values() for e in got)
+        before = {s.node_id: s.end - s.start for s in plan.stages}
+        print(
+            f"\n1.7B Q4_K_M, {before}, {victim} (middle) killed, standbys {'on' if standbys else 'off'}: "
+            f"the longest load after it {slowest:.2f} s; all {len(done)} streams done {took:.1f} s "
+            f"later, the longest stall {max(stalls):.2f} s"
+        )
+
+
+def _standby_held_for(cluster: LocalCluster, victim: str) -> str:
+    """The node holding `victim`'s layers warm, once it reports them loaded."""
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        plan = current_plan(cluster.nats.url, cluster.nats_creds("ops"))
+        covering = [b for b in plan.standbys if b.covers == victim] if plan is not None else []
+        if covering and events(cluster, covering[0].node_id, "standby loaded"):
+            return covering[0].node_id
+        assert time.monotonic() < deadline, f"no standby held for {victim}'s layers: {plan}"
+        time.sleep(0.5)

@@ -82,6 +82,9 @@ def streams_through(
             ]
             async with asyncio.timeout(bound_s):
                 while min(chunks) < FIRST_TEXT_CHUNKS:
+                    failed = next((t for t in tasks if t.done() and t.exception() is not None), None)
+                    if failed is not None:  # refused or broken before its first text: say why now
+                        await failed
                     await asyncio.sleep(0.01)
             await asyncio.sleep(settle_s)
             finished = sum(task.done() for task in tasks)

@@ -45,7 +45,12 @@ def model_path() -> Path:
 def test_a_1_7b_middle_stage_killed_under_16_streams(
     tmp_path_factory: pytest.TempPathFactory, standbys: bool
 ) -> None:
-    spec = chaos_spec(tmp_path_factory.mktemp("chaos-1.7b"), 3, MOHAWK_STANDBYS=str(standbys).lower())
+    spec = chaos_spec(
+        tmp_path_factory.mktemp("chaos-1.7b"),
+        3,
+        MOHAWK_STANDBYS=str(standbys).lower(),
+        MOHAWK_SERVED_MODEL_NAME="smollm2-135m-instruct",  # the name the streams ask for
+    )
     with LocalCluster(dataclasses.replace(spec, model=str(model_path()))) as cluster:
         cluster.wait_ready(timeout=BOUND_S)
         plan = wait_for_stages(cluster, 3, timeout=BOUND_S)

@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from mohawk_cli.cluster import ClusterSpec, LocalCluster
 from mohawk_common.bus.server import free_port
-from tests.integration.cluster_helpers import PROMPTS, REFERENCE_TOKENS, stream_chat
+from mohawk_proto.v1 import bus_pb2
+from tests.integration.cluster_helpers import PROMPTS, REFERENCE_TOKENS, current_plan, stream_chat
 
 Outcome = tuple[str, tuple[str, str | None]]  # prompt, (text, finish reason)
 FIRST_TEXT_CHUNKS = 2  # a stream's role chunk, then its first text
@@ -39,10 +44,10 @@ def chaos_spec(data_dir: Path, nodes: int, coordinators: int = 1, **env: str) ->
 
 @contextmanager
 def started_cluster(
-    tmp_path_factory: pytest.TempPathFactory, name: str, nodes: int
+    tmp_path_factory: pytest.TempPathFactory, name: str, nodes: int, **env: str
 ) -> Iterator[LocalCluster]:
     """A `chaos_spec` cluster of `nodes` shard nodes under a fresh `name` directory, ready."""
-    with LocalCluster(chaos_spec(tmp_path_factory.mktemp(name), nodes)) as running:
+    with LocalCluster(chaos_spec(tmp_path_factory.mktemp(name), nodes, **env)) as running:
         running.wait_ready(timeout=240)
         yield running
 
@@ -107,3 +112,41 @@ def assert_identical(outcomes: list[Outcome], reference: dict[str, str]) -> None
     for prompt, (text, finish) in outcomes:
         assert finish in ("stop", "length"), (prompt, text, finish)
         assert text == reference[prompt], prompt
+
+
+def events(cluster: LocalCluster, name: str, event: str) -> list[dict[str, Any]]:
+    """The log lines of child `name` that record `event`, parsed."""
+    lines = (cluster.log_dir / f"{name}.log").read_text().splitlines()
+    parsed = (json.loads(line) for line in lines if line.startswith("{"))
+    return [e for e in parsed if e.get("event") == event]
+
+
+def logged_at(entry: dict[str, Any]) -> float:
+    """A log line's time, unix seconds."""
+    return datetime.fromisoformat(entry["timestamp"]).timestamp()
+
+
+@dataclass
+class TimedKill:
+    """`kill -9` of child `name` as a fault, remembering when (unix seconds) it came."""
+
+    cluster: LocalCluster
+    name: str
+    at: float = 0.0
+
+    def __call__(self) -> None:
+        self.at = time.time()
+        self.cluster.kill(self.name)
+
+
+def standby_held_for(cluster: LocalCluster, victim: str, timeout: float) -> tuple[bus_pb2.Plan, str]:
+    """The plan and the node holding `victim`'s layers warm, once that node reports them loaded
+    (standbys load once the pipeline is active)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        plan = current_plan(cluster.nats.url, cluster.nats_creds("ops"))
+        covering = [b for b in plan.standbys if b.covers == victim] if plan is not None else []
+        if plan is not None and covering and events(cluster, covering[0].node_id, "standby loaded"):
+            return plan, covering[0].node_id
+        assert time.monotonic() < deadline, f"no standby held for {victim}'s layers: {plan}"
+        time.sleep(0.25)

@@ -13,16 +13,22 @@ without the file the test says how to write it.
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import pytest
 
 from bench.real_shapes import cache_dir, cached_name
 from mohawk_cli.cluster import LocalCluster
-from tests.chaos.clusters import assert_identical, chaos_spec, streams_through
-from tests.chaos.test_standby_failover import at, events
-from tests.integration.cluster_helpers import current_plan, wait_for_stages
+from tests.chaos.clusters import (
+    TimedKill,
+    assert_identical,
+    chaos_spec,
+    events,
+    logged_at,
+    standby_held_for,
+    streams_through,
+)
+from tests.integration.cluster_helpers import wait_for_stages
 
 pytestmark = [pytest.mark.slow, pytest.mark.full_form]
 
@@ -55,20 +61,15 @@ def test_a_1_7b_middle_stage_killed_under_16_streams(
         cluster.wait_ready(timeout=BOUND_S)
         plan = wait_for_stages(cluster, 3, timeout=BOUND_S)
         victim = plan.stages[1].node_id
-        holder = _standby_held_for(cluster, victim) if standbys else None
+        holder = standby_held_for(cluster, victim, BOUND_S)[1] if standbys else None
         undisturbed, _ = streams_through(cluster, lambda: None, NUM_STREAMS, BOUND_S)
         reference = {prompt: text for prompt, (text, _) in undisturbed}
-        killed_at: list[float] = []
         stalls: list[float] = []
-
-        def kill() -> None:
-            killed_at.append(time.time())
-            cluster.kill(victim)
-
+        kill = TimedKill(cluster, victim)
         done, took = streams_through(cluster, kill, NUM_STREAMS, BOUND_S, stalls=stalls)
         assert_identical(done, reference)
         loads = {
-            node: [e for e in events(cluster, node, "stage loaded") if at(e) > killed_at[0]]
+            node: [e for e in events(cluster, node, "stage loaded") if logged_at(e) > kill.at]
             for node in (s.node_id for s in plan.stages if s.node_id != victim)
         }
         assert all(loads.values()), loads
@@ -82,15 +83,3 @@ def test_a_1_7b_middle_stage_killed_under_16_streams(
             f"the longest load after it {slowest:.2f} s; all {len(done)} streams done {took:.1f} s "
             f"later, the longest stall {max(stalls):.2f} s"
         )
-
-
-def _standby_held_for(cluster: LocalCluster, victim: str) -> str:
-    """The node holding `victim`'s layers warm, once it reports them loaded."""
-    deadline = time.monotonic() + BOUND_S
-    while True:
-        plan = current_plan(cluster.nats.url, cluster.nats_creds("ops"))
-        covering = [b for b in plan.standbys if b.covers == victim] if plan is not None else []
-        if covering and events(cluster, covering[0].node_id, "standby loaded"):
-            return covering[0].node_id
-        assert time.monotonic() < deadline, f"no standby held for {victim}'s layers: {plan}"
-        time.sleep(0.5)

@@ -24,7 +24,7 @@ import pytest
 from mohawk_cli.cluster import LocalCluster
 from mohawk_common.bus.pipelines import pipelines
 from mohawk_common.bus.server import free_port
-from tests.chaos.clusters import assert_identical, chaos_spec, streams_through
+from tests.chaos.clusters import assert_identical, chaos_spec, events, streams_through
 from tests.integration.cluster_helpers import current_plan, reference_texts
 
 # about 70 s of two-replica cluster: `make chaos` runs it (`make test` keeps to the cheaper faults)
@@ -65,7 +65,7 @@ def _both_active(cluster: LocalCluster) -> bool:
 
 
 def _loads(cluster: LocalCluster, node: str) -> int:
-    return (cluster.log_dir / f"{node}.log").read_text().count('"stage loaded"')
+    return len(events(cluster, node, "stage loaded"))
 
 
 def test_prefix_affinity_keeps_a_conversation_on_the_pipeline_with_its_prefix(cluster: LocalCluster) -> None:

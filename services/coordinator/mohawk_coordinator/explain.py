@@ -26,6 +26,7 @@ from mohawk_common.errors import ConfigError
 from mohawk_common.logging import LEVELS, configure_logging
 from mohawk_common.settings import load_settings
 from mohawk_coordinator.config import CoordinatorSettings
+from mohawk_coordinator.standbys import holds_warm
 from mohawk_proto.v1 import bus_pb2
 
 CONNECT_DEADLINE_S = 4.0  # nats-py retries an unreachable server forever; give up after this
@@ -163,13 +164,9 @@ def _standby_rows(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) ->
         node = nodes.get(standby.node_id)
         stage = bus_pb2.PlanStage(start=standby.start, end=standby.end)
         weights = weights_cell(node, stage, plan.num_layers) if node is not None else "?"
-        held = node is not None and (node.standby_layer_start, node.standby_layer_end) == (
-            standby.start,
-            standby.end,
-        )
         rows.append(
             f"{standby.node_id:<20} {f'[{standby.start}, {standby.end})':<10} {standby.covers:<20} "
-            f"{standby.pipeline:>8} {weights:>11}  {'yes' if held else 'no'}"
+            f"{standby.pipeline:>8} {weights:>11}  {'yes' if holds_warm(standby, nodes) else 'no'}"
         )
     return rows
 

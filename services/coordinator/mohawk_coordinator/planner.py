@@ -130,7 +130,7 @@ def _pack(model: ModelFootprint, ordered: Sequence[NodeCapacity]) -> Plan:
     single = [n for n in ordered if n.memory_bytes >= whole and n.can_hold(0, model.num_layers)]
     if single:
         node = min(single, key=lambda n: (n.seconds_per_layer, n.node_id))
-        stage = _placement(model, node, 0, model.num_layers)
+        stage = stage_placement(model, node, 0, model.num_layers)
         reason = (
             f"{node.node_id} holds the whole model ({whole / 2**20:.1f} MiB of "
             f"{node.memory_bytes / 2**20:.1f} MiB) and is the fastest node that can "
@@ -179,7 +179,8 @@ def _split_reason(stages: tuple[StagePlacement, ...]) -> str:
     )
 
 
-def _placement(model: ModelFootprint, node: NodeCapacity, start: int, end: int) -> StagePlacement:
+def stage_placement(model: ModelFootprint, node: NodeCapacity, start: int, end: int) -> StagePlacement:
+    """Layers [start, end) on `node`: their bytes, and the seconds a token spends in them there."""
     return StagePlacement(
         node.node_id, start, end, model.stage_bytes(start, end), (end - start) * node.seconds_per_layer
     )
@@ -201,7 +202,7 @@ def _split(model: ModelFootprint, nodes: Sequence[NodeCapacity], *, every_node: 
                     break
                 if not node.can_hold(placed, end):
                     continue
-                stage = _placement(model, node, placed, end)
+                stage = stage_placement(model, node, placed, end)
                 candidate = (max(before[0], stage.seconds_per_token), before[1] + 1, (*before[2], stage))
                 current = nxt[end]
                 if current is None or candidate[:2] < current[:2]:

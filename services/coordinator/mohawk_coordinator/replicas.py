@@ -19,7 +19,7 @@ layers (the memory-driven split a model too big for one node needs).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from mohawk_common.bus.pipelines import Pipeline, pipelines, placed_on
 from mohawk_coordinator.planner import (
@@ -65,12 +65,20 @@ def kept_pipelines(
 ) -> list[Pipeline]:
     """The pipelines of `current` that can go on serving as they are: same model, every node live
     as the incarnation the stage was placed on."""
-    if current is None or current.model_id != model.model_id or current.num_layers != model.num_layers:
+    if not plans_model(current, model):
         return []
-    return [p for p in pipelines(current) if p.stages and all(_runs_on(s, live) for s in p.stages)]
+    return [p for p in pipelines(current) if p.stages and all(runs_on(s, live) for s in p.stages)]
 
 
-def _runs_on(stage: bus_pb2.PlanStage, live: Mapping[str, bus_pb2.Heartbeat]) -> bool:
+def plans_model(current: bus_pb2.Plan | None, model: ModelFootprint) -> TypeGuard[bus_pb2.Plan]:
+    """Whether `current` is a plan of this very model (its id and layer count)."""
+    return current is not None and (current.model_id, current.num_layers) == (
+        model.model_id,
+        model.num_layers,
+    )
+
+
+def runs_on(stage: bus_pb2.PlanStage, live: Mapping[str, bus_pb2.Heartbeat]) -> bool:
     """The node of `stage` lives, as the same run (a restarted node lost the stage's KV)."""
     hb = live.get(stage.node_id)
     return hb is not None and placed_on(stage, hb.started_at_ms)

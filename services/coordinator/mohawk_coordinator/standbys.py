@@ -1,8 +1,9 @@
 """Warm standbys: which node holds which stage's layers loaded ahead of a failure, and the failover
 that re-plans onto them.
 
-Design. A failover's stall is mostly the replacement loading its layers (16 s for a third of a
-1.7B Q4_K_M model). With `standbys` on, the plan asks nodes with memory to spare to hold another
+Design. Part of a failover's stall is the replacement loading its layers (a third of a 1.7B-shaped
+Q4_K_M file took 0.87-0.97 s in `tests/chaos/test_real_size_failover.py`; a bigger model, or a
+slower disk, takes longer). With `standbys` on, the plan asks nodes with memory to spare to hold another
 stage's layer range warm: weights loaded, no KV pool. Two kinds of holder can take a stage over
 without loading: a spare (a live node in no pipeline) takes the dead node's stage as it was, and a
 neighbour in the same pipeline (the stage just before or after) widens its own stage by the range,
@@ -22,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from mohawk_common.bus.pipelines import Pipeline, pipelines, placed_on
-from mohawk_coordinator.planner import ModelFootprint, NodeCapacity, Plan, StagePlacement
+from mohawk_common.bus.pipelines import Pipeline, pipelines
+from mohawk_coordinator.planner import ModelFootprint, NodeCapacity, Plan, stage_placement
+from mohawk_coordinator.replicas import plans_model, runs_on
 from mohawk_proto.v1 import bus_pb2
 
 
@@ -119,21 +121,13 @@ def repair(
 ) -> list[tuple[Pipeline, Plan]]:
     """Each pipeline of `current` that lost a stage's node and can be re-formed from warm standbys
     alone, with its placement (see the module doc)."""
-    if (
-        current is None
-        or current.model_id != footprint.model_id
-        or current.num_layers != footprint.num_layers
-    ):
+    if not plans_model(current, footprint):
         return []
     by_id = {c.node_id: c for c in capacities}
     in_stages = {s.node_id for s in current.stages}
     repaired = []
     for pipeline in pipelines(current):
-        dead = [
-            s
-            for s in pipeline.stages
-            if not (s.node_id in live and placed_on(s, live[s.node_id].started_at_ms))
-        ]
+        dead = [s for s in pipeline.stages if not runs_on(s, live)]
         if not dead:
             continue
         ranges = {s.node_id: (s.start, s.end) for s in pipeline.stages if s not in dead}
@@ -161,13 +155,7 @@ def repair(
         else:
             placed = sorted(
                 (
-                    StagePlacement(
-                        node_id,
-                        start,
-                        end,
-                        footprint.stage_bytes(start, end),
-                        (end - start) * by_id[node_id].seconds_per_layer,
-                    )
+                    stage_placement(footprint, by_id[node_id], start, end)
                     for node_id, (start, end) in ranges.items()
                 ),
                 key=lambda s: s.start,

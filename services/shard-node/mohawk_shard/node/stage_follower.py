@@ -144,7 +144,7 @@ class StageFollower:
         self.plan = plan
         if asked is None:
             await self._leave(plan, decision.action)
-            self.standby.follow(asked_of(plan, self.host.node_id, self.host.started_at_ms))
+            self._follow_standby(plan)
             return
         if decision.action == Action.KEEP:
             self.stage_index = asked.index
@@ -165,7 +165,10 @@ class StageFollower:
                 current.started = True
                 await current.role.start()
         if decision.is_active:  # a standby loads once the node's pipeline serves, never during a failover
-            self.standby.follow(asked_of(plan, self.host.node_id, self.host.started_at_ms))
+            self._follow_standby(plan)
+
+    def _follow_standby(self, plan: bus_pb2.Plan) -> None:
+        self.standby.follow(asked_of(plan, self.host.node_id, self.host.started_at_ms))
 
     def check_slice_holds(self, placement: bus_pb2.PlanStage) -> None:
         """A node serving from a slice package refuses (counted) a stage its verified manifest does

@@ -11,8 +11,10 @@ leave) and loads and serves that stage. And it follows certificate revocations. 
 takes requests off the stream asks for the next heartbeat at once (`beat_soon`, at most one per
 `EARLY_BEAT_S`): the heartbeat lists the requests it holds, which the coordinator hands back to the
 stream the moment the node leaves, so the list must not be up to an interval old (a stage 0 killed
-right after taking requests left them to wait out the ack wait, 10 s). Only the heartbeat goes out
-early: the telemetry report and the idle trim keep the interval.
+right after taking requests left them to wait out the ack wait, 10 s). A stage just loaded asks
+for it now (`beat_now`), without that wait: the coordinator activates a plan when every stage
+reports it loaded, so in a failover those 50 ms were the whole pipeline's. Only the heartbeat goes
+out early: the telemetry report and the idle trim keep the interval.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from mohawk_common.bus.security import Security
 from mohawk_common.bus.setup import ensure_buckets, ensure_streams
 from mohawk_common.bus.telemetry_records import seal_report
 from mohawk_common.errors import ModelLoadError
+from mohawk_common.long_lived import freeze_long_lived
 from mohawk_common.memory_trim import IdleTrim, load_malloc_trim
 from mohawk_common.metrics_port import serve_metrics
 from mohawk_common.model_store import ModelSource, open_model
@@ -74,6 +77,7 @@ class ShardNode:
         self._started_at_ms = int(time.time() * 1000)
         self._stop = asyncio.Event()
         self._beat_soon = asyncio.Event()
+        self._beat_now = asyncio.Event()
         self._held: tuple[int, int] | None = None
         self._alone: Callable[[Callable[[], float]], float] | None = None  # HostCores.undisturbed
         self.stages = StageFollower(self)
@@ -116,11 +120,18 @@ class ShardNode:
         serve_metrics(
             self.settings.metrics_port, self.settings.metrics_host, lambda: node_metrics(self.snapshot())
         )
+        frozen = freeze_long_lived()  # full collections no longer walk the imports and tokenizer
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         watcher = asyncio.create_task(self._watch_plan())
         revocations = asyncio.create_task(self.security.follow_revocations(self.buckets.pki))
         secure = self.security.secure
-        self._log.info("node up", model=self.served_model, nats=self.settings.nats_url, secure=secure)
+        self._log.info(
+            "node up",
+            model=self.served_model,
+            nats=self.settings.nats_url,
+            secure=secure,
+            frozen_objects=frozen,
+        )
         await self._stop.wait()
         await cancel_and_wait(heartbeat, watcher, revocations)
         await self.stages.drop_next()
@@ -257,8 +268,10 @@ class ShardNode:
             with contextlib.suppress(TimeoutError):  # not wait_for: 3.11 may swallow a cancel
                 async with asyncio.timeout(self.settings.heartbeat_interval_s):
                     await self._beat_soon.wait()
-                await asyncio.sleep(EARLY_BEAT_S)  # the rest of a burst of requests, in one heartbeat
+                async with asyncio.timeout(EARLY_BEAT_S):  # the rest of a burst of requests, in one heartbeat
+                    await self._beat_now.wait()
             self._beat_soon.clear()
+            self._beat_now.clear()
 
     @property
     def started_at_ms(self) -> int:
@@ -268,6 +281,13 @@ class ShardNode:
     def beat_soon(self) -> None:
         """Send the next heartbeat now rather than at the interval (what stage 0 holds changed)."""
         self._beat_soon.set()
+
+    def beat_now(self) -> None:
+        """Send the next heartbeat now, without waiting `EARLY_BEAT_S` for more news: a stage just
+        loaded, which the coordinator waits for to activate the plan (a failover's pipeline idles
+        until it hears it)."""
+        self._beat_soon.set()
+        self._beat_now.set()
 
     async def _trim_if_idle(self, trim: Callable[[], None], idle: IdleTrim) -> None:
         """Give freed heap back once the role's step counter has stood still. A method, so the

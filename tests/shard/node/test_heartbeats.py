@@ -113,3 +113,31 @@ def test_an_early_heartbeat_goes_out_at_once_and_the_telemetry_report_keeps_the_
     arrivals = asyncio.run(scenario())
     assert len(arrivals) >= 8, arrivals  # the first, then one for each ask (not one in 2 s)
     assert len(reports) == 1, reports  # the interval's, at the start; none of the early ones
+
+
+def test_a_stage_just_loaded_beats_at_once_without_waiting_for_a_burst(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`beat_soon` gathers a burst for `EARLY_BEAT_S`; `beat_now` (a stage loaded: the coordinator
+    activates the plan on hearing it) does not wait. The gathering wait is set to 5 s here, so a
+    beat that came within 1 s of asking did not wait for it."""
+    from mohawk_shard.node import service
+
+    monkeypatch.setattr(service, "EARLY_BEAT_S", 5.0)
+    node = bare_node(heartbeat_interval_s=2.0, telemetry=False)
+
+    async def scenario() -> tuple[list[float], float, float]:
+        async with beating(nats_server.url, node) as arrivals:
+            await asyncio.sleep(0.3)  # the first heartbeat, at the start
+            node.beat_soon()  # gathers for 5 s ...
+            await asyncio.sleep(0.3)
+            asked = time.monotonic()
+            node.beat_now()  # ... unless a stage loaded meanwhile: out now
+            deadline = asked + 1.0
+            while len(arrivals) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return list(arrivals), asked, time.monotonic()
+
+    arrivals, asked, ended = asyncio.run(scenario())
+    assert len(arrivals) == 2, f"no heartbeat within {ended - asked:.1f} s of beat_now: {arrivals}"
+    assert arrivals[1] >= asked

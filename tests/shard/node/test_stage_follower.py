@@ -58,7 +58,7 @@ class Harness(StageFollower):
     def __init__(self, make_before_break: bool = True) -> None:
         settings = SimpleNamespace(make_before_break=make_before_break, backend="torch")
         host = SimpleNamespace(node_id="n1", settings=settings, source=None, executor=None)
-        host.beat_soon, host.started_at_ms = lambda: None, 1
+        host.beat_soon, host.beat_now, host.started_at_ms = lambda: None, lambda: None, 1
         super().__init__(host)  # type: ignore[arg-type]
         self.loads: list[tuple[int, int, bool]] = []
 

@@ -15,8 +15,8 @@ other (its tasks call back into it), so without a collection its weights and KV 
 the cycle collector, and a survivor of a killed node held its old pool beside the new one (2.6 GB
 against 1.5 when CI measured it). What the heartbeat reports of the plan (`following`): the
 version it follows, the stage it was given, whether it is loaded; a stage just loaded asks for the
-next heartbeat at once, since the coordinator activates a plan when every stage reports it loaded
-(waiting for the interval left a failover's pipeline idle up to a second).
+next heartbeat at once (`beat_now`), since the coordinator activates a plan when every stage
+reports it loaded (waiting for the interval left a failover's pipeline idle up to a second).
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ class FollowerHost(RoleHost, Protocol):
 
     @property
     def started_at_ms(self) -> int: ...
+
+    def beat_now(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -223,7 +225,7 @@ class StageFollower:
         else:
             self.current, self._backend = serving, backend
         self.loaded = True
-        self.host.beat_soon()
+        self.host.beat_now()
         self._log.info(
             "next stage loaded while serving" if beside else "stage loaded",
             epoch=view.epoch,

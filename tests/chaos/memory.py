@@ -41,7 +41,7 @@ def grown(before: dict[str, int], after: dict[str, int]) -> dict[str, tuple[int,
 def total_grown(before: dict[str, int], after: dict[str, int]) -> tuple[int, int] | None:
     """(before, after) MiB when the cluster's total RSS grew past GROWTH × before + SLACK_BYTES: for
     faults that move work (a dead node's layers go to the others), only the sum must hold. A KV
-    pool is resident only where steps have written it (`huge_zeros` maps it untouched), so a plan
+    pool is resident only where steps have written it (`lazy_zeros` maps it untouched), so a plan
     that sizes the pools otherwise after the fault leaves the sum as it was."""
     total_before, total_after = sum(before.values()), sum(after.values())
     if total_after > total_before * GROWTH + SLACK_BYTES:

@@ -21,7 +21,7 @@ from mohawk_shard.config import engine_choice
 from mohawk_shard.engine.kv_tiers import KV_CACHE_DTYPES, TierBytes, num_cold_blocks, num_hot_blocks
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
-from mohawk_shard.kernels.huge_pages import huge_zeros
+from mohawk_shard.kernels.huge_pages import lazy_zeros
 from mohawk_shard.model.attention_metadata import AttentionMetadata
 from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.kv_cache import Int8Store, KVCache, kv_storage_dtype
@@ -137,7 +137,7 @@ class TorchBackend:
         kv_heads, head_dim = self.config.num_kv_heads, self.config.head_dim
 
         def zeros(num_slots: int, dtype: torch.dtype) -> torch.Tensor:  # head-major: attention.py
-            return huge_zeros(kv_heads, num_slots, head_dim, dtype=dtype, device=self.torch_device)
+            return lazy_zeros(kv_heads, num_slots, head_dim, dtype=dtype, device=self.torch_device)
 
         def int8_home() -> Int8Store | None:
             if not two_tier:

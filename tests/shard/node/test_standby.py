@@ -42,8 +42,8 @@ class Loads:
         self.beats += 1
 
 
-def standby(loads: Loads) -> WarmStandby:
-    return WarmStandby("n1", loads.make, None, loads.beat, lambda gone: free_now(gone, held=()))
+def standby(loads: Loads, settle_s: float = 0.0) -> WarmStandby:
+    return WarmStandby("n1", loads.make, None, loads.beat, lambda gone: free_now(gone, held=()), settle_s)
 
 
 async def settled(holder: WarmStandby) -> None:
@@ -107,10 +107,33 @@ def test_a_load_the_plan_changed_under_is_not_kept(tiny_source: ModelSource) -> 
         loads = Loads(tiny_source)
         holder = standby(loads)
         holder.follow((2, 4))
+        for _ in range(200):  # until the load is under way on the loader thread
+            if loads.ranges:
+                break
+            await asyncio.sleep(0.005)
         holder.follow((0, 2))  # asked for another range while the first loads
         await settled(holder)
         await settled(holder)
         assert loads.ranges == [(2, 4), (0, 2)] and holder.held == (0, 2)
+        holder.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_load_waits_out_the_settle_and_loads_only_the_last_range_asked(tiny_source: ModelSource) -> None:
+    """After a failover the plan asks for new standbys at once; they wait `settle_s`, so the
+    resume has the CPU, and a range asked for and changed meanwhile is never loaded."""
+
+    async def scenario() -> None:
+        loads = Loads(tiny_source)
+        holder = standby(loads, settle_s=0.5)
+        holder.follow((2, 4))
+        await asyncio.sleep(0.2)
+        assert loads.ranges == [] and holder.held == NONE  # settling
+        holder.follow((0, 2))  # the next plan asks for another range
+        await settled(holder)
+        await settled(holder)
+        assert loads.ranges == [(0, 2)] and holder.held == (0, 2)
         holder.close()
 
     asyncio.run(scenario())

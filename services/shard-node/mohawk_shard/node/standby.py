@@ -8,8 +8,13 @@ that needs the range before it is loaded loads it the ordinary way). The heartbe
 once it is held, and only then does the coordinator re-plan onto it. When a plan gives the node the
 range as its stage, or its own stage widened by it, `take` hands over the held weights (widened:
 its own backend and the standby stacked, `StackedBackend`) and the stage allocates its KV pool. A
-range the plan no longer asks for is let go. The load thread runs at the lowest priority, so it
-takes only the CPU that serving leaves. An MLX node loads where it computes (its arrays belong to
+range the plan no longer asks for is let go. A load starts `SETTLE_S` after the plan asked for it
+(the follower asks once the node's pipeline is active, so never during a failover's load), and
+its thread runs at the lowest priority, so it takes only the CPU that serving leaves: the plan
+after a failover asks the survivors for new standbys at once, and their loads, though niced,
+slowed the resume beside them (the 135M chaos kill: 255-291 ms from serving to caught up with the
+loads beside it, 225-247 ms with them 3 s later, three runs each), while a 1.7B stage's resume
+takes 3-4 s. An MLX node loads where it computes (its arrays belong to
 the thread that made them).
 """
 
@@ -35,6 +40,9 @@ log = structlog.get_logger("mohawk.shard")
 
 Range = tuple[int, int]
 NONE: Range = (0, 0)
+
+
+SETTLE_S = 5.0  # a standby starts loading this long after the plan asks: a failover's resume first
 
 
 def asked_of(plan: bus_pb2.Plan, node_id: str, started_at_ms: int) -> Range:
@@ -63,8 +71,10 @@ class WarmStandby:
         loader: Executor | None,
         beat_soon: Callable[[], None],
         free: Callable[[weakref.ref[Backend]], None],
+        settle_s: float = SETTLE_S,
     ) -> None:
         self._log = log.bind(node_id=node_id)
+        self.settle_s = settle_s
         self._make_backend = make_backend
         self._own_loader = loader is None
         self._loader = loader or ThreadPoolExecutor(
@@ -90,18 +100,23 @@ class WarmStandby:
 
     async def _load(self, wanted: Range) -> None:
         started = time.monotonic()
+        backend: Backend | None = None
         try:
-            loop = asyncio.get_running_loop()
-            backend = await loop.run_in_executor(self._loader, self._make_backend, *wanted)
+            await asyncio.sleep(self.settle_s)  # a failover's resume has the CPU to itself first
+            if self._wanted == wanted:
+                started = time.monotonic()
+                loop = asyncio.get_running_loop()
+                backend = await loop.run_in_executor(self._loader, self._make_backend, *wanted)
         except Exception:
             self._log.exception("standby could not be loaded", layers=f"[{wanted[0]}, {wanted[1]})")
             return
         finally:
             self._loading = None
-        if self._wanted != wanted:  # the plan changed while it loaded
-            gone = weakref.ref(backend)
-            del backend
-            self._free(gone)
+        if backend is None or self._wanted != wanted:  # the plan changed while it settled or loaded
+            if backend is not None:
+                gone = weakref.ref(backend)
+                del backend
+                self._free(gone)
             self.follow(self._wanted)
             return
         self.backend = backend

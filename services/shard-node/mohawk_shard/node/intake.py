@@ -36,6 +36,7 @@ from mohawk_common.bus.requests import check_fresh, open_request
 from mohawk_common.bus.security import Security
 from mohawk_common.errors import InvalidRequestError
 from mohawk_pqc.errors import AuthenticationError
+from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.node.bus_actions import Ack, BusActions, Fail, Nak, Term
 from mohawk_shard.node.held import Delivery
 from mohawk_shard.node.intake_rules import UNOPENED_RETRY_S, Routes, retry_unopened
@@ -80,6 +81,7 @@ class RequestIntake:
         self.max_waiting, self.ack_wait_s = max_waiting, ack_wait_s
         self._wake, self._log = wake, log
         self._pulls: list[JetStreamContext.PullSubscription] = []
+        self._opening: set[str] = set()  # request ids between their pull and their admission
 
     async def subscribe(self) -> None:
         """Bind the consumers of this pipeline's route and of the model's shared requests."""
@@ -144,13 +146,18 @@ class RequestIntake:
             await self._admit_all(msgs)
 
     async def _admit_all(self, msgs: list[Msg]) -> None:
-        for msg in msgs:
-            try:
-                await self._admit(msg)
-            except Exception:
-                self._log.exception("request refused: unreadable", subject=msg.subject)
-                await self.bus.carry_out([Term(msg)])
+        """Admit a pull's requests side by side: a resumed one first reads what it emitted from the
+        token stream (a few round trips to JetStream each), and the 16 requests a failover handed
+        back, read one after another, held the new stage 0's first step back by ~50 ms."""
+        await asyncio.gather(*(self._admit_or_refuse(msg) for msg in msgs))
         self._wake()
+
+    async def _admit_or_refuse(self, msg: Msg) -> None:
+        try:
+            await self._admit(msg)
+        except Exception:
+            self._log.exception("request refused: unreadable", subject=msg.subject)
+            await self.bus.carry_out([Term(msg)])
 
     async def _drain_loop(self) -> None:
         """Serve requests routed to pipelines no longer active, while `Routes` says this stage 0 is
@@ -200,8 +207,16 @@ class RequestIntake:
             await self.bus.carry_out([Nak(msg, UNOPENED_RETRY_S) if retry else Term(msg)])
             return
         request_id = request.request_id
-        if self.core.request(request_id) is not None:
-            return  # redelivered while we still run it
+        if self.core.request(request_id) is not None or request_id in self._opening:
+            return  # redelivered while we still run it (or still read what it emitted)
+        self._opening.add(request_id)
+        try:
+            await self._admit_opened(msg, request)
+        finally:
+            self._opening.discard(request_id)
+
+    async def _admit_opened(self, msg: Msg, request: bus_pb2.GenerateRequest) -> None:
+        request_id = request.request_id
         try:  # a re-publication the stream's dedupe no longer catches, or nobody waits for it
             check_fresh(request, stored_at=msg.metadata.timestamp.timestamp(), now=time.time())
         except AuthenticationError as exc:

@@ -73,6 +73,7 @@ def local_target(
         )
         with LocalCluster(spec) as cluster:
             cluster.wait_ready(timeout=ready_timeout_s)
+            cluster.wait_pools_resident()  # the node's memory before the load holds its whole KV pool
             servers = {"nats": cluster.nats.process, "redis": redis.process}
             pids = {name: proc.pid for name, proc in cluster.processes.items()}
             pids.update({name: proc.pid for name, proc in servers.items() if proc is not None})

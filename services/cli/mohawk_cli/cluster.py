@@ -21,6 +21,7 @@ MOHAWK_NATS_TLS_CA and a tls:// MOHAWK_NATS_URL; `nats_tls_ca` names it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -42,6 +43,7 @@ from mohawk_common.bus.nats_tls import CA_CERT, CA_DIR, LOCAL_HOSTS, ServerTls, 
 from mohawk_common.bus.server import NatsServer, free_port
 from mohawk_common.errors import MohawkError
 from mohawk_pqc.pki_files import init_pki, issue_node
+from mohawk_shard.model.load_progress import MEASURED_EVENT, POOL_MAPPED_EVENT, POOL_RESIDENT_EVENT
 
 _STOP_TIMEOUT_S = 15.0
 NATS_PORT = 4222  # NATS's usual port, when free
@@ -302,6 +304,41 @@ class LocalCluster:
                 return
             time.sleep(0.25)
         raise ClusterError(f"the cluster was not ready within {timeout:.0f} s; logs are in {self.log_dir}")
+
+    def wait_pools_resident(self, timeout: float = 60.0) -> None:
+        """Block until every live shard node's KV pools are resident: each is mapped untouched and
+        faulted in a few seconds after its stage loads (`pool_residency.py`), and a memory reading
+        that a load or a fault is measured against must hold them whole."""
+        deadline = time.monotonic() + timeout
+        while True:
+            behind = [name for name in self._live_shards() if not self._pools_resident(name)]
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"KV pools of {behind} not resident within {timeout:.0f} s")
+            time.sleep(0.25)
+
+    def _live_shards(self) -> list[str]:
+        return [n for n, proc in self.processes.items() if n.startswith("shard") and proc.poll() is None]
+
+    def _pools_resident(self, name: str) -> bool:
+        """Whether child `name`, since it last started (a restarted child appends to its log),
+        logged every pool it mapped as populated (each line names its pool)."""
+        mapped: set[int] = set()
+        resident: set[int] = set()
+        with open(self.log_dir / f"{name}.log", "rb") as log:
+            for line in log:
+                if not line.startswith(b"{") or (b"kv pool" not in line and b"node measured" not in line):
+                    continue
+                record = json.loads(line)
+                event = record.get("event")
+                if event == MEASURED_EVENT:
+                    mapped, resident = set(), set()
+                elif event == POOL_MAPPED_EVENT:
+                    mapped.add(record["pool"])
+                elif event == POOL_RESIDENT_EVENT:
+                    resident.add(record["pool"])
+        return mapped <= resident
 
     def is_ready(self) -> bool:
         try:

@@ -8,9 +8,12 @@ j-th layer of each group in the stage uses pair j.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
+import structlog
 import torch
 
 from mohawk_common.errors import ConfigError
@@ -22,16 +25,20 @@ from mohawk_shard.engine.kv_tiers import KV_CACHE_DTYPES, TierBytes, num_cold_bl
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.kernels.huge_pages import lazy_zeros
+from mohawk_shard.kernels.pool_residency import RESIDENT_AFTER_S, populate_later
 from mohawk_shard.model.attention_metadata import AttentionMetadata
 from mohawk_shard.model.forward_batch import ForwardBatch
 from mohawk_shard.model.kv_cache import Int8Store, KVCache, kv_storage_dtype
 from mohawk_shard.model.kv_quant import KVTiers
+from mohawk_shard.model.load_progress import POOL_MAPPED_EVENT, POOL_RESIDENT_EVENT
 from mohawk_shard.model.quantized_layers import DENSE_MIN_ROWS, dense_rows
 from mohawk_shard.model.rope import RotaryTable
 from mohawk_shard.model.traced_decode import CUDA_BATCH_SIZES, TRACE_AFTER, TracedDecode, traceable
 from mohawk_shard.model.weight_formats import weights_dtype
 from mohawk_shard.model.weight_loading import build_stage
 
+log = structlog.get_logger("mohawk.shard")
+_POOL_IDS = itertools.count(1)  # names a pool in its two log lines
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
@@ -162,6 +169,10 @@ class TorchBackend:
             KVCache(page.key, page.value, page.key_int8, page.value_int8, group)
             for page, group in zip((pages[j] for j in self._tensor_slots), self.layer_groups, strict=True)
         ]
+        lazy = [t for page in pages for t in (page.key, page.value)]
+        pool = next(_POOL_IDS)
+        log.info(POOL_MAPPED_EVENT, pool=pool, mb=sum(t.numel() * t.element_size() for t in lazy) >> 20)
+        populate_later(lazy, RESIDENT_AFTER_S, functools.partial(_pool_resident, pool))
         if traced is not None:
             traced.forget()
             traced.pad_block = num_hot if spare else None
@@ -227,3 +238,8 @@ def tensor_from_bytes(dtype: str, shape: Sequence[int], data: bytes, device: tor
         raise ValueError(f"unknown hidden-state dtype {dtype!r}")
     raw = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
     return raw.view(torch_dtype).reshape(tuple(shape)).to(device)
+
+
+def _pool_resident(pool: int, populated: int, seconds: float) -> None:
+    """`populate_later`'s report: the KV pool is resident (`LocalCluster.wait_pools_resident` reads it)."""
+    log.info(POOL_RESIDENT_EVENT, pool=pool, mb=populated >> 20, seconds=round(seconds, 2))

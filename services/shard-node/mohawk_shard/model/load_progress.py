@@ -20,6 +20,8 @@ import structlog
 
 LOADING_EVENT = "loading weights"
 MEASURED_EVENT = "node measured"  # a node has measured itself; its stage's load follows
+# a stage's KV pool mapped untouched, and later faulted in whole (`kernels/pool_residency.py`)
+POOL_MAPPED_EVENT, POOL_RESIDENT_EVENT = "kv pool mapped", "kv pool resident"
 
 log = structlog.get_logger("mohawk.shard.weights")
 _QUIET: ContextVar[bool] = ContextVar("mohawk_quiet_load", default=False)

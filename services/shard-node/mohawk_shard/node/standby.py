@@ -13,9 +13,8 @@ range the plan no longer asks for is let go. A load starts `SETTLE_S` after the 
 its thread runs at the lowest priority, so it takes only the CPU that serving leaves: the plan
 after a failover asks the survivors for new standbys at once, and their loads, though niced,
 slowed the resume beside them (the 135M chaos kill: 255-291 ms from serving to caught up with the
-loads beside it, 225-247 ms with them 3 s later, three runs each), while a 1.7B stage's resume
-takes 3-4 s. An MLX node loads where it computes (its arrays belong to
-the thread that made them).
+loads beside it, 225-247 ms with them 3 s later, three runs each), and a 1.7B-shaped file's
+takes 2-3 s. An MLX node loads where it computes (its arrays belong to the thread that made them).
 """
 
 from __future__ import annotations

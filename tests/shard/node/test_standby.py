@@ -126,7 +126,7 @@ def test_a_load_waits_out_the_settle_and_loads_only_the_last_range_asked(tiny_so
 
     async def scenario() -> None:
         loads = Loads(tiny_source)
-        holder = standby(loads, settle_s=0.5)
+        holder = standby(loads, settle_s=2.0)
         holder.follow((2, 4))
         await asyncio.sleep(0.2)
         assert loads.ranges == [] and holder.held == NONE  # settling

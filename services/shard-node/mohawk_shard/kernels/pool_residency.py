@@ -47,6 +47,13 @@ def _madvise() -> Callable[[int, int, int], int] | None:
 _MADVISE = _madvise()
 
 
+def lowest_priority() -> None:
+    """Nice 19 for the calling thread (Linux keeps nice per thread, and the threads torch starts
+    from it inherit it): a background thread takes only the CPU that serving leaves."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
 def populate(tensor: torch.Tensor) -> bool:
     """Fault every page of `tensor`'s memory in, writable, without writing it; False where the
     kernel cannot (no such advice, not a CPU tensor)."""
@@ -72,8 +79,7 @@ def populate_later(
     def run() -> None:
         time.sleep(delay_s)
         started, populated = time.monotonic(), 0
-        with contextlib.suppress(OSError, AttributeError):  # Linux keeps nice per thread
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        lowest_priority()
         for ref in refs:
             tensor = ref()
             if tensor is None:

@@ -20,9 +20,6 @@ takes 2-3 s. An MLX node loads where it computes (its arrays belong to the threa
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -33,6 +30,7 @@ import structlog
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends.stacked import StackedBackend
 from mohawk_shard.engine.backend import Backend
+from mohawk_shard.kernels.pool_residency import lowest_priority
 from mohawk_shard.node.handover import share_weights
 
 log = structlog.get_logger("mohawk.shard")
@@ -52,14 +50,6 @@ def asked_of(plan: bus_pb2.Plan, node_id: str, started_at_ms: int) -> Range:
     return NONE
 
 
-def _lowest_priority() -> None:
-    """The standby's load thread yields to serving: nice 19 for this thread (Linux keeps nice per
-    thread, and the threads torch starts from it inherit it), so a load that overlaps a resume
-    takes only the CPU the stages leave."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-
-
 class WarmStandby:
     """The standby range a node holds (`held`), loading and letting go as plans ask."""
 
@@ -77,7 +67,7 @@ class WarmStandby:
         self._make_backend = make_backend
         self._own_loader = loader is None
         self._loader = loader or ThreadPoolExecutor(
-            1, thread_name_prefix="standby", initializer=_lowest_priority
+            1, thread_name_prefix="standby", initializer=lowest_priority
         )
         self._beat_soon = beat_soon
         self._free = free
@@ -98,8 +88,7 @@ class WarmStandby:
             self._loading = asyncio.get_running_loop().create_task(self._load(wanted))
 
     async def _load(self, wanted: Range) -> None:
-        started = time.monotonic()
-        backend: Backend | None = None
+        started, backend = 0.0, None
         try:
             await asyncio.sleep(self.settle_s)  # a failover's resume has the CPU to itself first
             if self._wanted == wanted:

@@ -24,8 +24,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the node imports this module (`lowest_priority`) without loading torch
+    import torch
 
 MADV_POPULATE_WRITE = 23  # linux/mman.h; Python's mmap module does not name it
 PAGE = 4096

@@ -15,6 +15,8 @@ from mohawk_common.bus.server import NatsServer
 from mohawk_gateway.wait_estimate import (
     CALIBRATION_QUANTILE,
     MIN_CALIBRATION_SAMPLES,
+    OBJECTIVE_SHARE,
+    RECENT_S,
     Prediction,
     WaitEstimate,
 )
@@ -77,15 +79,37 @@ def test_priorities_keep_their_order_and_each_tenant_waits_for_its_own_queue_at_
     waits.submitted("bronze-0", "bronze", 1.0, "normal")
     waits.submitted("low-0", "gold", 3.0, "low")
     assert waits.predict("vip", 1.0, "high").ahead == 0  # high waits for no one below it
-    # gold: its 6 at its own measured rate (1/s): 6 s; bronze: its 1 at its weight's share of
-    # the rate (1 of gold 3 + bronze 1: 0.25/s): 4 s; a new tenant has nothing of its own ahead
-    assert waits.predict("gold", 3.0, "normal").wait_s == pytest.approx(6.0)
+    # each waits for its own at its weight's share of the rate (1/s) beside the other: gold's 6
+    # at 3 of 4 (0.75/s): 8 s; bronze's 1 at 1 of 4 (0.25/s): 4 s; a new tenant has nothing of
+    # its own ahead
+    assert waits.predict("gold", 3.0, "normal").wait_s == pytest.approx(8.0)
     assert waits.predict("bronze", 1.0, "normal").wait_s == pytest.approx(4.0)
     assert waits.predict("new", 1.0, "normal").wait_s == 0.0
     # low waits for every normal request first, at the whole rate, then its own
     assert waits.predict("gold", 3.0, "low").ahead == 8
     waits.closed("bronze-0")  # cancelled before its first token
     assert waits.predict("bronze", 1.0, "normal").ahead == 0
+
+
+def test_a_tenant_alone_in_the_queue_is_judged_at_its_share_beside_tenants_served_just_before() -> None:
+    """Bronze had most of the rate (2/s) but gold got a first token a moment ago: gold's clients
+    may be back at any time and take their weight's share first, so bronze's 4 are predicted at 1
+    of gold 3 + bronze 1 (0.5/s): 8 s, not 2 s. Once gold was last served longer ago than
+    RECENT_S, bronze is judged alone, at the whole rate."""
+    clock = Clock()
+    waits = WaitEstimate(window_s=10.0, clock=clock)
+    for i in range(20):
+        tenant, weight = ("gold", 3.0) if i == 19 else ("bronze", 1.0)
+        waits.submitted(f"done-{i}", tenant, weight, "normal")
+        clock.now += 0.5
+        waits.first_token(f"done-{i}")
+    for i in range(4):
+        waits.submitted(f"bronze-{i}", "bronze", 1.0, "normal")
+    predicted = waits.predict("bronze", 1.0, "normal")
+    assert predicted.rate_per_s == pytest.approx(0.5)
+    assert predicted.wait_s == pytest.approx(8.0)
+    clock.now += RECENT_S + 0.1  # the window now holds 10 first tokens in 10 s: 1/s, all bronze's
+    assert waits.predict("bronze", 1.0, "normal").rate_per_s == pytest.approx(1.0)
 
 
 def test_what_a_tenants_requests_waited_lately_is_a_floor_while_it_has_requests_ahead() -> None:
@@ -117,10 +141,18 @@ def test_with_no_first_token_in_the_window_the_wait_is_at_least_those_ahead_time
     assert predicted.drain_interval_s == pytest.approx(7.0)
 
 
+def test_a_request_is_admitted_within_a_share_of_its_objective() -> None:
+    """The headroom: a 5 s objective admits a prediction of 3.5 s and refuses one of 4 s."""
+    assert pytest.approx(0.7) == OBJECTIVE_SHARE
+    assert WaitEstimate.admits(Prediction(3.5, 7, 2.0), 5.0)
+    assert not WaitEstimate.admits(Prediction(4.0, 8, 2.0), 5.0)
+
+
 def test_the_refused_are_told_to_come_back_one_drain_interval_apart() -> None:
-    """10 queued at 2 first tokens a second, a 2 s objective: the first refused comes back when
-    the queue is down to 2 s (3 s), each next one half a second later, never past a minute; the
-    refused of another tenant queue on their own; once the times told have passed, it starts over."""
+    """10 queued at 2 first tokens a second, an objective that admits 2 s: the first refused comes
+    back when the queue is down to 2 s (3 s), each next one half a second later, never past a
+    minute; the refused of another tenant queue on their own; once the times told have passed, it
+    starts over."""
     clock = Clock()
     waits = WaitEstimate(window_s=10.0, clock=clock)
     served(waits, clock, "", 20, 0.5)
@@ -128,12 +160,13 @@ def test_the_refused_are_told_to_come_back_one_drain_interval_apart() -> None:
         waits.submitted(f"queued-{i}", "", 1.0, "normal")
     predicted = waits.predict("", 1.0, "normal")
     assert predicted.wait_s == pytest.approx(5.0)
-    told = [waits.refuse("", predicted, 2.0) for _ in range(4)]
+    objective = 2.0 / OBJECTIVE_SHARE  # admits waits up to 2 s
+    told = [waits.refuse("", predicted, objective) for _ in range(4)]
     assert told == [3, 4, 4, 5]  # 3, 3.5, 4, 4.5 s, rounded up
-    assert waits.refuse("other", predicted, 2.0) == 3
-    assert max(waits.refuse("", predicted, 2.0) for _ in range(200)) == 60
+    assert waits.refuse("other", predicted, objective) == 3
+    assert max(waits.refuse("", predicted, objective) for _ in range(200)) == 60
     clock.now += 61.0
-    assert waits.refuse("", predicted, 2.0) == 3
+    assert waits.refuse("", predicted, objective) == 3
     clock.now += 61.0
     assert waits.refuse("", predicted, 10.0) == 1  # within the objective already (on a stale figure): 1 s
 

@@ -97,7 +97,7 @@ class Gateway:
         name, weight = (tenant.name, tenant.weight) if tenant is not None else ("", 1.0)
         effective = capped_priority(priority, tenant)
         predicted = self.waits.predict(name, weight, effective)
-        if predicted.wait_s <= objective:
+        if self.waits.admits(predicted, objective):
             self.waits.admit(name, weight, effective, predicted)  # it waits from now, not from submission
             return
         self.metrics.refused_by_wait.inc()

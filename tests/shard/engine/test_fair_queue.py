@@ -110,6 +110,35 @@ def test_a_tenant_with_work_running_but_none_queued_banks_no_credit_either() -> 
     assert sum(i < 100 for i in order) == 6  # 3:1 from here, not 30 of gold's first
 
 
+def test_a_tenant_with_work_running_that_joins_an_empty_queue_starts_at_the_system_virtual_time() -> None:
+    """`bronze` is served 300 tokens while `gold` keeps a sequence running, and bronze's queue runs
+    empty between its arrivals: gold's new work joins no queue of anyone's, so it is lifted to the
+    system virtual time (bronze's), and the two then share by weight, rather than gold taking all
+    until it caught up on 300 tokens it never asked for."""
+    clocks = TenantClocks()
+    queue = FairQueue(clocks)
+    clocks.join(seq(0, "gold", weight=3.0))  # admitted: running, not queued
+    for i in range(30):  # bronze's requests one at a time, each admitted before the next arrives
+        arrival = seq(100 + i, "bronze")
+        clocks.join(arrival)
+        queue.append(arrival)
+        queue.remove(arrival)
+        clocks.charge(arrival, 10)
+    assert clocks.vtime(Priority.NORMAL, "gold") == 0.0 and not queue
+    gold = [seq(1 + i, "gold", weight=3.0) for i in range(30)]
+    for s in gold:
+        clocks.join(s)
+        queue.append(s)
+    assert clocks.vtime(Priority.NORMAL, "gold") == pytest.approx(290.0)  # bronze's when last served
+    bronze = [seq(200 + i, "bronze") for i in range(10)]
+    for s in bronze:
+        clocks.join(s)
+        queue.append(s)
+    order = drain(queue, tokens_each=10)[:20]
+    assert 14 <= sum(i < 100 for i in order) <= 16  # 3:1 from here (gold starts 10 tokens behind)
+    assert min(i for i, seq_id in enumerate(order) if seq_id >= 100) <= 4  # not after all 30 of gold's
+
+
 def test_a_preempted_sequence_put_back_is_not_lifted_but_new_work_is() -> None:
     queue = queue_of(seq(100, "bronze"))
     clocks = queue.clocks

@@ -11,11 +11,16 @@ tenant that had nothing queued or running re-enters at the larger of its own vir
 system virtual time, so idling banks no credit (and leaving does not forgive a lead). A tenant
 that had sequences running but none queued is not backlogged either: when new work of it is
 queued, its virtual time is lifted to at least the smallest of the tenants already queued (as the
-VTC paper lifts a client that joins the waiting queue). Without that, a tenant kept short of work
+VTC paper lifts a client that joins the waiting queue), or to the system virtual time when no one
+is queued (no one waits, so no one is owed anything). Without that, a tenant kept short of work
 (its clients refused by the gateway's admission, say) trailed while others used the room it left,
 and once its queue filled again it took everything until it caught up: in a load test with
 admission by predicted wait, a weight-1 tenant got no token for a second and its requests waited
-20-28 s while a weight-3 tenant caught up. The same
+20-28 s while a weight-3 tenant caught up. The empty-queue case came later: under the same load
+test a weight-1 tenant was served 7-11 first tokens a second while the others' clients were away,
+its queue emptying between arrivals; the others, each with sequences running, joined that empty
+queue unlifted, far behind, and once their clients were back the weight-1 tenant got no first
+token for 6 s. The same
 order decides two things: which waiting sequence is admitted next (`FairQueue`: first in, first
 out within a tenant; a preempted sequence goes back to the head of its tenant's queue, and a
 resumed one, whose client has already seen tokens, goes ahead of the tenant's new work, behind the
@@ -76,6 +81,10 @@ class TenantClocks:
         tenant = klass.tenants.setdefault(seq.qos.tenant, _Tenant(klass.clock))
         klass.clock = max(klass.clock, tenant.vtime)
         tenant.vtime += num_tokens / seq.qos.weight
+
+    def system_vtime(self, priority: Priority) -> float:
+        """The class's system virtual time: the largest virtual time a tenant had when served."""
+        return self._classes[priority].clock
 
     def lift(self, seq: Sequence, floor: float) -> None:
         """`seq`'s tenant's virtual time is at least `floor`."""
@@ -172,11 +181,15 @@ class FairQueue:
 
     def _lift_if_new(self, seq: Sequence) -> None:
         """A tenant with nothing queued joins the queue no further behind than the least of the
-        tenants queued (a preempted sequence, put back with `appendleft`, is not new work)."""
-        tenants = self._queues[seq.qos.priority]
-        if seq.qos.tenant in tenants or not tenants:
+        tenants queued, or than the system virtual time when none is (a preempted sequence, put
+        back with `appendleft`, is not new work)."""
+        priority, tenants = seq.qos.priority, self._queues[seq.qos.priority]
+        if seq.qos.tenant in tenants:
             return
-        self.clocks.lift(seq, min(self.clocks.vtime(seq.qos.priority, t) for t in tenants))
+        if not tenants:
+            self.clocks.lift(seq, self.clocks.system_vtime(priority))
+            return
+        self.clocks.lift(seq, min(self.clocks.vtime(priority, t) for t in tenants))
 
     def _queue(self, seq: Sequence) -> deque[Sequence]:
         return self._queues[seq.qos.priority].setdefault(seq.qos.tenant, deque())

@@ -43,12 +43,12 @@ objective, not the whole of it. The prediction is a central figure: a queue held
 objective put the median wait near it (4-5 s of a 5 s objective, `make loadtest`), so every slow
 second (a burst of returning clients, the host's other work) pushed the top percent past it (p99
 6.2-7.5 s in two runs). At 70% of it, p99 was 4.6-5.8 s in four runs, the late ones requests
-admitted together when refused clients came back; at 60%, 2.8 s, with goodput 0.93x the run
-without admission. Such a queue still never runs dry at the rate the pipeline drains it, so what
-is refused is wait, not throughput.
+admitted together when refused clients came back; at 60%, 2.8-3.6 s in three runs, with goodput
+0.89-1.03x runs without admission the same day. Such a queue still never runs dry at the rate
+the pipeline drains it, so what is refused is wait, not throughput.
 
 A refused request is told when to come back so that the refused come back one at a time, at the
-rate the queue drains: the first after the wait down to the objective, each next one a drain
+rate the queue drains: the first after the wait down to what the objective admits, each next one a drain
 interval later (`1 / rate` for its tenant) than the last one still to come back, up to
 `MAX_RETRY_AFTER_S` (what every OpenAI Python client honours; past its limit it uses its own short
 backoff). Every refused client given the same Retry-After would come back together, find the queue

@@ -184,12 +184,9 @@ class FairQueue:
         tenants queued, or than the system virtual time when none is (a preempted sequence, put
         back with `appendleft`, is not new work)."""
         priority, tenants = seq.qos.priority, self._queues[seq.qos.priority]
-        if seq.qos.tenant in tenants:
-            return
-        if not tenants:
-            self.clocks.lift(seq, self.clocks.system_vtime(priority))
-            return
-        self.clocks.lift(seq, min(self.clocks.vtime(priority, t) for t in tenants))
+        if seq.qos.tenant not in tenants:
+            least = (self.clocks.vtime(priority, t) for t in tenants)
+            self.clocks.lift(seq, min(least, default=self.clocks.system_vtime(priority)))
 
     def _queue(self, seq: Sequence) -> deque[Sequence]:
         return self._queues[seq.qos.priority].setdefault(seq.qos.tenant, deque())

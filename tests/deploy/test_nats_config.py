@@ -339,6 +339,11 @@ def test_cluster_forms_over_tls_routes_and_replicated_streams_survive_losing_a_s
             info = await js.stream_info(names.REQUESTS_STREAM)
             assert info.config.num_replicas == 3
             assert info.cluster is not None and len(info.cluster.replicas or []) == 2
+            # ensure_* returns only once every replicated stream has a leader, so the first write
+            # right after it is taken (before, a fresh bucket answered "no responders" at times).
+            for stream in (names.TOKENS_STREAM, f"KV_{names.PLAN_BUCKET}", f"KV_{names.NODES_BUCKET}"):
+                stream_cluster = (await js.stream_info(stream)).cluster
+                assert stream_cluster is not None and stream_cluster.leader, stream
             await buckets.plan.put(names.PLAN_KEY, b"v1")
 
             # Lose the server that leads the requests stream: the other two keep a quorum.

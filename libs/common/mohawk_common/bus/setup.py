@@ -14,6 +14,10 @@ requests past its bounds (the gateway answers 429), the token stream drops its o
 first (events older than a resume needs: keep `tokens_max_bytes` above what the cluster emits in
 `tokens_max_age_s`), and a bucket refuses writes past its bytes. JetStream reserves each bound
 against its storage limit (by default 75% of the free disk) when the stream is created.
+
+A replicated stream (or bucket) is returned only once its Raft group has a leader: until then
+JetStream answers a publish to it with "no responders", so a service that wrote the moment
+`ensure_*` returned would fail on a cluster that had just created the stream.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ log = structlog.get_logger("mohawk.bus")
 T = TypeVar("T")
 _FORMING_ATTEMPTS = 5  # 0.5 + 1 + 2 + 4 s of waiting at most
 _FORMING_FIRST_RETRY_S = 0.5
+_LEADER_WAIT_S = 30.0  # a new R3 group elects within a few seconds even on a loaded 2-core host
+_LEADER_POLL_S = 0.1
 MIB = 1 << 20
 REQUESTS_MAX_BYTES = 256 * MIB  # sealed prompts; with max_queued_requests, up to 256 KiB each
 TOKENS_MAX_BYTES = 1024 * MIB  # a few hundred bytes an event: millions within the max age
@@ -130,10 +136,33 @@ async def ensure_buckets(js: JetStreamContext, limits: BusLimits = BusLimits()) 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
     """Create the stream unless it exists; an existing one is adopted as the operator configured it."""
     await _while_forming(lambda: _ensure_stream_once(js, config), config.name or "")
+    await _await_leader(js, config.name or "", config.num_replicas or 1)
 
 
 async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
-    return await _while_forming(lambda: _ensure_bucket_once(js, config), config.bucket)
+    kv = await _while_forming(lambda: _ensure_bucket_once(js, config), config.bucket)
+    await _await_leader(js, f"KV_{config.bucket}", config.replicas)
+    return kv
+
+
+async def _await_leader(js: JetStreamContext, stream: str, replicas: int) -> None:
+    """Return once the replicated `stream` reports a leader; raise TimeoutError if none is elected
+    within `_LEADER_WAIT_S`. A single-replica stream (asked for, or as found) leads itself."""
+    if replicas <= 1:
+        return
+    deadline = asyncio.get_running_loop().time() + _LEADER_WAIT_S
+    while True:
+        try:
+            info = await js.stream_info(stream)
+            if (info.config.num_replicas or 1) <= 1:  # an adopted stream the operator made R1
+                return
+            if info.cluster is not None and info.cluster.leader:
+                return
+        except (NatsTimeoutError, ServiceUnavailableError):
+            pass  # the group is still forming; ask again
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"JetStream stream {stream} has no leader after {_LEADER_WAIT_S:.0f} s")
+        await asyncio.sleep(_LEADER_POLL_S)
 
 
 async def _while_forming(attempt: Callable[[], Awaitable[T]], what: str) -> T:

@@ -97,6 +97,7 @@ bench: setup
 	$(PY) bench/distributed.py --full --json bench/results/distributed-cpu.json
 	$(PY) bench/distributed.py --full --no-prefix-cache --json bench/results/distributed-cpu-no-prefix-cache.json
 	$(PY) bench/pipeline_cost.py --full --files bundled,smollm2-1.7b:Q4_K_M --json bench/results/pipeline-cost-cpu.json
+	$(PY) bench/resume_floor.py --files bundled,smollm2-1.7b:Q4_K_M --json bench/results/resume-floor-cpu.json
 	$(PY) bench/scaleout.py --full --json bench/results/scaleout-cpu.json
 	$(PY) bench/telemetry.py --full --traces --json bench/results/telemetry-cpu.json
 	$(PY) bench/security.py --full --json bench/results/security-cpu.json

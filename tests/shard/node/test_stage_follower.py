@@ -30,6 +30,7 @@ class FakeRole:
         self.num_steps = self.num_failed_steps = self.num_expired_steps = 0
         self.events: list[str] = []
         self.routes: tuple[frozenset[int], bool] | None = None
+        self.compute = SimpleNamespace(stage=None)  # no stage: nothing to carry
 
     def stage_snapshot(self) -> StageSnapshot:
         raise NotImplementedError
@@ -56,7 +57,7 @@ class Harness(StageFollower):
     """A follower whose loads build stand-in roles, and whose memory always has room beside."""
 
     def __init__(self, make_before_break: bool = True) -> None:
-        settings = SimpleNamespace(make_before_break=make_before_break, backend="torch")
+        settings = SimpleNamespace(make_before_break=make_before_break, backend="torch", kv_carry=True)
         host = SimpleNamespace(node_id="n1", settings=settings, source=None, executor=None)
         host.beat_soon, host.beat_now, host.started_at_ms = lambda: None, lambda: None, 1
         super().__init__(host)  # type: ignore[arg-type]

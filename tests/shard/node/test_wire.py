@@ -35,7 +35,7 @@ def test_bad_fair_share_fields_are_refused() -> None:
 
 
 def test_the_latency_budget_reaches_the_sampling_stage() -> None:
-    spec = SequenceSpec(3, SamplingParams.create(), (), 0, 25.0)
+    spec = SequenceSpec(3, SamplingParams.create(), (), 0, 25.0, carry_key="r")  # the request id
     batch = StepBatch(1, (SequenceStep(0, 0, (5, 6, 7), (0,), True, spec),))
     message = step_batch_to_proto(batch, {0: Joining("r", [6, 7], b"")}, with_token_ids=True)
     message.started_at = 1234.5

@@ -93,6 +93,7 @@ class TorchBackend:
         hf_config = source.hf_config if config.rope_scaling is not None else None  # scaled rope only
         self.rotary = RotaryTable(config, hf_config, self.torch_device, self.dtype)
         self.kv_caches: list[KVCache] = []
+        self._block_size = 0  # the pool's, once allocated
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         self.kv_cache_dtype = kv_cache_dtype
@@ -139,6 +140,7 @@ class TorchBackend:
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
         two_tier = self.kv_cache_dtype == "int8"
+        self._block_size = block_size
         num_hot = num_hot_blocks(num_blocks) if two_tier else num_blocks
         self.kv_tiers = KVTiers(num_blocks, block_size, num_hot, num_cold_blocks) if two_tier else None
         kv_heads, head_dim = self.config.num_kv_heads, self.config.head_dim
@@ -176,6 +178,40 @@ class TorchBackend:
         if traced is not None:
             traced.forget()
             traced.pad_block = num_hot if spare else None
+
+    @property
+    def carries_kv(self) -> bool:
+        """Whether a sequence's KV can be copied out and in (`engine/kv_carry.py`): one full-attention
+        KV group, no int8 tier, a pool allocated."""
+        single = len(self.kv_groups) == 1 and not self.kv_groups[0].is_sliding
+        return single and self.kv_tiers is None and bool(self.kv_caches)
+
+    def _slots(self, table: Sequence[int], lo: int, hi: int) -> torch.Tensor:
+        positions = torch.arange(lo, hi)
+        blocks = torch.tensor(list(table), dtype=torch.int64)[positions // self._block_size]
+        return (blocks * self._block_size + positions % self._block_size).to(self.torch_device)
+
+    @torch.inference_mode()
+    def export_kv(self, table: Sequence[int], length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, copies of K and V [kv_heads, length, head_dim] of positions [0, length)."""
+        slots = self._slots(table, 0, length)
+        return [(c.key.index_select(1, slots), c.value.index_select(1, slots)) for c in self.kv_caches]
+
+    @torch.inference_mode()
+    def import_kv(
+        self, kv: list[tuple[torch.Tensor, torch.Tensor]], table: Sequence[int], lo: int, hi: int
+    ) -> None:
+        """Write positions [lo, hi) of `export_kv`'s copies into the slots `table` gives them."""
+        if len(kv) != len(self.kv_caches):
+            raise ValueError(f"a carry of {len(kv)} layers cannot fill layers [{self.start}, {self.end})")
+        slots = self._slots(table, lo, hi)
+        for cache, (key, value) in zip(self.kv_caches, kv, strict=True):
+            cache.key.index_copy_(1, slots, key[:, lo:hi].to(self.torch_device, cache.key.dtype))
+            cache.value.index_copy_(1, slots, value[:, lo:hi].to(self.torch_device, cache.value.dtype))
+
+    def join_rows(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Rows laid end to end, always a copy (a traced step's output is overwritten by the next)."""
+        return torch.cat(list(rows))
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, hidden: torch.Tensor | None) -> torch.Tensor:

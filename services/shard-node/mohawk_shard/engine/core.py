@@ -198,6 +198,7 @@ def _sequence_step(s: ScheduledSequence) -> SequenceStep:
             tuple(seq.output_token_ids),
             seq.num_cached_tokens,
             seq.qos.latency_budget_ms,
+            seq.request_id,
         )
     return SequenceStep(
         s.seq.seq_id, s.start_position, tuple(s.token_ids), tuple(s.new_block_ids), s.sample, spec

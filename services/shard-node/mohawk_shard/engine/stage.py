@@ -5,7 +5,10 @@ how many there are (with their ids, which only stage 0 embeds), the KV blocks ad
 since the last step, whether to sample, and — the first time a sequence (re)appears — what the last
 stage needs to sample it. Messages carry deltas; each `Stage` keeps the block tables and sampling
 state of the sequences it has seen and drops them when they are freed. The distributed pipeline puts
-exactly these messages on the bus; the in-process engine calls the stages one after another.
+exactly these messages on the bus; the in-process engine calls the stages one after another. A stage
+that sends rows on keeps each sequence's (up to `output_budget_bytes` in all), and hands them with
+its KV to its successor when a re-plan stops it (`export_carry`, `adopt`): `kv_carry.py` says how a
+resumed request then skips what a stage still holds.
 """
 
 from __future__ import annotations
@@ -14,6 +17,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mohawk_shard.engine.backend import Backend
+from mohawk_shard.engine.kv_carry import (
+    CarriedPart,
+    CarriesKV,
+    Carry,
+    ChunkPlan,
+    RequestCarry,
+    carrier_parts,
+    carry_exhausted,
+    plan_chunk,
+    row_spans,
+)
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.forward_batch import ForwardBatch
@@ -28,6 +42,12 @@ class SequenceSpec:
     output_token_ids: tuple[int, ...] = ()
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served when it (re)joined
     latency_budget_ms: float = 0.0  # the request's target time per output token (0 = none)
+    carry_key: str = ""  # its request's id: what a re-planned stage's KV of it is kept under
+
+    @property
+    def history_len(self) -> int:
+        """Tokens it (re)joins with: prompt and output so far."""
+        return self.num_prompt_tokens + len(self.output_token_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +83,15 @@ class _SequenceState:
     params: SamplingParams
     output_token_ids: list[int]
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV group
+    key: str = ""  # `SequenceSpec.carry_key`
+    length: int = 0  # positions whose KV this stage holds
+    rows: list[Any] | None = field(default_factory=list)  # rows sent on, from position 0 (None: not kept)
+    num_rows: int = 0
+    num_row_bytes: int = 0
+    carried: RequestCarry | None = None  # its KV from this node's stage before a re-plan
+
+
+DEFAULT_OUTPUT_BUDGET_BYTES = 512 << 20
 
 
 class Stage:
@@ -71,11 +100,54 @@ class Stage:
     With several KV groups (`mohawk_common.kv_groups`, `num_kv_groups` from the model config) a
     step's new block ids come group after group, as many for each."""
 
-    def __init__(self, backend: Backend, block_size: int, num_kv_groups: int = 1) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        block_size: int,
+        num_kv_groups: int = 1,
+        *,
+        output_budget_bytes: int = DEFAULT_OUTPUT_BUDGET_BYTES,
+    ) -> None:
         self.backend = backend
         self.block_size = block_size
         self.num_kv_groups = num_kv_groups
         self._sequences: dict[int, _SequenceState] = {}
+        self._carriers = carrier_parts(backend) if num_kv_groups == 1 else None
+        self._ranges = tuple((p.start, p.end) for p in self._carriers or ())
+        # a stage that sends rows on keeps them, for its successor after a re-plan (0: none kept)
+        self._row_budget = output_budget_bytes if self._carriers and not backend.has_head else 0
+        self._row_bytes = 0
+        self._carry = Carry()
+
+    @property
+    def carries_kv(self) -> bool:
+        """Whether this stage hands its KV to its successor when a re-plan stops it."""
+        return self._carriers is not None
+
+    def adopt(self, carry: Carry) -> None:
+        """Take the KV a stage before a re-plan held, for the requests this one resumes."""
+        if self._carriers is not None:
+            self._carry.merge(carry)
+
+    def export_carry(self) -> Carry:
+        """Copies of the KV (and rows sent on) of every sequence here, by request, per layer range:
+        for this node's next stage after a re-plan (call it once no step runs)."""
+        carry = Carry()
+        if self._carriers is None:
+            return carry
+        for state in self._sequences.values():
+            if not state.key or state.length == 0:
+                continue
+            parts = {
+                r: CarriedPart(p.export_kv(state.block_tables[0], state.length), state.length)
+                for r, p in zip(self._ranges, self._carriers, strict=True)
+            }
+            if state.rows:
+                last = self._ranges[-1]
+                rows = self._carriers[-1].join_rows(state.rows)
+                parts[last] = CarriedPart(parts[last].kv, state.length, rows, state.num_rows)
+            carry.requests[state.key] = parts
+        return carry
 
     @property
     def num_sequences(self) -> int:
@@ -83,11 +155,14 @@ class Stage:
 
     def step(self, batch: StepBatch, hidden_states: Any | None = None) -> StageOutput:
         for seq_id in batch.freed_seq_ids:
-            self._sequences.pop(seq_id, None)
+            gone = self._sequences.pop(seq_id, None)
+            if gone is not None:
+                self._row_bytes -= gone.num_row_bytes
         if not batch.sequences:
             return StageOutput(batch.step_id)
         chunks = []
         more_tables = []
+        states = []
         for step in batch.sequences:
             state = self._state_for(step)
             per_group = len(step.new_block_ids) // self.num_kv_groups
@@ -95,10 +170,19 @@ class Stage:
                 table.extend(step.new_block_ids[group * per_group : (group + 1) * per_group])
             chunks.append((list(step.token_ids), step.start_position, state.block_tables[0], step.sample))
             more_tables.append(state.block_tables[1:])
-        group_tables = more_tables if self.num_kv_groups > 1 else ()
-        forward = ForwardBatch.build(chunks, self.block_size, group_tables=group_tables)
-        output = self.backend.forward(forward, hidden_states)
+            states.append(state)
+        if any(state.carried for state in states):
+            output = self._forward_carried(batch, states, hidden_states)
+        else:
+            group_tables = more_tables if self.num_kv_groups > 1 else ()
+            forward = ForwardBatch.build(chunks, self.block_size, group_tables=group_tables)
+            output = self.backend.forward(forward, hidden_states)
+        for step, state in zip(batch.sequences, states, strict=True):
+            state.length = step.start_position + step.num_new_tokens
+            if state.carried and carry_exhausted(state.carried, state.length):
+                state.carried = None
         if not self.backend.has_head:
+            self._keep_rows(batch, states, output)
             return StageOutput(batch.step_id, hidden_states=output)
         return StageOutput(batch.step_id, sampled=self._sample(batch, output))
 
@@ -106,11 +190,137 @@ class Stage:
         if step.new_sequence is not None:
             spec = step.new_sequence
             tables: list[list[int]] = [[] for _ in range(self.num_kv_groups)]
-            self._sequences[step.seq_id] = _SequenceState(spec.params, list(spec.output_token_ids), tables)
+            joined = _SequenceState(spec.params, list(spec.output_token_ids), tables, spec.carry_key)
+            if self._carriers is not None:
+                joined.carried = self._carry.claim(spec.carry_key, spec.history_len)
+            old = self._sequences.get(step.seq_id)
+            if old is not None:
+                self._row_bytes -= old.num_row_bytes
+            self._sequences[step.seq_id] = joined
         state = self._sequences.get(step.seq_id)
         if state is None:
             raise KeyError(f"stage got a step for unknown sequence {step.seq_id}")
         return state
+
+    def _keep_rows(self, batch: StepBatch, states: list[_SequenceState], output: Any) -> None:
+        """Keep each sequence's rows sent on, while they run on from position 0 and fit the budget."""
+        if not self._row_budget or self._carriers is None:
+            return
+        join = self._carriers[-1].join_rows
+        sizes = [s.num_new_tokens for s in batch.sequences]
+        for step, state, (lo, hi) in zip(batch.sequences, states, row_spans(sizes), strict=True):
+            if state.rows is None:
+                continue
+            rows = join([output[lo:hi]])
+            size = int(rows.nbytes)
+            if step.start_position != state.num_rows or self._row_bytes + size > self._row_budget:
+                self._row_bytes -= state.num_row_bytes
+                state.rows, state.num_rows, state.num_row_bytes = None, 0, 0
+                continue
+            state.rows.append(rows)
+            state.num_rows += hi - lo
+            state.num_row_bytes += size
+            self._row_bytes += size
+
+    def _forward_carried(self, batch: StepBatch, states: list[_SequenceState], hidden: Any | None) -> Any:
+        """A step in which some sequence resumes with carried KV: each layer range computes only the
+        positions `kv_carry.compute_starts` gives it; the KV of the others is copied from the carry
+        and the rows the next range (or stage) needs of them are the kept ones."""
+        parts = self._carriers
+        if parts is None:
+            raise RuntimeError("a carry on a stage that cannot carry")
+        last_stage = self.backend.has_head
+        steps = batch.sequences
+        plans = [
+            plan_chunk(state.carried, self._ranges, step, last_stage)
+            for step, state in zip(steps, states, strict=True)
+        ]
+        # per sequence, the rows the range before gave (None: none), from position rows_from[i]
+        rows: list[Any] | None = None
+        if hidden is not None:
+            rows = [hidden[lo:hi] for lo, hi in row_spans([p.end - p.start for p in plans])]
+        rows_from = [p.start for p in plans]
+        output = None
+        for index, part in enumerate(parts):
+            for state, plan in zip(states, plans, strict=True):
+                if plan.starts[index] > plan.start and state.carried:
+                    kv = state.carried[self._ranges[index]].kv
+                    part.import_kv(kv, state.block_tables[0], plan.start, plan.starts[index])
+            inputs = self._rows_for(index, states, plans, rows, rows_from)
+            todo = [i for i, plan in enumerate(plans) if plan.starts[index] < plan.end]
+            output = self._run_range(
+                part,
+                index,
+                [steps[i] for i in todo],
+                [states[i] for i in todo],
+                [plans[i] for i in todo],
+                None if inputs is None else [inputs[i] for i in todo],
+            )
+            if index == len(parts) - 1 and last_stage:
+                return output
+            spans = row_spans([plans[i].end - plans[i].starts[index] for i in todo])
+            computed = {i: output[lo:hi] for i, (lo, hi) in zip(todo, spans, strict=True)}
+            rows = [computed.get(i) for i in range(len(plans))]
+            rows_from = [plan.starts[index] for plan in plans]
+        sent = self._rows_for(len(parts), states, plans, rows, rows_from) or []
+        return parts[-1].join_rows(sent)
+
+    def _run_range(
+        self,
+        part: CarriesKV,
+        index: int,
+        steps: list[SequenceStep],
+        states: list[_SequenceState],
+        plans: list[ChunkPlan],
+        inputs: list[Any] | None,
+    ) -> Any:
+        """Layer range `index` on the positions it computes of `steps` (None if none)."""
+        if not steps:
+            return None
+        chunks = []
+        for step, state, plan in zip(steps, states, plans, strict=True):
+            first = plan.starts[index]
+            tokens = list(step.token_ids[first - plan.start :])
+            chunks.append((tokens, first, state.block_tables[0], plan.sample))
+        joined = None if inputs is None else part.join_rows(inputs)
+        return part.forward(ForwardBatch.build(chunks, self.block_size), joined)
+
+    def backend_join(self, rows: list[Any]) -> Any:
+        """Rows laid end to end by the stage's array library."""
+        if self._carriers is None:
+            raise RuntimeError("only a stage that carries KV joins rows")
+        return self._carriers[-1].join_rows(rows)
+
+    def _rows_for(
+        self,
+        index: int,
+        states: list[_SequenceState],
+        plans: list[ChunkPlan],
+        rows: list[Any] | None,
+        rows_from: list[int],
+    ) -> list[Any] | None:
+        """Per sequence, the rows layer range `index` reads (at `len(ranges)`: the rows the stage
+        sends on, the whole chunk), from the position it computes from: the range before's computed
+        rows, led by the ones it kept where it computed from further on."""
+        if rows is None:
+            return None
+        out = []
+        for i, plan in enumerate(plans):
+            first = plan.starts[index] if index < len(self._ranges) else plan.start
+            have, got = rows_from[i], rows[i]
+            if first >= have:
+                out.append(got[first - have :] if got is not None else None)
+                continue
+            layers = self._ranges[index - 1]
+            carried = states[i].carried
+            kept = carried.get(layers) if carried is not None else None
+            if kept is None or kept.outputs is None or kept.num_outputs < have:
+                raise RuntimeError(
+                    f"rows [{first}, {have}) of layers {layers} were neither kept nor computed"
+                )
+            lead = kept.outputs[first:have]
+            out.append(lead if got is None else self.backend_join([lead, got]))
+        return out
 
     def _sample(self, batch: StepBatch, logits: Any) -> tuple[tuple[int, SampledToken], ...]:
         steps = [s for s in batch.sequences if s.sample]

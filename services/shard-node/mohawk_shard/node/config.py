@@ -77,6 +77,11 @@ class NodeSettings(BusSettings, EngineSettings):
         description="on a plan change, load the new stage beside the running one and switch when the new "
         "pipeline is active (where memory has room for both); false: stop first, then load",
     )
+    kv_carry: bool = Field(
+        True,
+        description="a stage stopped by a re-plan hands its KV of each request to the node's next "
+        "stage, so a failover recomputes only the layers whose KV died (torch; MLX computes again)",
+    )
     request_ack_wait_s: float = Field(
         10.0,
         gt=1,

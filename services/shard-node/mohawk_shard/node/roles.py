@@ -23,6 +23,7 @@ from mohawk_shard.engine.block_manager import BlockManager
 from mohawk_shard.engine.emitter import TokenEmitter
 from mohawk_shard.engine.scheduler import Scheduler, SchedulerConfig
 from mohawk_shard.engine.stage import Stage
+from mohawk_shard.node.compute import StageCompute
 from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.head import HeadDriver
 from mohawk_shard.node.hops import HopStats
@@ -45,6 +46,7 @@ class Role(Protocol):
     hops: HopStats
     num_steps: int  # frames or steps handled (the node's idle detection watches it)
     num_failed_steps: int
+    compute: StageCompute  # its layers' step (its stage, until the role stops)
 
     @property
     def num_expired_steps(self) -> int: ...

@@ -40,6 +40,7 @@ from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import backend_from_settings
 from mohawk_shard.backends.stacked import parts_of
 from mohawk_shard.engine.backend import Backend
+from mohawk_shard.engine.kv_carry import Carry
 from mohawk_shard.engine.stage import Stage
 from mohawk_shard.node.capacity import Capacity
 from mohawk_shard.node.handover import room_for_both, serving_footprint, share_weights, stage_footprint
@@ -104,6 +105,7 @@ class StageFollower:
         self.current: Serving | None = None
         self.next: Serving | None = None  # loaded beside the running stage, until its pipeline is active
         self._backend: Backend | None = None  # the running stage's (None once it is let go)
+        self.carry = Carry()  # what the stage last stopped held of each request, for the next
         self._failed_steps = 0  # of roles already stopped
         self._expired_steps = 0
         mlx = host.settings.backend == "mlx"  # loads where it computes
@@ -198,7 +200,7 @@ class StageFollower:
             return
         gone = self._backend_ref()
         await self.stop_role()
-        self._backend = None
+        self._backend, self.carry = None, Carry()
         self._free(gone)
         self._log.info("not in plan", plan=plan.version, spare=self.host.node_id in plan.spares)
 
@@ -259,7 +261,16 @@ class StageFollower:
         backend.allocate_kv_cache(view.num_kv_blocks, view.block_size)
         if not beside:
             self._backend = backend
-        return Stage(backend, view.block_size, len(model_kv_groups(self.host.source.config))), backend
+        stage = Stage(backend, view.block_size, len(model_kv_groups(self.host.source.config)))
+        self._hand_carry(stage)
+        return stage, backend
+
+    def _hand_carry(self, stage: Stage) -> None:
+        """Give `stage` what the stage this node stopped held of each request (its layer ranges
+        that `stage` runs again are not computed again for them)."""
+        carry, self.carry = self.carry, Carry()
+        if len(carry):
+            stage.adopt(carry)
 
     def _make_backend(self, start: int, end: int) -> Backend:
         s = self.host.settings
@@ -293,6 +304,9 @@ class StageFollower:
         gone = self._backend_ref()
         await self.stop_role()
         self.current, self._backend, self.loaded = upcoming, upcoming.backend, True
+        stage = upcoming.role.compute.stage
+        if stage is not None:
+            self._hand_carry(stage)
         self._free(gone)
         self._log.info(
             "switched to the next stage", epoch=upcoming.role.view.epoch, stage=upcoming.role.stage_index
@@ -323,9 +337,18 @@ class StageFollower:
             free_now(gone, held=held)
 
     async def stop_role(self) -> None:
-        """Stop the running role (stage 0 hands its unfinished requests back to the stream)."""
+        """Stop the running role (stage 0 hands its unfinished requests back to the stream) and
+        keep what its stage held of each request for the next stage this node serves (`carry`)."""
         self._failed_steps, self._expired_steps = self.step_counts()
         current, self.current = self.current, None
         self.loaded = False
-        if current is not None and current.started:
+        if current is None:
+            return
+        stage = current.role.compute.stage
+        if current.started:
             await current.role.stop()
+        if stage is not None and stage.carries_kv and self.host.settings.kv_carry:
+            # on the compute thread, after any step still running there
+            loop = asyncio.get_running_loop()
+            self.carry.merge(await loop.run_in_executor(self.host.executor, stage.export_carry))
+            self._log.info("kv kept for the next stage", requests=len(self.carry))

@@ -126,6 +126,7 @@ def step_batch_from_proto(message: engine_pb2.StepBatch) -> tuple[StepBatch, dic
                 tuple(s.output_token_ids),
                 s.num_cached_tokens,
                 s.latency_budget_ms,
+                s.request_id,
             )
             joining[item.seq_id] = Joining(s.request_id, tuple(s.prompt_tail), s.token_key, s.traceparent)
         token_ids = tuple(item.token_ids) or (0,) * item.num_new_tokens

@@ -134,26 +134,30 @@ def resumed(runs: list[Running], first_id: int) -> list[Running]:
 
 
 def reference(source: ModelSource, cuts: tuple[int, ...]) -> list[list[int]]:
-    stages = [Stage(backend(source, a, b), BLOCK) for a, b in itertools.pairwise(cuts)]
+    stages = [Stage(backend(source, a, b), BLOCK, num_blocks=NUM_BLOCKS) for a, b in itertools.pairwise(cuts)]
     runs = fresh_runs(0)
     Pipeline(stages, 0).run(runs, TOTAL)
     return [r.tokens for r in runs]
 
 
 def test_compute_starts_walks_back_from_what_the_stage_must_output() -> None:
+    # held per range: (KV length, kept rows' positions [lo, hi))
     # nothing carried: every range computes the whole chunk
-    assert compute_starts([(0, 0), (0, 0)], 4, 8, 4) == (4, 4)
+    assert compute_starts([(0, 0, 0), (0, 0, 0)], 4, 8, 4) == (4, 4)
     # all carried, rows kept at the stage's end: only what must be output below them is computed
-    assert compute_starts([(20, 0), (20, 20)], 4, 8, 4) == (8, 8)
+    assert compute_starts([(20, 0, 0), (20, 0, 20)], 4, 8, 4) == (8, 8)
     # the last range's KV died: it computes all; the range before gives every row it needs
-    assert compute_starts([(20, 0), (0, 0)], 4, 8, 4) == (4, 4)
+    assert compute_starts([(20, 0, 0), (0, 0, 0)], 4, 8, 4) == (4, 4)
     # the first range kept its rows: it computes nothing of this chunk, the second all of it
-    assert compute_starts([(20, 20), (0, 0)], 4, 8, 4) == (8, 4)
+    assert compute_starts([(20, 0, 20), (0, 0, 0)], 4, 8, 4) == (8, 4)
     # a last stage sampling row 7 computes that row only
-    assert compute_starts([(20, 0)], 4, 8, 7) == (7,)
+    assert compute_starts([(20, 0, 0)], 4, 8, 7) == (7,)
     # KV carried but the rows needed were not kept: computed again from the first row needed
-    assert compute_starts([(20, 5), (0, 0)], 0, 8, 0) == (5, 0)
-    assert compute_starts([(20, 2), (3, 0)], 0, 8, 0) == (2, 0)
+    assert compute_starts([(20, 0, 5), (0, 0, 0)], 0, 8, 0) == (5, 0)
+    assert compute_starts([(20, 0, 2), (3, 0, 0)], 0, 8, 0) == (2, 0)
+    # rows kept from where a prefix-cache hit let the sequence join (6): below it, computed
+    assert compute_starts([(20, 6, 20)], 4, 8, 4) == (4,)
+    assert compute_starts([(20, 6, 20)], 8, 12, 8) == (12,)
 
 
 @pytest.mark.parametrize("layout", ["middle-dies", "first-widens", "last-widens"])
@@ -164,7 +168,7 @@ def test_a_resume_computes_only_the_dead_range_and_gives_the_same_tokens(
     cuts = (0, 1, 2, layers)
     expected = reference(tiny_source, cuts)
     first, middle, last = (backend(tiny_source, a, b) for a, b in itertools.pairwise(cuts))
-    old = [Stage(first, BLOCK), Stage(middle, BLOCK), Stage(last, BLOCK)]
+    old = [Stage(b, BLOCK, num_blocks=NUM_BLOCKS) for b in (first, middle, last)]
     runs = fresh_runs(0)
     Pipeline(old, 0).run(runs, BEFORE_KILL)
     carried = {0: old[0].export_carry(), 2: old[2].export_carry()}  # the middle node died
@@ -174,13 +178,23 @@ def test_a_resume_computes_only_the_dead_range_and_gives_the_same_tokens(
     standby = Counted(backend(tiny_source, 1, 2))
     own_first, own_last = Counted(first), Counted(last)
     if layout == "middle-dies":
-        new = [Stage(own_first, BLOCK), Stage(standby, BLOCK), Stage(own_last, BLOCK)]
+        new = [
+            Stage(own_first, BLOCK, num_blocks=NUM_BLOCKS),
+            Stage(standby, BLOCK, num_blocks=NUM_BLOCKS),
+            Stage(own_last, BLOCK, num_blocks=NUM_BLOCKS),
+        ]
         adopted = {0: 0, 2: 2}
     elif layout == "first-widens":
-        new = [Stage(StackedBackend([own_first, standby]), BLOCK), Stage(own_last, BLOCK)]
+        new = [
+            Stage(StackedBackend([own_first, standby]), BLOCK, num_blocks=NUM_BLOCKS),
+            Stage(own_last, BLOCK, num_blocks=NUM_BLOCKS),
+        ]
         adopted = {0: 0, 2: 1}
     else:
-        new = [Stage(own_first, BLOCK), Stage(StackedBackend([standby, own_last]), BLOCK)]
+        new = [
+            Stage(own_first, BLOCK, num_blocks=NUM_BLOCKS),
+            Stage(StackedBackend([standby, own_last]), BLOCK, num_blocks=NUM_BLOCKS),
+        ]
         adopted = {0: 0, 2: 1}
     for old_index, new_index in adopted.items():
         new[new_index].adopt(carried[old_index])
@@ -205,19 +219,39 @@ def test_a_carry_is_claimed_once_and_trimmed_to_the_resumed_history() -> None:
     assert Carry({"req": {(0, 2): part}}, expires_at=0.0).claim("req", 8) is None  # expired
 
 
-def test_a_stage_that_sends_rows_on_keeps_them_within_its_budget(tiny_source: ModelSource) -> None:
-    first = backend(tiny_source, 0, 1)
-    stage = Stage(first, BLOCK, output_budget_bytes=1)  # no room: nothing kept, KV still carried
-    runs = fresh_runs(0)
-    Pipeline([stage, Stage(backend(tiny_source, 1, tiny_source.config.num_layers), BLOCK)], 0).run(runs, 2)
-    carry = stage.export_carry()
-    assert all(
-        parts[(0, 1)].outputs is None and parts[(0, 1)].length > 0 for parts in carry.requests.values()
+def test_a_stage_that_sends_rows_on_keeps_them_beside_its_kv(tiny_source: ModelSource) -> None:
+    layers = tiny_source.config.num_layers
+    for num_blocks in (None, NUM_BLOCKS):  # without a block count, no rows are kept: KV only
+        first = Stage(backend(tiny_source, 0, 1), BLOCK, num_blocks=num_blocks)
+        runs = fresh_runs(0)
+        Pipeline([first, Stage(backend(tiny_source, 1, layers), BLOCK)], 0).run(runs, 2)
+        for key, parts in first.export_carry().requests.items():
+            carried = parts[(0, 1)]
+            assert carried.length == len(PROMPTS[key]) + 1  # prompt and the first output
+            if num_blocks is None:
+                assert carried.outputs is None
+            else:
+                assert isinstance(carried.outputs, torch.Tensor)
+                assert (carried.outputs_from, carried.outputs_end) == (0, carried.length)
+
+
+def test_rows_of_a_prefix_cache_hit_are_carried_too(tiny_source: ModelSource) -> None:
+    """A sequence that joined on blocks another computed (a prefix-cache hit) hands on their rows."""
+    layers = tiny_source.config.num_layers
+    first = Stage(backend(tiny_source, 0, 1), BLOCK, num_blocks=NUM_BLOCKS)
+    rest = Stage(backend(tiny_source, 1, layers), BLOCK)
+    params = SamplingParams.create(temperature=0.0)
+    prompt = PROMPTS["req-a"]  # 9 tokens: two full blocks, then one
+    whole = StepBatch(
+        1, (SequenceStep(1, 0, tuple(prompt), (0, 1, 2), True, SequenceSpec(9, params, carry_key="req-a")),)
     )
-    kept = Stage(backend(tiny_source, 0, 1), BLOCK)
-    runs = fresh_runs(0)
-    Pipeline([kept, Stage(backend(tiny_source, 1, tiny_source.config.num_layers), BLOCK)], 0).run(runs, 2)
-    for key, parts in kept.export_carry().requests.items():
-        rows = parts[(0, 1)]
-        assert rows.outputs is not None and rows.num_outputs == rows.length == len(PROMPTS[key]) + 1
-        assert isinstance(rows.outputs, torch.Tensor) and rows.outputs.shape[0] == rows.num_outputs
+    rest.step(whole, first.step(whole).hidden_states)
+    # req-b shares req-a's first two blocks (8 tokens) and joins at position 8
+    spec = SequenceSpec(9, params, carry_key="req-b")
+    hit = StepBatch(2, (SequenceStep(2, 8, (prompt[8],), (0, 1, 3), True, spec),))
+    rest.step(hit, first.step(hit).hidden_states)
+    carry = first.export_carry().requests
+    shared = carry["req-a"][(0, 1)].outputs[:8]
+    assert carry["req-b"][(0, 1)].outputs_from == 0 and torch.equal(
+        carry["req-b"][(0, 1)].outputs[:8], shared
+    )

@@ -203,6 +203,21 @@ def test_admission_room_is_the_free_slots_in_bursts_then_a_fair_share_queue() ->
     assert not sch.can_admit(max_waiting=5)
 
 
+def test_resumed_requests_waiting_do_not_use_up_the_burst() -> None:
+    """Requests a re-plan handed back were taken in already: all of them are pulled back at once
+    (the burst paces new work), so a resume runs in as few steps as the chunk budget allows."""
+    sch = make(max_seqs=8)
+    for i in range(3):
+        resumed = seq(i, 3)
+        resumed.resumed_at = 1.0
+        sch.add(resumed)
+    assert sch.num_admittable(max_waiting=64, burst=2) == 2  # slots left: 5; the burst: 2, none new
+    sch.add(seq(3, 3))
+    assert sch.num_admittable(max_waiting=64, burst=2) == 1
+    sch.schedule()  # every one runs: the queue is empty again
+    assert sch.waiting.num_new == 0 and len(sch.waiting) == 0
+
+
 def test_no_admission_while_the_kv_pool_has_no_block_per_running_sequence() -> None:
     sch = make(num_blocks=3, block_size=4, max_seqs=8)
     sch.add(seq(0, 4))

@@ -186,16 +186,32 @@ class TorchBackend:
         single = len(self.kv_groups) == 1 and not self.kv_groups[0].is_sliding
         return single and self.kv_tiers is None and bool(self.kv_caches)
 
-    def _slots(self, table: Sequence[int], lo: int, hi: int) -> torch.Tensor:
+    def slots(self, table: Sequence[int], lo: int, hi: int) -> torch.Tensor:
         positions = torch.arange(lo, hi)
         blocks = torch.tensor(list(table), dtype=torch.int64)[positions // self._block_size]
         return (blocks * self._block_size + positions % self._block_size).to(self.torch_device)
 
+    def row_pool(self, num_slots: int, like: torch.Tensor) -> torch.Tensor:
+        return lazy_zeros(num_slots, *like.shape[1:], dtype=like.dtype, device=like.device)
+
+    @torch.inference_mode()
+    def write_rows(self, pool: torch.Tensor, slots: np.ndarray | torch.Tensor, rows: torch.Tensor) -> None:
+        index = torch.as_tensor(slots, dtype=torch.int64).to(pool.device)
+        pool.index_copy_(0, index, rows.to(pool.dtype))
+
+    @torch.inference_mode()
+    def read_rows(self, pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        return pool.index_select(0, slots.to(pool.device)).to("cpu")
+
     @torch.inference_mode()
     def export_kv(self, table: Sequence[int], length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, copies of K and V [kv_heads, length, head_dim] of positions [0, length)."""
-        slots = self._slots(table, 0, length)
-        return [(c.key.index_select(1, slots), c.value.index_select(1, slots)) for c in self.kv_caches]
+        """Per layer, copies of K and V [kv_heads, length, head_dim] of positions [0, length), in host
+        memory (a GPU's pool is reallocated beside them)."""
+        slots = self.slots(table, 0, length)
+        return [
+            (c.key.index_select(1, slots).to("cpu"), c.value.index_select(1, slots).to("cpu"))
+            for c in self.kv_caches
+        ]
 
     @torch.inference_mode()
     def import_kv(
@@ -204,14 +220,14 @@ class TorchBackend:
         """Write positions [lo, hi) of `export_kv`'s copies into the slots `table` gives them."""
         if len(kv) != len(self.kv_caches):
             raise ValueError(f"a carry of {len(kv)} layers cannot fill layers [{self.start}, {self.end})")
-        slots = self._slots(table, lo, hi)
+        slots = self.slots(table, lo, hi)
         for cache, (key, value) in zip(self.kv_caches, kv, strict=True):
             cache.key.index_copy_(1, slots, key[:, lo:hi].to(self.torch_device, cache.key.dtype))
             cache.value.index_copy_(1, slots, value[:, lo:hi].to(self.torch_device, cache.value.dtype))
 
     def join_rows(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Rows laid end to end, always a copy (a traced step's output is overwritten by the next)."""
-        return torch.cat(list(rows))
+        """Rows laid end to end on this stage's device (carried ones come from host memory)."""
+        return torch.cat([row.to(self.torch_device) for row in rows])
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, hidden: torch.Tensor | None) -> torch.Tensor:

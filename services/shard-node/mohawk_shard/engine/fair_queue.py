@@ -123,9 +123,15 @@ class FairQueue:
         self.clocks = clocks
         self._queues: dict[Priority, dict[str, deque[Sequence]]] = {p: {} for p in Priority}
         self._num_waiting = 0
+        self._resumed: set[int] = set()  # seq ids queued by `append_resumed`
 
     def __len__(self) -> int:
         return self._num_waiting
+
+    @property
+    def num_new(self) -> int:
+        """Sequences waiting that are not resumed ones (work not taken in before)."""
+        return self._num_waiting - len(self._resumed)
 
     def __bool__(self) -> bool:
         return self._num_waiting > 0
@@ -160,6 +166,7 @@ class FairQueue:
         ahead = next((i for i, waiting in enumerate(queue) if not waiting.resumed_at), len(queue))
         queue.insert(ahead, seq)
         self._num_waiting += 1
+        self._resumed.add(seq.seq_id)
 
     def peek(self) -> Sequence | None:
         """The sequence to admit next: the highest class with any waiting, the tenant of smallest
@@ -176,6 +183,7 @@ class FairQueue:
         queue = tenants[seq.qos.tenant]
         queue.remove(seq)
         self._num_waiting -= 1
+        self._resumed.discard(seq.seq_id)
         if not queue:
             del tenants[seq.qos.tenant]
 

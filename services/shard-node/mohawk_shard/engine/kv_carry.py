@@ -63,6 +63,22 @@ class CarriesKV(Protocol):
 
     def forward(self, batch: ForwardBatch, hidden: Any | None) -> Any: ...
 
+    def slots(self, table: Sequence[int], lo: int, hi: int) -> Any:
+        """The KV slots of positions [lo, hi) of the sequence whose blocks are `table`."""
+        ...
+
+    def row_pool(self, num_slots: int, like: Any) -> Any:
+        """Room for one row like `like`'s per KV slot (a stage's rows sent on)."""
+        ...
+
+    def write_rows(self, pool: Any, slots: Any, rows: Any) -> None:
+        """Put `rows` at `slots` (an array of slot ids, numpy or `slots`')."""
+        ...
+
+    def read_rows(self, pool: Any, slots: Any) -> Any:
+        """A copy of the rows at `slots`."""
+        ...
+
     def join_rows(self, rows: Sequence[Any]) -> Any:
         """Hidden rows of several sequences as one array, in order."""
         ...
@@ -96,8 +112,13 @@ class CarriedPart:
 
     kv: Any
     length: int  # positions [0, length) are in `kv`
-    outputs: Any | None = None  # rows [0, num_outputs) after the range's last layer (None: not kept)
-    num_outputs: int = 0
+    outputs: Any | None = None  # rows after the range's last layer (None: not kept), of positions
+    num_outputs: int = 0  # [outputs_from, outputs_from + num_outputs): a prefix-cache hit's are not
+    outputs_from: int = 0  # the sequence's own
+
+    @property
+    def outputs_end(self) -> int:
+        return self.outputs_from + self.num_outputs if self.outputs is not None else 0
 
 
 RequestCarry = dict[Range, CarriedPart]
@@ -118,11 +139,15 @@ class Carry:
         self.requests.update(other.requests)
         self.expires_at = max(self.expires_at, other.expires_at)
 
+    def expire(self) -> None:
+        """Drop every request not claimed in time (their clients gave up, or another pipeline took them)."""
+        if self.requests and time.monotonic() > self.expires_at:
+            self.requests.clear()
+
     def claim(self, key: str, history_len: int) -> RequestCarry | None:
         """The carry of request `key`, resumed with `history_len` tokens, trimmed to what may be
         trusted (its last position is always computed again); None if none is held or it expired."""
-        if time.monotonic() > self.expires_at:
-            self.requests.clear()
+        self.expire()
         found = self.requests.pop(key, None) if key else None
         if not found or history_len < 2:
             return None
@@ -133,7 +158,8 @@ class Carry:
 def _trimmed(part: CarriedPart, usable: int) -> CarriedPart:
     if part.length <= usable:
         return part
-    return CarriedPart(part.kv, usable, part.outputs, min(part.num_outputs, usable))
+    num_outputs = max(0, min(part.num_outputs, usable - part.outputs_from))
+    return CarriedPart(part.kv, usable, part.outputs, num_outputs, part.outputs_from)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,11 +173,11 @@ class ChunkPlan:
 
 
 def compute_starts(
-    held: Sequence[tuple[int, int]], start: int, end: int, first_needed: int
+    held: Sequence[tuple[int, int, int]], start: int, end: int, first_needed: int
 ) -> tuple[int, ...]:
     """Per layer range, the first position of chunk [start, end) it must compute.
 
-    `held[p]`: range p's carried KV length and how many of its output rows were kept;
+    `held[p]`: range p's carried KV length and the positions [lo, hi) of its kept output rows;
     `first_needed`: the first row the stage must output (`start` for a stage that sends rows on,
     the sampled row or `end` for the last). Walks back from the stage's output: a range computes
     from the first position it has no KV for, or lower, where the rows needed of it below that were
@@ -159,8 +185,13 @@ def compute_starts(
     starts = [0] * len(held)
     needed = first_needed
     for p in range(len(held) - 1, -1, -1):
-        length, num_outputs = held[p]
-        first = length if needed >= length else min(length, max(num_outputs, needed))
+        length, kept_lo, kept_hi = held[p]
+        if needed >= length:
+            first = length
+        elif kept_lo <= needed:
+            first = min(length, max(kept_hi, needed))
+        else:
+            first = needed
         starts[p] = min(max(start, first), end)
         needed = starts[p]
     return tuple(starts)
@@ -174,11 +205,11 @@ def plan_chunk(carry: RequestCarry | None, ranges: Sequence[Range], step: Any, l
     return ChunkPlan(start, end, step.sample, compute_starts(held, start, end, first_needed))
 
 
-def _held(carry: RequestCarry | None, layers: Range) -> tuple[int, int]:
+def _held(carry: RequestCarry | None, layers: Range) -> tuple[int, int, int]:
     part = carry.get(layers) if carry else None
     if part is None:
-        return 0, 0
-    return part.length, part.num_outputs if part.outputs is not None else 0
+        return 0, 0, 0
+    return part.length, part.outputs_from, part.outputs_end
 
 
 def carry_exhausted(carry: RequestCarry, length: int) -> bool:

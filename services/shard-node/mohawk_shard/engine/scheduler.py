@@ -106,8 +106,8 @@ class Scheduler:
         if self.block_manager.num_free_blocks <= len(self.running) * self.block_manager.num_groups:
             return 0
         slots = self.config.max_num_seqs - self.num_unfinished
-        if slots > 0:
-            return max(0, min(slots, burst - len(self.waiting)))
+        if slots > 0:  # a resumed request is work taken in already: the burst paces new work only
+            return max(0, min(slots, burst - self.waiting.num_new))
         return max(0, min(burst, max_waiting - len(self.waiting)))
 
     def can_admit(self, max_waiting: int, burst: int = ADMIT_BURST) -> bool:

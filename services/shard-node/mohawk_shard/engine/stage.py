@@ -6,9 +6,9 @@ since the last step, whether to sample, and — the first time a sequence (re)ap
 stage needs to sample it. Messages carry deltas; each `Stage` keeps the block tables and sampling
 state of the sequences it has seen and drops them when they are freed. The distributed pipeline puts
 exactly these messages on the bus; the in-process engine calls the stages one after another. A stage
-that sends rows on keeps each sequence's (up to `output_budget_bytes` in all), and hands them with
-its KV to its successor when a re-plan stops it (`export_carry`, `adopt`): `kv_carry.py` says how a
-resumed request then skips what a stage still holds.
+that sends rows on keeps them in a pool beside its KV, slot for slot (given `num_blocks`), so that a
+re-plan that stops it hands its successor each request's KV and rows (`export_carry`, `adopt`), a
+prefix-cache hit's included: `kv_carry.py` says how a resumed request then skips what a stage holds.
 """
 
 from __future__ import annotations
@@ -85,13 +85,7 @@ class _SequenceState:
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV group
     key: str = ""  # `SequenceSpec.carry_key`
     length: int = 0  # positions whose KV this stage holds
-    rows: list[Any] | None = field(default_factory=list)  # rows sent on, from position 0 (None: not kept)
-    num_rows: int = 0
-    num_row_bytes: int = 0
     carried: RequestCarry | None = None  # its KV from this node's stage before a re-plan
-
-
-DEFAULT_OUTPUT_BUDGET_BYTES = 512 << 20
 
 
 class Stage:
@@ -106,7 +100,7 @@ class Stage:
         block_size: int,
         num_kv_groups: int = 1,
         *,
-        output_budget_bytes: int = DEFAULT_OUTPUT_BUDGET_BYTES,
+        num_blocks: int | None = None,
     ) -> None:
         self.backend = backend
         self.block_size = block_size
@@ -114,9 +108,10 @@ class Stage:
         self._sequences: dict[int, _SequenceState] = {}
         self._carriers = carrier_parts(backend) if num_kv_groups == 1 else None
         self._ranges = tuple((p.start, p.end) for p in self._carriers or ())
-        # a stage that sends rows on keeps them, for its successor after a re-plan (0: none kept)
-        self._row_budget = output_budget_bytes if self._carriers and not backend.has_head else 0
-        self._row_bytes = 0
+        # a stage that sends rows on keeps them, slot for slot, for its successor after a re-plan
+        keeps_rows = self._carriers is not None and not backend.has_head and num_blocks is not None
+        self._num_row_slots = num_blocks * block_size if keeps_rows and num_blocks else 0
+        self._row_pool: Any | None = None
         self._carry = Carry()
 
     @property
@@ -142,10 +137,11 @@ class Stage:
                 r: CarriedPart(p.export_kv(state.block_tables[0], state.length), state.length)
                 for r, p in zip(self._ranges, self._carriers, strict=True)
             }
-            if state.rows:
-                last = self._ranges[-1]
-                rows = self._carriers[-1].join_rows(state.rows)
-                parts[last] = CarriedPart(parts[last].kv, state.length, rows, state.num_rows)
+            if self._row_pool is not None:
+                last, carrier = self._ranges[-1], self._carriers[-1]
+                slots = carrier.slots(state.block_tables[0], 0, state.length)
+                rows = carrier.read_rows(self._row_pool, slots)
+                parts[last] = CarriedPart(parts[last].kv, state.length, rows, state.length)
             carry.requests[state.key] = parts
         return carry
 
@@ -155,9 +151,8 @@ class Stage:
 
     def step(self, batch: StepBatch, hidden_states: Any | None = None) -> StageOutput:
         for seq_id in batch.freed_seq_ids:
-            gone = self._sequences.pop(seq_id, None)
-            if gone is not None:
-                self._row_bytes -= gone.num_row_bytes
+            self._sequences.pop(seq_id, None)
+        self._carry.expire()
         if not batch.sequences:
             return StageOutput(batch.step_id)
         chunks = []
@@ -171,18 +166,18 @@ class Stage:
             chunks.append((list(step.token_ids), step.start_position, state.block_tables[0], step.sample))
             more_tables.append(state.block_tables[1:])
             states.append(state)
+        group_tables = more_tables if self.num_kv_groups > 1 else ()
+        forward = ForwardBatch.build(chunks, self.block_size, group_tables=group_tables)
         if any(state.carried for state in states):
             output = self._forward_carried(batch, states, hidden_states)
         else:
-            group_tables = more_tables if self.num_kv_groups > 1 else ()
-            forward = ForwardBatch.build(chunks, self.block_size, group_tables=group_tables)
             output = self.backend.forward(forward, hidden_states)
         for step, state in zip(batch.sequences, states, strict=True):
             state.length = step.start_position + step.num_new_tokens
             if state.carried and carry_exhausted(state.carried, state.length):
                 state.carried = None
         if not self.backend.has_head:
-            self._keep_rows(batch, states, output)
+            self._keep_rows(forward, output)
             return StageOutput(batch.step_id, hidden_states=output)
         return StageOutput(batch.step_id, sampled=self._sample(batch, output))
 
@@ -193,34 +188,20 @@ class Stage:
             joined = _SequenceState(spec.params, list(spec.output_token_ids), tables, spec.carry_key)
             if self._carriers is not None:
                 joined.carried = self._carry.claim(spec.carry_key, spec.history_len)
-            old = self._sequences.get(step.seq_id)
-            if old is not None:
-                self._row_bytes -= old.num_row_bytes
             self._sequences[step.seq_id] = joined
         state = self._sequences.get(step.seq_id)
         if state is None:
             raise KeyError(f"stage got a step for unknown sequence {step.seq_id}")
         return state
 
-    def _keep_rows(self, batch: StepBatch, states: list[_SequenceState], output: Any) -> None:
-        """Keep each sequence's rows sent on, while they run on from position 0 and fit the budget."""
-        if not self._row_budget or self._carriers is None:
+    def _keep_rows(self, forward: ForwardBatch, output: Any) -> None:
+        """Write the rows sent on into the row pool, at their KV's slots."""
+        if not self._num_row_slots or self._carriers is None:
             return
-        join = self._carriers[-1].join_rows
-        sizes = [s.num_new_tokens for s in batch.sequences]
-        for step, state, (lo, hi) in zip(batch.sequences, states, row_spans(sizes), strict=True):
-            if state.rows is None:
-                continue
-            rows = join([output[lo:hi]])
-            size = int(rows.nbytes)
-            if step.start_position != state.num_rows or self._row_bytes + size > self._row_budget:
-                self._row_bytes -= state.num_row_bytes
-                state.rows, state.num_rows, state.num_row_bytes = None, 0, 0
-                continue
-            state.rows.append(rows)
-            state.num_rows += hi - lo
-            state.num_row_bytes += size
-            self._row_bytes += size
+        carrier = self._carriers[-1]
+        if self._row_pool is None:
+            self._row_pool = carrier.row_pool(self._num_row_slots, output)
+        carrier.write_rows(self._row_pool, forward.slot_mapping, output)
 
     def _forward_carried(self, batch: StepBatch, states: list[_SequenceState], hidden: Any | None) -> Any:
         """A step in which some sequence resumes with carried KV: each layer range computes only the
@@ -314,11 +295,15 @@ class Stage:
             layers = self._ranges[index - 1]
             carried = states[i].carried
             kept = carried.get(layers) if carried is not None else None
-            if kept is None or kept.outputs is None or kept.num_outputs < have:
+            if (
+                kept is None
+                or kept.outputs is None
+                or not kept.outputs_from <= first < have <= kept.outputs_end
+            ):
                 raise RuntimeError(
                     f"rows [{first}, {have}) of layers {layers} were neither kept nor computed"
                 )
-            lead = kept.outputs[first:have]
+            lead = kept.outputs[first - kept.outputs_from : have - kept.outputs_from]
             out.append(lead if got is None else self.backend_join([lead, got]))
         return out
 

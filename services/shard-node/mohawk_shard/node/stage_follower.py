@@ -261,7 +261,10 @@ class StageFollower:
         backend.allocate_kv_cache(view.num_kv_blocks, view.block_size)
         if not beside:
             self._backend = backend
-        stage = Stage(backend, view.block_size, len(model_kv_groups(self.host.source.config)))
+        groups = len(model_kv_groups(self.host.source.config))
+        # with kv_carry, a stage that sends rows on keeps them beside its KV, for its successor
+        num_blocks = view.num_kv_blocks if self.host.settings.kv_carry else None
+        stage = Stage(backend, view.block_size, groups, num_blocks=num_blocks)
         self._hand_carry(stage)
         return stage, backend
 

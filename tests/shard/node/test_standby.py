@@ -8,6 +8,7 @@ import asyncio
 import gc
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,7 +17,11 @@ from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.stacked import StackedBackend
 from mohawk_shard.engine.backend import Backend
-from mohawk_shard.node.stage_follower import free_now
+from mohawk_shard.engine.kv_carry import CarriedPart, Carry
+from mohawk_shard.node.config import NodeSettings
+from mohawk_shard.node.pipeline_view import view_of
+from mohawk_shard.node.stage_follower import StageFollower, free_now
+from mohawk_shard.node.stage_plan import StageAssignment
 from mohawk_shard.node.standby import NONE, WarmStandby, asked_of
 from tests.shard.engine.test_architectures import build_tiny
 
@@ -137,3 +142,36 @@ def test_a_load_waits_out_the_settle_and_loads_only_the_last_range_asked(tiny_so
         holder.close()
 
     asyncio.run(scenario())
+
+
+def test_a_widened_stage_loads_only_the_layers_it_lacks_and_takes_the_kv_carried(
+    tiny_source: ModelSource,
+) -> None:
+    """A re-plan that widens this node's stage over a dead neighbour's layers, with no standby:
+    the running weights stay, the missing layers load beside them (stacked), and the KV the stopped
+    stage carried is handed to the new one (`kv_carry`)."""
+    layers = tiny_source.config.num_layers
+    settings = NodeSettings(node_id="n1", model=str(tiny_source.path), device="cpu", kv_carry=True)
+    host = SimpleNamespace(
+        node_id="n1", settings=settings, source=tiny_source, executor=None, loader=None, started_at_ms=1
+    )
+    host.beat_soon = host.beat_now = lambda: None
+    follower = StageFollower(host)  # type: ignore[arg-type]
+    own = make_backend("torch", tiny_source, 2, layers, device="cpu")
+    follower._backend = own
+    follower.carry = Carry({"req": {(2, layers): CarriedPart(kv=[], length=3)}})
+    plan = bus_pb2.Plan(
+        version=2,
+        model="m",
+        num_layers=layers,
+        num_kv_blocks=8,
+        block_size=4,
+        state="loading",
+        stages=[bus_pb2.PlanStage(node_id="n1", start=0, end=layers)],
+    )
+    found = view_of(plan, "n1")
+    assert found is not None
+    stage, backend = follower._load(StageAssignment(*found), beside=False)
+    assert isinstance(backend, StackedBackend) and backend.parts[1] is own and follower.widened
+    assert [(p.start, p.end) for p in backend.parts] == [(0, 2), (2, layers)]
+    assert stage.carries_kv and len(follower.carry) == 0 and "req" in stage._carry.requests

@@ -38,7 +38,7 @@ from mohawk_common.model_store.slice_source import SliceSource
 from mohawk_pqc.errors import AuthenticationError
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import backend_from_settings
-from mohawk_shard.backends.stacked import parts_of
+from mohawk_shard.backends.stacked import StackedBackend, parts_of
 from mohawk_shard.engine.backend import Backend
 from mohawk_shard.engine.kv_carry import Carry
 from mohawk_shard.engine.stage import Stage
@@ -102,6 +102,7 @@ class StageFollower:
         self.stage_index = -1
         self.loaded = False
         self.took_standby = False  # the last stage loaded was the standby's weights
+        self.widened = False  # the last stage loaded is the running one's weights and layers loaded beside
         self.current: Serving | None = None
         self.next: Serving | None = None  # loaded beside the running stage, until its pipeline is active
         self._backend: Backend | None = None  # the running stage's (None once it is let go)
@@ -209,7 +210,7 @@ class StageFollower:
         on until the new pipeline is active) or in its place, and report it loaded."""
         view, index = asked.view, asked.index
         placement = view.stages[index]
-        self.stage_index, self.loaded, self.took_standby = index, False, False
+        self.stage_index, self.loaded, self.took_standby, self.widened = index, False, False, False
         held = self._backend  # not kept past this line: the old stage must go before the new loads
         reuse = held is not None and (held.start, held.end) == (placement.start, placement.end)
         del held
@@ -237,6 +238,7 @@ class StageFollower:
             shared_weights=beside and reuse,
             kept_weights=reuse,
             from_standby=self.took_standby,
+            widened=self.widened,
             weight_mb=round(backend.weight_bytes / 2**20, 1),
             num_kv_blocks=view.num_kv_blocks,
             load_s=round(time.monotonic() - started, 2),
@@ -251,6 +253,9 @@ class StageFollower:
             backend = share_weights(held) if beside else held
         elif (warm := self.standby.take(start, end, held, beside)) is not None:
             backend, self.took_standby = warm, True
+            del held
+        elif held is not None and start <= held.start and held.end <= end:
+            backend, self.widened = self._widen(share_weights(held) if beside else held, start, end), True
             del held
         else:
             del held
@@ -274,6 +279,14 @@ class StageFollower:
         carry, self.carry = self.carry, Carry()
         if len(carry):
             stage.adopt(carry)
+
+    def _widen(self, held: Backend, start: int, end: int) -> Backend:
+        """Layers [start, end) as the running stage's weights with the layers either side of them
+        loaded: a re-plan that widens this node's stage loads only what it lacks, and the KV it
+        carries serves the layers it kept (`kv_carry`)."""
+        before = [self._make_backend(start, held.start)] if start < held.start else []
+        after = [self._make_backend(held.end, end)] if held.end < end else []
+        return StackedBackend([*before, held, *after])
 
     def _make_backend(self, start: int, end: int) -> Backend:
         s = self.host.settings

@@ -15,6 +15,11 @@ every stream has its first text):
   * each stage's share of it: the time inside that stage's forward calls. The largest is the floor a
     failover would have if the survivors kept their KV across the re-plan and only the dead stage's
     layers were recomputed (from boundary activations someone kept);
+  * the resume with the survivors' KV carried (`engine/kv_carry.py`, as a node hands it to its
+    next stage): the middle stage "dies", the first and last stages' KV and rows of every stream
+    are carried into a new pipeline over the same weights and a freshly loaded middle, and only
+    the middle's layers are computed for the histories (the survivors compute each history's last
+    position): the floor of a failover with the survivors' KV kept;
   * llama.cpp (the `bench` extra) prefilling each history in turn, the same threads: the peer.
 Each figure is the median of `--repeats` runs with its min-max. A cluster on one host shares these
 cores between its three stages, so its resume takes at least this long.
@@ -26,6 +31,7 @@ usage: python bench/resume_floor.py [--files bundled,smollm2-1.7b:Q4_K_M] [--emi
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -46,13 +52,16 @@ from mohawk_common.chat import encode_chat
 from mohawk_common.logging import configure_logging
 from mohawk_common.model_store import ModelSource, open_model
 from mohawk_shard.config import EngineSettings
+from mohawk_shard.engine.kv_carry import Carry
 from mohawk_shard.engine.llm_engine import LLMEngine
 from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.engine.stage import Stage
 from mohawk_shard.local import build_local_engine
 from tests.integration.cluster_helpers import PROMPTS
 
 NUM_STREAMS = 16
 NUM_STAGES = 3
+ONE_TOKEN = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 
 
 def thirds(num_layers: int) -> tuple[int, ...]:
@@ -63,6 +72,44 @@ def thirds(num_layers: int) -> tuple[int, ...]:
 def fresh_engine(source: ModelSource, threads: int) -> LLMEngine:
     settings = EngineSettings(model=str(source.path), device="cpu", num_threads=threads)
     return build_local_engine(settings, thirds(source.config.num_layers), source)
+
+
+def carrying(engine: LLMEngine) -> LLMEngine:
+    """`engine` with stages that keep their rows beside their KV, as a shard node's do."""
+    num_blocks = engine.core.scheduler.block_manager.num_blocks
+    engine.stages = [Stage(s.backend, s.block_size, num_blocks=num_blocks) for s in engine.stages]
+    return engine
+
+
+def carried_from_survivors(source: ModelSource, streams: list[list[int]], threads: int) -> list[Carry]:
+    """Prefill `streams` (their requests left running) and carry every stage's KV and rows, as a
+    re-plan's stopped stages hand them on."""
+    engine = carrying(fresh_engine(source, threads))
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    for index, stream in enumerate(streams):
+        engine.add_request(f"stream-{index}", stream, params)
+    sampled: set[str] = set()
+    while len(sampled) < len(streams):
+        sampled |= {event.request_id for event in engine.step()}
+    return [stage.export_carry() for stage in engine.stages]
+
+
+def time_carried_resume(
+    source: ModelSource, streams: list[list[int]], carries: list[Carry], threads: int
+) -> tuple[float, list[float]]:
+    """The resume of `streams` on a new pipeline whose first and last stages adopt `carries` (the
+    middle's KV died with it): seconds in all, and in each stage's forward."""
+    engine = carrying(fresh_engine(source, threads))
+    engine.generate(shifted(streams, source.config.vocab_size), ONE_TOKEN)  # warm-up, same shapes
+    for survivor in (0, len(engine.stages) - 1):
+        engine.stages[survivor].adopt(copy.copy(carries[survivor]))
+    spent = time_forwards(engine)
+    start = time.perf_counter()
+    for index, stream in enumerate(streams):
+        engine.add_request(f"stream-{index}", stream, ONE_TOKEN)
+    for _ in engine.run():
+        pass
+    return time.perf_counter() - start, spent
 
 
 def shifted(streams: list[list[int]], vocab_size: int) -> list[list[int]]:
@@ -103,7 +150,7 @@ def histories(source: ModelSource, emitted: int, threads: int) -> list[list[int]
 def measure(path: Path | None, emitted: int, repeats: int, threads: int) -> dict[str, Any]:
     source = open_model(str(path) if path else None)
     streams = histories(source, emitted, threads)
-    one_token = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    one_token = ONE_TOKEN
     runs: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
@@ -120,6 +167,12 @@ def measure(path: Path | None, emitted: int, repeats: int, threads: int) -> dict
             add(f"stage {index} forward", seconds)
         add("largest stage", max(spent))
         del engine
+    carries = carried_from_survivors(source, streams, threads)
+    for _ in range(repeats):
+        took, spent = time_carried_resume(source, streams, carries, threads)
+        add("resume, survivors' KV kept (middle recomputed)", took)
+        for index, seconds in enumerate(spent):
+            add(f"stage {index} forward, survivors' KV kept", seconds)
     if llama_cpp_version() is not None:
         llama = LlamaCppRunner(source.path, threads)
         for _ in range(repeats):
@@ -134,6 +187,8 @@ def measure(path: Path | None, emitted: int, repeats: int, threads: int) -> dict
     if "llama.cpp prefill, one after another" in stats:
         peer = stats["llama.cpp prefill, one after another"]["median"]
         ratios["resume / llama.cpp"] = stats["resume, all layers"]["median"] / peer
+        kept = stats["resume, survivors' KV kept (middle recomputed)"]["median"]
+        ratios["resume with the survivors' KV kept / llama.cpp"] = kept / peer
     return {
         "tokens": sum(len(s) for s in streams),
         "split_points": list(thirds(source.config.num_layers)),

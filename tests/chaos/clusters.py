@@ -60,12 +60,15 @@ def streams_through(
     settle_s: float = 0.0,
     max_tokens: int = REFERENCE_TOKENS,
     stalls: list[float] | None = None,
+    across: list[float] | None = None,
 ) -> tuple[list[Outcome], float]:
     """`num_streams` greedy streams of the reference prompts, `max_tokens` each; `fault()` (awaited
     when it returns an awaitable) as soon as every stream has its first text, or `settle_s` later, so it lands
     mid-answer (asserted for at least half of them: a fault after the answers tests nothing). Every outcome,
     and how long after the fault was done the last stream finished; `stalls`, when given, gets each
-    stream's longest wait between two chunks (what a reader of the stream saw of the fault)."""
+    stream's longest wait between two chunks (what a reader of the stream saw of the fault, and of
+    the first answers' prefills beside it), and `across` the wait between the chunks either side of
+    the fault (what the fault cost it)."""
 
     async def scenario() -> tuple[list[Outcome], float]:
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(num_streams)]
@@ -93,6 +96,7 @@ def streams_through(
                     await asyncio.sleep(0.01)
             await asyncio.sleep(settle_s)
             finished = sum(task.done() for task in tasks)
+            struck_at = time.monotonic()
             outcome = fault()
             if inspect.isawaitable(outcome):
                 await outcome
@@ -100,6 +104,10 @@ def streams_through(
             results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=bound_s)
             if stalls is not None:
                 stalls.extend(max((b - a for a, b in pairwise(times)), default=0.0) for times in arrivals)
+            if across is not None:
+                across.extend(
+                    next((b - a for a, b in pairwise(times) if a <= struck_at < b), 0.0) for times in arrivals
+                )
             # a short answer ("Paris.") may be done already; a fault after most answers tests little
             assert finished <= num_streams // 2, f"{finished} of {num_streams} streams done before the fault"
             return list(zip(prompts, results, strict=True)), time.monotonic() - fault_at

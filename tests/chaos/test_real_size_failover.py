@@ -65,8 +65,9 @@ def test_a_1_7b_middle_stage_killed_under_16_streams(
         undisturbed, _ = streams_through(cluster, lambda: None, NUM_STREAMS, BOUND_S)
         reference = {prompt: text for prompt, (text, _) in undisturbed}
         stalls: list[float] = []
+        across: list[float] = []
         kill = TimedKill(cluster, victim)
-        done, took = streams_through(cluster, kill, NUM_STREAMS, BOUND_S, stalls=stalls)
+        done, took = streams_through(cluster, kill, NUM_STREAMS, BOUND_S, stalls=stalls, across=across)
         assert_identical(done, reference)
         loads = {
             node: [e for e in events(cluster, node, "stage loaded") if logged_at(e) > kill.at]
@@ -81,5 +82,5 @@ def test_a_1_7b_middle_stage_killed_under_16_streams(
         print(
             f"\n1.7B Q4_K_M, {before}, {victim} (middle) killed, standbys {'on' if standbys else 'off'}: "
             f"the longest load after it {slowest:.2f} s; all {len(done)} streams done {took:.1f} s "
-            f"later, the longest stall {max(stalls):.2f} s"
+            f"later, the longest stall {max(stalls):.2f} s, the longest across the kill {max(across):.2f} s"
         )

@@ -146,7 +146,7 @@ def test_step_batches_and_sampling_survive_the_wire() -> None:
     batch = StepBatch(
         4,
         (
-            SequenceStep(1, 0, (5, 6, 7), (0,), True, SequenceSpec(3, params, (9,))),
+            SequenceStep(1, 0, (5, 6, 7), (0,), True, SequenceSpec(3, params, (9,), carry_key="req-1")),
             SequenceStep(2, 10, (8,), (), True),
         ),
         (0,),

@@ -60,6 +60,10 @@ def test_a_killed_stage_is_taken_over_by_the_neighbour_holding_its_layers(
     assert loads and loads[0]["from_standby"] is True, loads
     kept = [e for e in events(cluster, other.node_id, "stage loaded") if logged_at(e) > kill.at]
     assert kept and all(e["kept_weights"] and not e["from_standby"] for e in kept), kept
+    for survivor in (holder, other.node_id):  # each handed its KV of the streams to its next stage
+        carried = events(cluster, survivor, "kv kept for the next stage")
+        carried = [e for e in carried if logged_at(e) > kill.at]
+        assert carried and carried[0]["requests"] > 0, (survivor, carried)
     print(
         f"\n{victim} (middle stage) killed: a plan onto {holder}'s standby "
         f"{logged_at(after[0]) - kill.at:.3f} s later, {holder} loaded in {loads[0]['load_s']:.2f} s "

@@ -18,9 +18,11 @@ from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.stacked import StackedBackend
 from mohawk_shard.engine.backend import Backend
 from mohawk_shard.engine.kv_carry import CarriedPart, Carry
+from mohawk_shard.engine.sampling_params import SamplingParams
+from mohawk_shard.engine.stage import SequenceSpec, SequenceStep, Stage, StepBatch
 from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.pipeline_view import view_of
-from mohawk_shard.node.stage_follower import StageFollower, free_now
+from mohawk_shard.node.stage_follower import Serving, StageFollower, free_now
 from mohawk_shard.node.stage_plan import StageAssignment
 from mohawk_shard.node.standby import NONE, WarmStandby, asked_of
 from tests.shard.engine.test_architectures import build_tiny
@@ -175,3 +177,42 @@ def test_a_widened_stage_loads_only_the_layers_it_lacks_and_takes_the_kv_carried
     assert isinstance(backend, StackedBackend) and backend.parts[1] is own and follower.widened
     assert [(p.start, p.end) for p in backend.parts] == [(0, 2), (2, layers)]
     assert stage.carries_kv and len(follower.carry) == 0 and "req" in stage._carry.requests
+
+
+class StoppingRole:
+    """A role whose stop lets its stage go, as `StageCompute.release` does."""
+
+    num_failed_steps = num_expired_steps = 0
+
+    def __init__(self, stage: Stage) -> None:
+        self.compute = SimpleNamespace(stage=stage)
+        self.stopped = False
+
+    async def stop(self) -> None:
+        self.stopped, self.compute.stage = True, None
+
+
+@pytest.mark.parametrize("kv_carry", [True, False])
+def test_a_stopped_stage_leaves_its_kv_for_the_next(tiny_source: ModelSource, kv_carry: bool) -> None:
+    """`stop_role` (a re-plan) exports what the stopped stage held of each request, on the compute
+    thread once the role has stopped; `kv_carry: false` keeps nothing."""
+    layers = tiny_source.config.num_layers
+    settings = NodeSettings(node_id="n1", model=str(tiny_source.path), device="cpu", kv_carry=kv_carry)
+    host = SimpleNamespace(node_id="n1", settings=settings, source=tiny_source, executor=None, loader=None)
+    host.beat_soon = host.beat_now = lambda: None
+    host.started_at_ms = 1
+    follower = StageFollower(host)  # type: ignore[arg-type]
+    backend = make_backend("torch", tiny_source, 0, layers, device="cpu")
+    backend.allocate_kv_cache(8, 4)
+    stage = Stage(backend, 4, num_blocks=8)
+    spec = SequenceSpec(3, SamplingParams.create(temperature=0.0), carry_key="req")
+    stage.step(StepBatch(1, (SequenceStep(7, 0, (5, 6, 7), (0,), True, spec),)))
+    role = StoppingRole(stage)
+    follower.current = Serving(role, backend, started=True)  # type: ignore[arg-type]
+    asyncio.run(follower.stop_role())
+    assert role.stopped and follower.current is None
+    held = follower.carry.requests
+    if kv_carry:
+        assert set(held) == {"req"} and held["req"][(0, layers)].length == 3
+    else:
+        assert held == {}

@@ -3,25 +3,21 @@ one backend of the whole range gives, prompt and decodes, in the default mode.""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from mohawk_common.model_store import ModelSource, open_model
+from mohawk_common.model_store import ModelSource
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.stacked import StackedBackend, parts_of
 from mohawk_shard.model.forward_batch import ForwardBatch
-from tests.shard.engine.test_architectures import build_tiny
+from tests.shard.engine import test_architectures as architectures
 
 BLOCK = 4
 
 
 @pytest.fixture(scope="module")
 def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> ModelSource:
-    directory: Path = tmp_path_factory.mktemp("stacked")
-    build_tiny("llama-gqa4-tied", directory, open_model(None).load_tokenizer())
-    return open_model(directory)
+    return architectures.tiny_source(tmp_path_factory)
 
 
 def _run(backend: object, steps: list[tuple[list[int], int]]) -> list[torch.Tensor]:

@@ -89,6 +89,14 @@ def build_tiny(kind: str, directory: Path, tokenizer: Any) -> Any:
     return model
 
 
+def tiny_source(tmp_path_factory: pytest.TempPathFactory, kind: str = "llama-gqa4-tied") -> ModelSource:
+    """A tiny random-weight model of `kind` in a fresh directory, opened (what a module-scoped
+    fixture of another test file returns)."""
+    directory = tmp_path_factory.mktemp(kind)
+    build_tiny(kind, directory, open_model(None).load_tokenizer())
+    return open_model(directory)
+
+
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def tiny(
     request: pytest.FixtureRequest, bundled: ModelSource, tmp_path_factory: pytest.TempPathFactory

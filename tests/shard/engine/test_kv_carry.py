@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from mohawk_common.model_store import ModelSource, open_model
+from mohawk_common.model_store import ModelSource
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.stacked import StackedBackend
 from mohawk_shard.engine.kv_carry import CarriedPart, Carry, compute_starts
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.stage import SequenceSpec, SequenceStep, Stage, StepBatch
-from tests.shard.engine.test_architectures import build_tiny
+from tests.shard.engine import test_architectures as architectures
 
 BLOCK = 4
 NUM_BLOCKS = 64
@@ -34,9 +33,7 @@ CHUNK = 4  # the resume's prefill runs in chunks of this many tokens
 
 @pytest.fixture(scope="module")
 def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> ModelSource:
-    directory: Path = tmp_path_factory.mktemp("kv-carry")
-    build_tiny("llama-gqa4-tied", directory, open_model(None).load_tokenizer())
-    return open_model(directory)
+    return architectures.tiny_source(tmp_path_factory)
 
 
 class Counted:

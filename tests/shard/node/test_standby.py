@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from mohawk_common.model_store import ModelSource, open_model
+from mohawk_common.model_store import ModelSource
 from mohawk_proto.v1 import bus_pb2
 from mohawk_shard.backends import make_backend
 from mohawk_shard.backends.stacked import StackedBackend
@@ -25,14 +24,12 @@ from mohawk_shard.node.pipeline_view import view_of
 from mohawk_shard.node.stage_follower import Serving, StageFollower, free_now
 from mohawk_shard.node.stage_plan import StageAssignment
 from mohawk_shard.node.standby import NONE, WarmStandby, asked_of
-from tests.shard.engine.test_architectures import build_tiny
+from tests.shard.engine import test_architectures as architectures
 
 
 @pytest.fixture(scope="module")
 def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> ModelSource:
-    directory: Path = tmp_path_factory.mktemp("standby")
-    build_tiny("llama-gqa4-tied", directory, open_model(None).load_tokenizer())
-    return open_model(directory)
+    return architectures.tiny_source(tmp_path_factory)
 
 
 class Loads:

@@ -4,7 +4,8 @@ layers whose KV died with their node.
 Design. When a plan changes, every unfinished request goes back to the stream and is resumed by the
 new pipeline from the tokens its client has seen: a prefill of prompt and output so far. Before
 this module every stage recomputed all of it, so a dead third cost the whole model's prefill of
-every stream (1.74 s for 16 streams of the 1.7B on two cores, `bench/resume_floor.py`). Now a stage
+every stream (1.92 s for 16 streams of the 1.7B on two threads, `bench/resume_floor.py`;
+0.77 s with the survivors' KV carried). Now a stage
 stopped by a re-plan hands its successor on the same node what it holds of each request (`Carry`),
 per layer range it ran (`CarriedPart`): the KV of the positions it computed, and, where the range
 ended the stage and was not the last, the hidden rows it sent on. The successor, for each range

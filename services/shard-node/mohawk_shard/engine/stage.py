@@ -266,7 +266,7 @@ class Stage:
         joined = None if inputs is None else part.join_rows(inputs)
         return part.forward(ForwardBatch.build(chunks, self.block_size), joined)
 
-    def backend_join(self, rows: list[Any]) -> Any:
+    def _join_rows(self, rows: list[Any]) -> Any:
         """Rows laid end to end by the stage's array library."""
         if self._carriers is None:
             raise RuntimeError("only a stage that carries KV joins rows")
@@ -304,7 +304,7 @@ class Stage:
                     f"rows [{first}, {have}) of layers {layers} were neither kept nor computed"
                 )
             lead = kept.outputs[first - kept.outputs_from : have - kept.outputs_from]
-            out.append(lead if got is None else self.backend_join([lead, got]))
+            out.append(lead if got is None else self._join_rows([lead, got]))
         return out
 
     def _sample(self, batch: StepBatch, logits: Any) -> tuple[tuple[int, SampledToken], ...]:

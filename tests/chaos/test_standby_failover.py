@@ -64,6 +64,12 @@ def test_a_killed_stage_is_taken_over_by_the_neighbour_holding_its_layers(
         carried = events(cluster, survivor, "kv kept for the next stage")
         carried = [e for e in carried if logged_at(e) > kill.at]
         assert carried and carried[0]["requests"] > 0, (survivor, carried)
+    # the holder runs the stage after the victim's, which mirrored its KV there: the holder handed
+    # on the dead layers' KV of the streams too, so taking them over computed none of it again
+    assert holder == last.node_id
+    assert events(cluster, victim, "kv mirrored to the next stage's standby")
+    carried = [e for e in events(cluster, holder, "kv kept for the next stage") if logged_at(e) > kill.at]
+    assert carried[0]["mirrored"] > 0, carried
     print(
         f"\n{victim} (middle stage) killed: a plan onto {holder}'s standby "
         f"{logged_at(after[0]) - kill.at:.3f} s later, {holder} loaded in {loads[0]['load_s']:.2f} s "

@@ -31,10 +31,15 @@ def test_neighbours_with_memory_to_spare_hold_the_longest_loads_first() -> None:
     plan = build_plan(SHAPE, beats, settings(standbys=True))
     assert ranges(plan) == [("a", 0, 10), ("b", 10, 20), ("c", 20, 30)]
     # the first and last stages carry the embedding and head: b covers a (the earlier of the two),
-    # so c has no free neighbour; the middle stage is a's (a before c by name)
-    assert held(plan) == [("b", 0, 10, "a"), ("a", 10, 20, "b")]
+    # so c has no free neighbour; the middle stage is c's, the neighbour its frames reach (its KV
+    # is mirrored there), before a
+    assert held(plan) == [("b", 0, 10, "a"), ("c", 10, 20, "b")]
     assert any("standby: none for c's layers [20, 30)" in r for r in plan.reasons)
-    assert any("standby: b holds a's layers [0, 10) warm (its neighbour" in r for r in plan.reasons)
+    assert any(
+        "standby: b holds a's layers [0, 10) warm (its neighbour, widening its stage, its KV mirrored there"
+        in r
+        for r in plan.reasons
+    )
     assert not build_plan(SHAPE, beats, settings()).standbys  # off by default
     # no room beside its own stage (own 243 MiB + the neighbour's 135 MiB of 1792 - 1500 MiB)
     tight = [heartbeat(n, memory_mib=1800, kv_mib=1500) for n in "abc"]
@@ -55,12 +60,12 @@ def test_a_dead_middle_stage_is_taken_over_by_the_neighbour_holding_it() -> None
     beats = beats_holding(first, "abc")
     del beats["b"]
     second = publish(build_plan(SHAPE, beats.values(), on, first), 2)
-    assert ranges(second) == [("a", 0, 20), ("c", 20, 30)]  # c keeps its range, a widens by b's
-    repaired = "repaired from standbys, nothing loaded: a took b's layers [10, 20) warm"
+    assert ranges(second) == [("a", 0, 10), ("c", 10, 30)]  # a keeps its range, c widens by b's
+    repaired = "repaired from standbys, nothing loaded: c took b's layers [10, 20) warm"
     assert any(repaired in r for r in second.reasons)
     assert pipelines(second)[0].epoch == 2 and not pipelines(second)[0].active
-    # the next standbys: a holds [0, 20) now, c may hold it only beside its own, and a c's
-    assert held(second) == [("c", 0, 20, "a"), ("a", 20, 30, "c")]
+    # the next standbys: c holds [10, 30) now, the longer load, which only a can hold; c holds a's
+    assert held(second) == [("a", 10, 30, "c"), ("c", 0, 10, "a")]
     # a holder that has not reported the range loaded is no standby: the layers are placed afresh
     beats = {n: heartbeat(n) for n in "ac"}
     fresh = publish(build_plan(SHAPE, beats.values(), on, first), 2)
@@ -91,14 +96,18 @@ def test_explain_shows_the_standbys_and_whether_they_are_loaded() -> None:
     on = settings(standbys=True)
     plan = publish(build_plan(SHAPE, [heartbeat(n) for n in "abc"], on), 1)
     beats = beats_holding(plan, "abc")
-    beats["a"].standby_layer_end = 0  # a has not loaded b's layers yet
+    beats["c"].standby_layer_end = 0  # c has not loaded b's layers yet
     text = render(plan, beats)
-    assert "standbys (layers held warm, no KV; a failover takes them over unloaded): 2" in text
-    rows = [line.split() for line in text.splitlines() if line.startswith(("a ", "b "))]
+    assert "standbys (layers held warm; a failover takes them over unloaded, its KV mirrored" in text
+    rows = [line.split() for line in text.splitlines() if line.startswith(("b ", "c "))]
     assert rows == [
-        ["b", "[0,", "10)", "a", "0", "?", "yes"],
-        ["a", "[10,", "20)", "b", "0", "?", "no"],
+        ["b", "[0,", "10)", "a", "0", "?", "mirrored", "yes"],
+        ["c", "[10,", "20)", "b", "0", "?", "mirrored", "no"],
     ]
+    # a holder before the stage it covers gets no KV: the layers are computed again on takeover
+    plan.standbys[1].node_id = "a"
+    moved = [line.split() for line in render(plan, beats).splitlines() if line.startswith("a ")]
+    assert moved == [["a", "[10,", "20)", "b", "0", "?", "computed", "no"]]
     # a change of standbys alone is a change of plan (it is published)
     other = build_plan(SHAPE, [heartbeat(n) for n in "abc"], on)
     del other.standbys[1]

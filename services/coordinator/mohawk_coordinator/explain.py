@@ -152,21 +152,27 @@ def _stage_rows(pipeline: Pipeline, plan: bus_pb2.Plan, nodes: Mapping[str, bus_
 
 
 def _standby_rows(plan: bus_pb2.Plan, nodes: Mapping[str, bus_pb2.Heartbeat]) -> list[str]:
-    """A row per standby: who holds whose layers warm, and whether the holder reports them loaded."""
+    """A row per standby: who holds whose layers warm, whether the covered stage mirrors its KV
+    there (the holder runs the stage after it), and whether the holder reports the layers loaded."""
     if not plan.standbys:
         return []
     rows = [
         "",
-        f"standbys (layers held warm, no KV; a failover takes them over unloaded): {len(plan.standbys)}",
+        f"standbys (layers held warm; a failover takes them over unloaded, its KV mirrored or "
+        f"computed again): {len(plan.standbys)}",
     ]
-    rows.append(f"{'node':<20} {'layers':<10} {'covers':<20} {'pipeline':>8} {'weights MiB':>11}  loaded")
+    rows.append(
+        f"{'node':<20} {'layers':<10} {'covers':<20} {'pipeline':>8} {'weights MiB':>11} {'kv':<8}  loaded"
+    )
+    after = {(s.pipeline, s.start): s.node_id for s in plan.stages}
     for standby in plan.standbys:
         node = nodes.get(standby.node_id)
         stage = bus_pb2.PlanStage(start=standby.start, end=standby.end)
         weights = weights_cell(node, stage, plan.num_layers) if node is not None else "?"
+        kv = "mirrored" if after.get((standby.pipeline, standby.end)) == standby.node_id else "computed"
         rows.append(
             f"{standby.node_id:<20} {f'[{standby.start}, {standby.end})':<10} {standby.covers:<20} "
-            f"{standby.pipeline:>8} {weights:>11}  {'yes' if holds_warm(standby, nodes) else 'no'}"
+            f"{standby.pipeline:>8} {weights:>11} {kv:<8}  {'yes' if holds_warm(standby, nodes) else 'no'}"
         )
     return rows
 

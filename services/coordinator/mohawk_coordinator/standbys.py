@@ -9,7 +9,9 @@ without loading: a spare (a live node in no pipeline) takes the dead node's stag
 neighbour in the same pipeline (the stage just before or after) widens its own stage by the range,
 running both as one stage (`StackedBackend`). Stages are covered in order of their weight bytes,
 the longest load first, each by the candidate that costs least: a spare before a neighbour (the
-pipeline keeps its speed), then the one whose stage would be fastest after taking the range over;
+pipeline keeps its speed), the neighbour after the stage before the one before it (the stage's
+frames reach it, so the stage mirrors its KV there, `kv_mirror`, and taking the range over
+computes nothing again), then the one whose stage would be fastest after taking the range over;
 a node holds one standby at most, and it must fit the node's weight memory beside what it serves.
 When a plan's stage loses its node, `repair` re-forms that pipeline from the current plan with
 the standby's holder in the dead node's place (or widened over it), but only where the holder is
@@ -34,9 +36,10 @@ class _Candidate:
     node: NodeCapacity
     spare: bool
     seconds_after: float  # the holder's stage per token once it has taken the range over
+    upstream: bool = False  # a neighbour before the stage, which its frames never reach
 
-    def key(self) -> tuple[bool, float, str]:
-        return (not self.spare, self.seconds_after, self.node.node_id)
+    def key(self) -> tuple[bool, bool, float, str]:
+        return (not self.spare, self.upstream, self.seconds_after, self.node.node_id)
 
 
 def choose_standbys(
@@ -78,6 +81,8 @@ def choose_standbys(
             )
         )
         how = "a spare" if best.spare else "its neighbour, widening its stage"
+        if not best.spare and not best.upstream:
+            how += ", its KV mirrored there"
         reasons.append(
             f"standby: {best.node.node_id} holds {stage.node_id}'s {layers} warm ({how}; "
             f"{footprint.stage_bytes(stage.start, stage.end) / 2**20:.1f} MiB)"
@@ -100,7 +105,7 @@ def _candidate(
     held = footprint.stage_bytes(own.start, own.end) + footprint.stage_bytes(stage.start, stage.end)
     if held > node.memory_bytes or not node.can_hold(start, end):
         return None
-    return _Candidate(node, False, (end - start) * node.seconds_per_layer)
+    return _Candidate(node, False, (end - start) * node.seconds_per_layer, upstream=own.end == stage.start)
 
 
 def holds_warm(standby: bus_pb2.PlanStandby, live: Mapping[str, bus_pb2.Heartbeat]) -> bool:

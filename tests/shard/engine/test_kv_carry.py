@@ -93,11 +93,12 @@ class Pipeline:
             steps.append(SequenceStep(run.seq_id, start, tokens, tuple(new), last, spec))
             run.computed += count
         self.step_id += 1
-        hidden = None
+        hidden = mirror = None
         batch = StepBatch(self.step_id, tuple(steps))
         for stage in self.stages[:-1]:
-            hidden = stage.step(batch, hidden).hidden_states
-        sampled = self.stages[-1].step(batch, hidden).sampled
+            out = stage.step(batch, hidden, mirror)
+            hidden, mirror = out.hidden_states, out.mirror
+        sampled = self.stages[-1].step(batch, hidden, mirror).sampled
         return {seq_id: token.token_id for seq_id, token in sampled}
 
     def run(self, runs: list[Running], until: int) -> None:

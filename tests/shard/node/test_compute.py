@@ -31,7 +31,7 @@ class FakeStage:
         self.hidden_out = hidden_out
         self.seen: list[tuple[Any, str]] = []
 
-    def step(self, batch: StepBatch, hidden: Any) -> StageOutput:
+    def step(self, batch: StepBatch, hidden: Any, mirror: Any = None) -> StageOutput:
         self.seen.append((hidden, threading.current_thread().name))
         return StageOutput(batch.step_id, hidden_states=self.hidden_out)
 
@@ -45,7 +45,9 @@ Hidden = tuple[str, list[int], bytes]
 def run_forward(stage: FakeStage, hidden: Hidden | None) -> Hidden:
     with ThreadPoolExecutor(1, thread_name_prefix="compute") as executor:
         compute = StageCompute(stage, executor, None, StepStats())  # type: ignore[arg-type]
-        return asyncio.run(compute.forward(BATCH, hidden))
+        out, mirror = asyncio.run(compute.forward(BATCH, hidden))
+        assert mirror is None  # the stage mirrored nothing
+        return out
 
 
 def test_forward_decodes_steps_and_encodes_on_the_compute_thread() -> None:

@@ -75,16 +75,44 @@ class SequenceStep(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., start_position: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., new_sequence: _Optional[_Union[SequenceSpec, _Mapping]] = ...) -> None: ...
 
 class StepBatch(_message.Message):
-    __slots__ = ("step_id", "sequences", "finished_seq_ids", "started_at")
+    __slots__ = ("step_id", "sequences", "finished_seq_ids", "started_at", "mirror")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     FINISHED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    MIRROR_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     sequences: _containers.RepeatedCompositeFieldContainer[SequenceStep]
     finished_seq_ids: _containers.RepeatedScalarFieldContainer[int]
     started_at: float
-    def __init__(self, step_id: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[SequenceStep, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., started_at: _Optional[float] = ...) -> None: ...
+    mirror: KvMirror
+    def __init__(self, step_id: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[SequenceStep, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., started_at: _Optional[float] = ..., mirror: _Optional[_Union[KvMirror, _Mapping]] = ...) -> None: ...
+
+class MirroredSpan(_message.Message):
+    __slots__ = ("seq_id", "from_position", "num_positions")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_POSITION_FIELD_NUMBER: _ClassVar[int]
+    NUM_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    from_position: int
+    num_positions: int
+    def __init__(self, seq_id: _Optional[int] = ..., from_position: _Optional[int] = ..., num_positions: _Optional[int] = ...) -> None: ...
+
+class KvMirror(_message.Message):
+    __slots__ = ("layer_start", "layer_end", "spans", "dtype", "shape", "data")
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    layer_start: int
+    layer_end: int
+    spans: _containers.RepeatedCompositeFieldContainer[MirroredSpan]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., spans: _Optional[_Iterable[_Union[MirroredSpan, _Mapping]]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")

@@ -225,6 +225,27 @@ class TorchBackend:
             cache.key.index_copy_(1, slots, key[:, lo:hi].to(self.torch_device, cache.key.dtype))
             cache.value.index_copy_(1, slots, value[:, lo:hi].to(self.torch_device, cache.value.dtype))
 
+    @torch.inference_mode()
+    def pack_kv(self, spans: Sequence[tuple[Sequence[int], int, int]]) -> torch.Tensor:
+        """[layers, 2, kv_heads, positions, head_dim]: positions [lo, hi) of each (table, lo, hi),
+        laid end to end, in host memory (`engine/kv_mirror.py`)."""
+        slots = torch.cat([self.slots(table, lo, hi) for table, lo, hi in spans])
+        return torch.stack(
+            [
+                torch.stack((c.key.index_select(1, slots), c.value.index_select(1, slots)))
+                for c in self.kv_caches
+            ]
+        ).to("cpu")
+
+    def split_kv(self, packed: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+        """`packed` (a mirror that came here) cut into each sequence's positions, in host memory."""
+        return list(packed.to("cpu").split(list(sizes), dim=3))
+
+    def join_kv(self, pieces: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`export_kv`'s form (per layer, K and V [kv_heads, positions, head_dim]) of pieces in order."""
+        whole = torch.cat(list(pieces), dim=3)
+        return [(layer[0], layer[1]) for layer in whole]
+
     def join_rows(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
         """Rows laid end to end on this stage's device (carried ones come from host memory)."""
         return torch.cat([row.to(self.torch_device) for row in rows])

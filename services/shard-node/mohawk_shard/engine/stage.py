@@ -9,6 +9,9 @@ exactly these messages on the bus; the in-process engine calls the stages one af
 that sends rows on keeps them in a pool beside its KV, slot for slot (given `num_blocks`), so that a
 re-plan that stops it hands its successor each request's KV and rows (`export_carry`, `adopt`), a
 prefix-cache hit's included: `kv_carry.py` says how a resumed request then skips what a stage holds.
+A stage whose layers the next stage's node holds on standby also hands that node each step's KV
+(`mirror_kv`, `StageOutput.mirror`), and a stage given such a copy keeps it for its own carry
+(`kv_mirror.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from mohawk_shard.engine.kv_carry import (
     plan_chunk,
     row_spans,
 )
+from mohawk_shard.engine.kv_mirror import KvMirrorStore, MirrorsKV, MirrorSpan, StepMirror
 from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.forward_batch import ForwardBatch
@@ -76,6 +80,7 @@ class StageOutput:
     step_id: int
     hidden_states: Any | None = None
     sampled: tuple[tuple[int, SampledToken], ...] = ()
+    mirror: StepMirror | None = None  # this step's KV, for the next stage's node (`mirror_kv`)
 
 
 @dataclass(slots=True)
@@ -86,6 +91,7 @@ class _SequenceState:
     key: str = ""  # `SequenceSpec.carry_key`
     length: int = 0  # positions whose KV this stage holds
     carried: RequestCarry | None = None  # its KV from this node's stage before a re-plan
+    mirrored: int = 0  # positions whose KV went to the next stage's node (`mirror_kv`)
 
 
 class Stage:
@@ -113,6 +119,11 @@ class Stage:
         self._num_row_slots = num_blocks * block_size if keeps_rows and num_blocks else 0
         self._row_pool: Any | None = None
         self._carry = Carry()
+        mirrorers = self._carriers if all(isinstance(p, MirrorsKV) for p in self._carriers or ()) else None
+        self._mirrorers: tuple[Any, ...] | None = mirrorers
+        self._mirror_kv = False
+        self._mirror_restarts = False
+        self._mirrors = KvMirrorStore()  # what the stage before mirrored here
 
     @property
     def carries_kv(self) -> bool:
@@ -123,6 +134,23 @@ class Stage:
         """Take the KV a stage before a re-plan held, for the requests this one resumes."""
         if self._carriers is not None:
             self._carry.merge(carry)
+
+    @property
+    def mirror_kv(self) -> bool:
+        """Whether each step's KV goes to the next stage's node, which holds these layers on standby."""
+        return self._mirror_kv
+
+    @mirror_kv.setter
+    def mirror_kv(self, on: bool) -> None:
+        on = on and self._mirrorers is not None
+        if on and not self._mirror_kv:  # the holder gets each sequence's KV from position 0
+            self._mirror_restarts = True  # (on the compute thread, at the next step)
+        self._mirror_kv = on
+
+    @property
+    def num_mirrored(self) -> int:
+        """Requests whose KV the stage before mirrored here."""
+        return len(self._mirrors)
 
     def export_carry(self) -> Carry:
         """Copies of the KV (and rows sent on) of every sequence here, by request, per layer range:
@@ -143,15 +171,24 @@ class Stage:
                 rows = carrier.read_rows(self._row_pool, slots)
                 parts[last] = CarriedPart(parts[last].kv, state.length, rows, state.length)
             carry.requests[state.key] = parts
+        if self._mirrorers is not None:
+            for key, parts in self._mirrors.carried(self._mirrorers[-1]).items():
+                carry.requests.setdefault(key, {}).update(parts)
         return carry
 
     @property
     def num_sequences(self) -> int:
         return len(self._sequences)
 
-    def step(self, batch: StepBatch, hidden_states: Any | None = None) -> StageOutput:
+    def step(
+        self, batch: StepBatch, hidden_states: Any | None = None, mirror: StepMirror | None = None
+    ) -> StageOutput:
+        """Run the step (`hidden_states`: the stage before's rows; `mirror`: its KV of the step,
+        mirrored here while this node holds its layers on standby)."""
         for seq_id in batch.freed_seq_ids:
-            self._sequences.pop(seq_id, None)
+            freed = self._sequences.pop(seq_id, None)
+            if freed is not None:
+                self._mirrors.drop(freed.key)
         self._carry.expire()
         if not batch.sequences:
             return StageOutput(batch.step_id)
@@ -176,10 +213,46 @@ class Stage:
             state.length = step.start_position + step.num_new_tokens
             if state.carried and carry_exhausted(state.carried, state.length):
                 state.carried = None
+        if mirror is not None:
+            self._keep_mirror(mirror)
+        sent = self._mirror_out(batch.sequences, states)
         if not self.backend.has_head:
             self._keep_rows(forward, output)
-            return StageOutput(batch.step_id, hidden_states=output)
-        return StageOutput(batch.step_id, sampled=self._sample(batch, output))
+            return StageOutput(batch.step_id, hidden_states=output, mirror=sent)
+        return StageOutput(batch.step_id, sampled=self._sample(batch, output), mirror=sent)
+
+    def _mirror_out(self, steps: tuple[SequenceStep, ...], states: list[_SequenceState]) -> StepMirror | None:
+        """The KV of this step's sequences not yet sent to the next stage's node (`mirror_kv`)."""
+        parts = self._mirrorers
+        if not self._mirror_kv or parts is None:
+            return None
+        if self._mirror_restarts:
+            self._mirror_restarts = False
+            for state in self._sequences.values():
+                state.mirrored = 0
+        spans, tables = [], []
+        for step, state in zip(steps, states, strict=True):
+            if state.length > state.mirrored:
+                spans.append(MirrorSpan(step.seq_id, state.mirrored, state.length - state.mirrored))
+                tables.append((state.block_tables[0], state.mirrored, state.length))
+                state.mirrored = state.length
+        if not spans:
+            return None
+        packed = [part.pack_kv(tables) for part in parts]
+        layers = (self.backend.start, self.backend.end)
+        return StepMirror(
+            layers, tuple(spans), packed[0] if len(packed) == 1 else parts[-1].join_rows(packed)
+        )
+
+    def _keep_mirror(self, mirror: StepMirror) -> None:
+        """Keep the stage before's KV of this step, by request (it is this node's standby's range)."""
+        if self._mirrorers is None:
+            return
+        pieces = self._mirrorers[-1].split_kv(mirror.packed, [s.num_positions for s in mirror.spans])
+        for span, piece in zip(mirror.spans, pieces, strict=True):
+            state = self._sequences.get(span.seq_id)
+            if state is not None:
+                self._mirrors.keep(state.key, mirror.layers, span.from_position, piece, span.num_positions)
 
     def _state_for(self, step: SequenceStep) -> _SequenceState:
         if step.new_sequence is not None:

@@ -19,12 +19,15 @@ import asyncio
 from collections.abc import Mapping
 from concurrent.futures import Executor
 
+from mohawk_proto.v1 import engine_pb2
+from mohawk_shard.engine.kv_mirror import StepMirror
 from mohawk_shard.engine.stage import Stage, StageOutput, StepBatch
 from mohawk_shard.node.snapshot import StepStats
 from mohawk_shard.node.tokens import SampledStep, TokenPublisher
-from mohawk_shard.node.wire import Joining
+from mohawk_shard.node.wire import Joining, mirror_spans, mirror_to_proto
 
 Hidden = tuple[str, list[int], bytes]  # encoded hidden states: dtype, shape, bytes ("", [], b"": none)
+Mirror = engine_pb2.KvMirror  # a step's KV mirrored to the node holding a stage's layers on standby
 
 
 class StageCompute:
@@ -40,14 +43,22 @@ class StageCompute:
         """Count a step this stage runs (the telemetry service reads the counters)."""
         self.stats.record(sum(s.num_new_tokens for s in batch.sequences), len(batch.sequences))
 
-    async def forward(self, batch: StepBatch, hidden: Hidden | None) -> Hidden:
-        """Run the layers on `batch` (`hidden`: the previous stage's output; None on stage 0) and
-        encode the hidden states for the next stage."""
+    async def forward(
+        self, batch: StepBatch, hidden: Hidden | None, mirror: Mirror | None = None
+    ) -> tuple[Hidden, Mirror | None]:
+        """Run the layers on `batch` (`hidden`: the previous stage's output, None on stage 0;
+        `mirror`: its KV of the step, for this node's standby) and encode the hidden states, and
+        the KV this stage mirrors (`Stage.mirror_kv`), for the next stage."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self._forward, batch, hidden)
+        return await loop.run_in_executor(self.executor, self._forward, batch, hidden, mirror)
 
     async def sample(
-        self, batch: StepBatch, joining: Mapping[int, Joining], hidden: Hidden | None, started_at: float
+        self,
+        batch: StepBatch,
+        joining: Mapping[int, Joining],
+        hidden: Hidden | None,
+        started_at: float,
+        mirror: Mirror | None = None,
     ) -> SampledStep:
         """The last stage's step: run the layers and sample (`started_at`: unix seconds stage 0
         began the step); the caller sends the results, then has the events published."""
@@ -56,7 +67,10 @@ class StageCompute:
             raise RuntimeError("only the last stage samples")
         loop = asyncio.get_running_loop()
         sampled = await tokens.sample_step(
-            batch, joining, lambda: loop.run_in_executor(self.executor, self._step, batch, hidden), started_at
+            batch,
+            joining,
+            lambda: loop.run_in_executor(self.executor, self._step, batch, hidden, mirror),
+            started_at,
         )
         self.stats.emitted += len(sampled.results)
         return sampled
@@ -71,15 +85,27 @@ class StageCompute:
             raise RuntimeError("the stage was let go: its role stopped")
         return stage
 
-    def _step(self, batch: StepBatch, hidden: Hidden | None) -> StageOutput:
+    def _step(self, batch: StepBatch, hidden: Hidden | None, mirror: Mirror | None = None) -> StageOutput:
         """On the compute thread: arrays are made where they are used (MLX streams are per thread)."""
         stage = self._live_stage()
         states = None if hidden is None else stage.backend.decode_hidden(*hidden)
-        return stage.step(batch, states)
+        kept = None
+        if mirror is not None:
+            packed = stage.backend.decode_hidden(mirror.dtype, list(mirror.shape), mirror.data)
+            kept = StepMirror((mirror.layer_start, mirror.layer_end), mirror_spans(mirror), packed)
+        return stage.step(batch, states, kept)
 
-    def _forward(self, batch: StepBatch, hidden: Hidden | None) -> Hidden:
+    def _forward(
+        self, batch: StepBatch, hidden: Hidden | None, mirror: Mirror | None
+    ) -> tuple[Hidden, Mirror | None]:
         stage = self._live_stage()
-        output = self._step(batch, hidden)
+        output = self._step(batch, hidden, mirror)
+        sent = output.mirror
+        out = (
+            None
+            if sent is None
+            else mirror_to_proto(sent.layers, sent.spans, stage.backend.encode_hidden(sent.packed))
+        )
         if output.hidden_states is None:
-            return "", [], b""
-        return stage.backend.encode_hidden(output.hidden_states)
+            return ("", [], b""), out
+        return stage.backend.encode_hidden(output.hidden_states), out

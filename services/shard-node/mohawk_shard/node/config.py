@@ -82,6 +82,13 @@ class NodeSettings(BusSettings, EngineSettings):
         description="a stage stopped by a re-plan hands its KV of each request to the node's next "
         "stage, so a failover recomputes only the layers whose KV died (torch; MLX computes again)",
     )
+    kv_mirror: bool = Field(
+        True,
+        description="a stage whose layers the next stage's node holds on standby sends that node its "
+        "KV each step, so taking the layers over after a failover computes nothing again (torch, "
+        "with kv_carry; costs the covered layers' KV of each new token on the wire and in the "
+        "holder's host memory)",
+    )
     request_ack_wait_s: float = Field(
         10.0,
         gt=1,

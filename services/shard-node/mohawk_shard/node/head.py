@@ -236,10 +236,12 @@ class HeadDriver:
             self.bus.start(self.table.apply(sampled.results))
             await self.tokens.publish(sampled)
             return
-        dtype, shape, data = await self.compute.forward(batch, None)
+        (dtype, shape, data), mirrored = await self.compute.forward(batch, None)
         self._traced_step(batch, None, started)
         step = step_batch_to_proto(batch, joining, with_token_ids=False)
         step.started_at = started_at
+        if mirrored is not None:
+            step.mirror.CopyFrom(mirrored)
         self.inflight.sent(batch, started, time.monotonic())
         try:
             await self.link.send_activations(step, dtype, shape, data)

@@ -48,7 +48,7 @@ from mohawk_shard.node.pipeline_view import view_of
 from mohawk_shard.node.roles import Role, RoleHost, make_role
 from mohawk_shard.node.snapshot import Following
 from mohawk_shard.node.stage_plan import Action, StageAssignment, decide
-from mohawk_shard.node.standby import WarmStandby, asked_of
+from mohawk_shard.node.standby import WarmStandby, asked_of, mirrors_to_next
 
 log = structlog.get_logger("mohawk.shard")
 
@@ -133,6 +133,24 @@ class StageFollower:
         """Serve what `plan` asks of this node (a plan older than the one followed is ignored)."""
         if self.plan is not None and plan.version < self.plan.version:
             return
+        await self._follow(plan)
+        self._mirror_as(plan)
+
+    def _mirror_as(self, plan: bus_pb2.Plan) -> None:
+        """Each stage held mirrors its KV to the next stage's node where `plan` asks that node to
+        hold its layers on standby (`kv_mirror`)."""
+        settings = self.host.settings
+        for serving in (self.current, self.next):
+            stage = serving.role.compute.stage if serving is not None else None
+            if stage is None or serving is None:
+                continue
+            wanted = settings.kv_carry and settings.kv_mirror
+            on = wanted and mirrors_to_next(plan, serving.role.view, serving.role.stage_index)
+            before, stage.mirror_kv = stage.mirror_kv, on
+            if stage.mirror_kv != before:
+                self._log.info("kv mirrored to the next stage's standby" if on else "kv not mirrored")
+
+    async def _follow(self, plan: bus_pb2.Plan) -> None:
         found = view_of(plan, self.host.node_id)
         asked = StageAssignment(*found) if found is not None else None
         if asked is not None:
@@ -367,4 +385,7 @@ class StageFollower:
             # on the compute thread, after any step still running there
             loop = asyncio.get_running_loop()
             self.carry.merge(await loop.run_in_executor(self.host.executor, stage.export_carry))
-            self._log.info("kv kept for the next stage", requests=len(self.carry))
+            # mirrored: requests whose KV of the stage before (this node's standby's layers) it held
+            self._log.info(
+                "kv kept for the next stage", requests=len(self.carry), mirrored=stage.num_mirrored
+            )

@@ -32,6 +32,7 @@ from mohawk_shard.backends.stacked import StackedBackend
 from mohawk_shard.engine.backend import Backend
 from mohawk_shard.kernels.pool_residency import lowest_priority
 from mohawk_shard.node.handover import share_weights
+from mohawk_shard.node.pipeline_view import PipelineView
 
 log = structlog.get_logger("mohawk.shard")
 
@@ -48,6 +49,19 @@ def asked_of(plan: bus_pb2.Plan, node_id: str, started_at_ms: int) -> Range:
         if standby.node_id == node_id and standby.node_started_at_ms in (0, started_at_ms):
             return standby.start, standby.end
     return NONE
+
+
+def mirrors_to_next(plan: bus_pb2.Plan, view: PipelineView, index: int) -> bool:
+    """Whether `plan` asks the next stage's node of `view` to hold stage `index`'s layers on standby
+    (the stage then mirrors its KV there: `engine/kv_mirror.py`)."""
+    if index + 1 >= len(view.stages):
+        return False
+    own, after = view.stages[index], view.stages[index + 1]
+    return any(
+        (sb.node_id, sb.covers, sb.start, sb.end) == (after.node_id, own.node_id, own.start, own.end)
+        and sb.pipeline == own.pipeline
+        for sb in plan.standbys
+    )
 
 
 class WarmStandby:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from mohawk_proto.v1 import bus_pb2, engine_pb2
+from mohawk_shard.engine.kv_mirror import MirrorSpan
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.sequence import Priority, QoS
 from mohawk_shard.engine.stage import SequenceSpec, SequenceStep, StepBatch
@@ -136,3 +137,37 @@ def step_batch_from_proto(message: engine_pb2.StepBatch) -> tuple[StepBatch, dic
             )
         )
     return StepBatch(message.step_id, tuple(steps), tuple(message.finished_seq_ids)), joining
+
+
+def mirror_to_proto(
+    layers: tuple[int, int], spans: Sequence[MirrorSpan], encoded: tuple[str, list[int], bytes]
+) -> engine_pb2.KvMirror:
+    """A step's mirrored KV (`engine/kv_mirror.py`), its array encoded by the backend."""
+    dtype, shape, data = encoded
+    return engine_pb2.KvMirror(
+        layer_start=layers[0],
+        layer_end=layers[1],
+        spans=[
+            engine_pb2.MirroredSpan(
+                seq_id=s.seq_id, from_position=s.from_position, num_positions=s.num_positions
+            )
+            for s in spans
+        ],
+        dtype=dtype,
+        shape=shape,
+        data=data,
+    )
+
+
+def mirror_spans(message: engine_pb2.KvMirror) -> tuple[MirrorSpan, ...]:
+    return tuple(MirrorSpan(s.seq_id, s.from_position, s.num_positions) for s in message.spans)
+
+
+def take_mirror(step: engine_pb2.StepBatch) -> engine_pb2.KvMirror | None:
+    """The KV the stage before mirrored in `step`, cleared from it (it goes no further)."""
+    if not step.HasField("mirror"):
+        return None
+    mirror = engine_pb2.KvMirror()
+    mirror.CopyFrom(step.mirror)
+    step.ClearField("mirror")
+    return mirror

@@ -39,7 +39,7 @@ from mohawk_shard.node.pipeline_view import PipelineView
 from mohawk_shard.node.snapshot import StageSnapshot, StepStats, stage_snapshot
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.traces import StageTraces
-from mohawk_shard.node.wire import Joining, step_batch_from_proto
+from mohawk_shard.node.wire import Joining, step_batch_from_proto, take_mirror
 
 log = structlog.get_logger("mohawk.shard.worker")
 
@@ -143,6 +143,7 @@ class StageWorker:
     async def _handle(
         self, header: security_pb2.FrameHeader, step: engine_pb2.StepBatch, data: bytes, hop_ms: float
     ) -> None:
+        mirror = take_mirror(step)  # the stage before's KV, kept here, not passed on
         batch, joining = step_batch_from_proto(step)
         self.compute.record(batch)
         if self.traces.enabled:
@@ -150,7 +151,9 @@ class StageWorker:
         hidden = (header.dtype, list(header.shape), data) if data else None
         started = time.monotonic()
         if self.tokens is not None:
-            sampled = await self.compute.sample(batch, joining, hidden, step.started_at or time.time())
+            sampled = await self.compute.sample(
+                batch, joining, hidden, step.started_at or time.time(), mirror
+            )
             self._traced_step(batch, hop_ms, started)
             for done in sampled.results:
                 if done.finish_reason:
@@ -162,8 +165,10 @@ class StageWorker:
             await asyncio.sleep(0)  # the result goes out now (nats-py's flusher), the events after
             await self.tokens.publish(sampled)
             return
-        dtype, shape, out = await self.compute.forward(batch, hidden)
+        (dtype, shape, out), mirrored = await self.compute.forward(batch, hidden, mirror)
         self._traced_step(batch, hop_ms, started)
+        if mirrored is not None:
+            step.mirror.CopyFrom(mirrored)
         await self.link.send_activations(step, dtype, shape, out)
 
     def _trace(

@@ -75,6 +75,9 @@ def test_the_holder_of_a_mirrored_range_takes_it_over_computing_only_the_last_po
     new[1].adopt(carried[2])
     runs = resumed(runs, 100)
     history = sum(len(r.tokens) for r in runs)
+    for run, key in zip(runs, PROMPTS, strict=True):  # what stage 0's scheduler is told is carried
+        assert new[0].num_carried(key, len(run.tokens)) == len(run.tokens) - 1
+        assert new[1].num_carried(key, len(run.tokens)) == (len(run.tokens) - 1 if mirror else 0)
     resume = Pipeline(new, 7)
     resume.run(runs, BEFORE_KILL)
     assert [r.tokens for r in runs] == [e[: len(r.tokens)] for r, e in zip(runs, expected, strict=True)]

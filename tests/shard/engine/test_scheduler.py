@@ -227,3 +227,27 @@ def test_no_admission_while_the_kv_pool_has_no_block_per_running_sequence() -> N
     assert sch.num_admittable(max_waiting=64) == 0
     sch.finish(sch.running[0])
     assert sch.num_admittable(max_waiting=64) > 0
+
+
+def test_a_resume_whose_kv_stage_0_carried_goes_in_one_chunk_charged_what_is_computed() -> None:
+    """Positions stage 0 carried over a re-plan cost the budget nothing: four resumed histories of
+    20 tokens under a budget of 8 go in one step, charged their last positions, beside a new
+    request's chunk; without a carry they would take ten steps."""
+    sch = make(num_blocks=64, budget=8)
+    resumed = [seq(i, 20) for i in range(4)]
+    for s in resumed:
+        s.num_carried_tokens = 19
+        sch.add(s)
+    fresh = seq(9, 10)
+    sch.add(fresh)
+    out = sch.schedule()
+    got = [(s.seq.seq_id, s.start_position, s.num_new_tokens, s.sample) for s in out.scheduled]
+    assert got == [(0, 0, 20, True), (1, 0, 20, True), (2, 0, 20, True), (3, 0, 20, True), (9, 0, 4, False)]
+    # a preempted one lost its carry (its KV here is freed): it is charged every position again
+    victim = resumed[0]
+    sch._preempt(victim)
+    assert victim.num_carried_tokens == 0
+    uncarried = make(num_blocks=64, budget=8)
+    plain = seq(0, 20)
+    uncarried.add(plain)
+    assert uncarried.schedule().num_batched_tokens == 8

@@ -189,3 +189,45 @@ def test_a_resumed_request_records_the_time_to_its_next_token_once() -> None:
     assert table.resumes.num_hops == 1 and seq.resumed_at == 0.0
     table.apply([token(table, "r")])
     assert table.resumes.num_hops == 1  # only the first token after the resume counts
+
+
+def test_a_redelivered_request_is_charged_only_what_the_stage_did_not_carry() -> None:
+    """A request the stream redelivers after a re-plan asks the node's stage what of its history it
+    carried (`Stage.num_carried`); a new one does not ask; the step-time fit counts only what was
+    computed."""
+    asked: list[tuple[str, int]] = []
+
+    def carried(request_id: str, history_len: int) -> int:
+        asked.append((request_id, history_len))
+        return 99  # more than may be trusted: the core keeps the last position to compute
+
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=2, max_model_len=64)
+    table = RequestTable(Scheduler(config, BlockManager(64, 4)), 100, 2, StageTraces.off(), carried=carried)
+    msg = cast(Msg, StandIn("r"))
+    table.admit(Delivery(msg, KEY, None), "resumed", [1, 2, 3], PARAMS, [4, 5], DEFAULT_QOS)
+    table.admit(Delivery(msg, KEY, None), "new", [1, 2, 3], PARAMS, [], DEFAULT_QOS)
+    assert asked == [("resumed", 5)]
+    seq = table.core.request("resumed")
+    assert seq is not None and seq.num_carried_tokens == 4
+    batch = table.core.next_batch()
+    assert batch is not None
+    assert [(s.start_position, s.num_new_tokens) for s in batch.sequences] == [(0, 5), (0, 1)]
+    assert [table.core._num_computed(s) for s in batch.sequences] == [1, 1]
+
+
+def test_a_failovers_catch_up_is_one_step_then_micro_batches_again() -> None:
+    """Requests resumed with a carry catch up in one step, whatever the micro-batch share; then
+    the running set splits into micro-batches again."""
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    table = RequestTable(
+        Scheduler(config, BlockManager(64, 4)), 100, 2, StageTraces.off(), carried=lambda key, n: n - 1
+    )
+    msg = cast(Msg, StandIn("r"))
+    for i in range(4):
+        table.admit(Delivery(msg, KEY, None), f"r{i}", [1, 2, 3], PARAMS, [4], DEFAULT_QOS)
+    batch = table.core.next_batch(num_groups=2)
+    assert batch is not None and len(batch.sequences) == 4
+    for seq in list(table.core.scheduler.running):
+        seq.append_token(7)
+    again = table.core.next_batch(num_groups=2)
+    assert again is not None and len(again.sequences) == 2

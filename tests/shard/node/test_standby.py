@@ -23,7 +23,7 @@ from mohawk_shard.node.config import NodeSettings
 from mohawk_shard.node.pipeline_view import view_of
 from mohawk_shard.node.stage_follower import Serving, StageFollower, free_now
 from mohawk_shard.node.stage_plan import StageAssignment
-from mohawk_shard.node.standby import NONE, WarmStandby, asked_of
+from mohawk_shard.node.standby import NONE, WarmStandby, asked_of, mirrors_to_next
 from tests.shard.engine import test_architectures as architectures
 
 
@@ -213,3 +213,39 @@ def test_a_stopped_stage_leaves_its_kv_for_the_next(tiny_source: ModelSource, kv
         assert set(held) == {"req"} and held["req"][(0, layers)].length == 3
     else:
         assert held == {}
+
+
+def three_stages(**standby: object) -> bus_pb2.Plan:
+    stages = [bus_pb2.PlanStage(node_id=n, start=2 * i, end=2 * i + 2) for i, n in enumerate("abc")]
+    return bus_pb2.Plan(version=3, stages=stages, standbys=[bus_pb2.PlanStandby(**standby)])  # type: ignore[arg-type]
+
+
+def test_a_stage_mirrors_its_kv_only_to_the_next_stages_node_holding_its_layers() -> None:
+    plan = three_stages(node_id="c", start=2, end=4, covers="b")
+    views = {n: view_of(plan, n) for n in "abc"}
+    assert [mirrors_to_next(plan, *views[n]) for n in "abc"] == [False, True, False]  # type: ignore[misc]
+    upstream = three_stages(node_id="a", start=2, end=4, covers="b")  # its frames never reach a
+    assert not mirrors_to_next(upstream, *views["b"])  # type: ignore[misc]
+    other_range = three_stages(node_id="c", start=2, end=3, covers="b")
+    assert not mirrors_to_next(other_range, *views["b"])  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kv_mirror", [True, False])
+def test_the_follower_turns_mirroring_on_and_off_as_plans_ask(
+    tiny_source: ModelSource, kv_mirror: bool
+) -> None:
+    settings = NodeSettings(node_id="b", model=str(tiny_source.path), device="cpu", kv_mirror=kv_mirror)
+    host = SimpleNamespace(node_id="b", settings=settings, source=tiny_source, executor=None, loader=None)
+    host.beat_soon = lambda: None
+    follower = StageFollower(host)  # type: ignore[arg-type]
+    backend = make_backend("torch", tiny_source, 0, 2, device="cpu")
+    backend.allocate_kv_cache(8, 4)
+    stage = Stage(backend, 4)
+    plan = three_stages(node_id="c", start=2, end=4, covers="b")
+    view, index = view_of(plan, "b")  # type: ignore[misc]
+    role = SimpleNamespace(compute=SimpleNamespace(stage=stage), view=view, stage_index=index)
+    follower.current = Serving(role, backend, started=True)  # type: ignore[arg-type]
+    follower._mirror_as(plan)
+    assert stage.mirror_kv is kv_mirror
+    follower._mirror_as(three_stages(node_id="a", start=2, end=4, covers="b"))
+    assert stage.mirror_kv is False

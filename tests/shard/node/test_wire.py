@@ -6,10 +6,19 @@ import pytest
 
 from mohawk_common.errors import InvalidRequestError
 from mohawk_proto.v1 import bus_pb2, engine_pb2
+from mohawk_shard.engine.kv_mirror import MirrorSpan
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.sequence import Priority, QoS
 from mohawk_shard.engine.stage import SequenceSpec, SequenceStep, StepBatch
-from mohawk_shard.node.wire import Joining, qos_from_proto, step_batch_from_proto, step_batch_to_proto
+from mohawk_shard.node.wire import (
+    Joining,
+    mirror_spans,
+    mirror_to_proto,
+    qos_from_proto,
+    step_batch_from_proto,
+    step_batch_to_proto,
+    take_mirror,
+)
 
 
 def test_a_request_without_fair_share_fields_is_the_anonymous_default() -> None:
@@ -42,3 +51,21 @@ def test_the_latency_budget_reaches_the_sampling_stage() -> None:
     decoded = engine_pb2.StepBatch.FromString(message.SerializeToString())
     back, _ = step_batch_from_proto(decoded)
     assert back == batch and decoded.started_at == 1234.5
+
+
+def test_a_mirror_crosses_one_hop_and_goes_no_further() -> None:
+    spans = (MirrorSpan(7, 0, 5), MirrorSpan(9, 12, 1))
+    step = engine_pb2.StepBatch(step_id=4)
+    step.mirror.CopyFrom(mirror_to_proto((2, 4), spans, ("float32", [2, 2, 1, 6, 3], b"kv")))
+    received = engine_pb2.StepBatch.FromString(step.SerializeToString())
+    mirror = take_mirror(received)
+    assert mirror is not None and not received.HasField("mirror")  # the frame passed on has none
+    assert (mirror.layer_start, mirror.layer_end, mirror.dtype, list(mirror.shape), mirror.data) == (
+        2,
+        4,
+        "float32",
+        [2, 2, 1, 6, 3],
+        b"kv",
+    )
+    assert mirror_spans(mirror) == spans
+    assert take_mirror(received) is None

@@ -9,7 +9,11 @@ tokens travel: `LLMEngine` runs the stages in this process and detokenizes itsel
 got and whether it ended. A driver that keeps state of its own per sequence (a detokenizer, a
 message to ack) passes `on_finish`, called whenever a sequence leaves the table for any reason.
 With several stages in flight the running set is split into `num_groups` micro-batches: each step
-takes at most its share of the unfinished sequences, so every stage has a batch to work on.
+takes at most its share of the unfinished sequences, so every stage has a batch to work on. The
+exception is a failover's catch-up: while a request resumed with KV its stage carried over the
+re-plan (`num_carried`) waits for its first step, a step is not capped, so every such request
+catches up in one step (each computes a position or so, and a micro-batch more would read every
+weight again for it: the 1.7B's 16 resumed streams caught up in four steps of four, 0.52 s).
 
 Latency budgets. A request may carry a target time per output token. The driver reports how long
 each step took (`record_step`: in process, the stages' wall time; at the bus head, from starting
@@ -58,6 +62,7 @@ class EngineCore:
         self._on_finish = on_finish
         self._requests: dict[str, Seq] = {}
         self._by_seq_id: dict[int, Seq] = {}
+        self._catching_up: set[int] = set()  # resumed with a carry, not scheduled yet
         self._seq_ids = itertools.count()
         self._step_ids = itertools.count()
         self.step_times = StepTimeModel()
@@ -103,15 +108,20 @@ class EngineCore:
         params: SamplingParams,
         output_token_ids: Sequence[int] = (),
         qos: QoS = DEFAULT_QOS,
+        num_carried: int = 0,
     ) -> Seq:
         """Queue a request (`output_token_ids`: tokens it already emitted, when it resumes; `qos`:
-        its tenant, priority, weight and latency budget)."""
+        its tenant, priority, weight and latency budget; `num_carried`: positions whose KV this
+        node's stage carried over a re-plan)."""
         prompt = self.check_prompt(request_id, prompt_token_ids)
         seq = Seq(next(self._seq_ids), request_id, prompt, params, qos=qos)
         for token_id in output_token_ids:
             seq.append_token(int(token_id))
         if output_token_ids:
             seq.resumed_at = time.monotonic()
+            seq.num_carried_tokens = max(0, min(num_carried, seq.num_tokens - 1))
+            if seq.num_carried_tokens:
+                self._catching_up.add(seq.seq_id)
         self._requests[request_id] = seq
         self._by_seq_id[seq.seq_id] = seq
         self.scheduler.add(seq)
@@ -129,23 +139,33 @@ class EngineCore:
         self.scheduler.finish(seq)
         self._requests.pop(seq.request_id, None)
         self._by_seq_id.pop(seq.seq_id, None)
+        self._catching_up.discard(seq.seq_id)
         if self._on_finish is not None:
             self._on_finish(seq)
 
     def next_batch(self, num_groups: int = 1) -> StepBatch | None:
         """The next step for the stages, None when there is nothing to do."""
         cap = None if num_groups <= 1 else max(1, math.ceil(self.scheduler.num_unfinished / num_groups))
+        if self._catching_up:  # a failover's catch-up: one step
+            cap = None
         limit = self.budget_limit()
         if limit is not None:
             cap = limit if cap is None else min(cap, limit)
         scheduled = self.scheduler.schedule(max_seqs=cap, max_tokens=limit)
+        self._catching_up.difference_update(s.seq.seq_id for s in scheduled.scheduled)
         if scheduled.is_empty:
             return None
         return to_step_batch(next(self._step_ids), scheduled)
 
     def record_step(self, batch: StepBatch, seconds: float) -> None:
         """`batch` took `seconds`, from its start to its sampled tokens: this feeds the step-time fit."""
-        self.step_times.record(sum(s.num_new_tokens for s in batch.sequences), seconds)
+        self.step_times.record(sum(self._num_computed(s) for s in batch.sequences), seconds)
+
+    def _num_computed(self, step: SequenceStep) -> int:
+        """Tokens of `step` stage 0 computes (not those its stage carried over a re-plan)."""
+        seq = self._by_seq_id.get(step.seq_id)
+        carried = seq.num_carried_tokens if seq is not None else 0
+        return step.num_new_tokens - max(0, min(step.num_new_tokens, carried - step.start_position))
 
     def budget_limit(self) -> int | None:
         """The most tokens (so sequences) a step may take to fit the tightest latency budget of the

@@ -15,8 +15,11 @@ re-prefilled from its prompt plus the tokens it has already produced. In a pipel
 are in flight at once: a sequence whose sampled token has not come back yet has nothing left to
 compute, so it sits out the next steps on its own and is never chosen for preemption; `max_seqs`
 caps a step's sequences so the running set splits into micro-batches that keep every stage busy,
-and `max_tokens` lowers a step's token budget (the engine core's latency-budget cap). This module
-imports neither torch nor MLX.
+and `max_tokens` lowers a step's token budget (the engine core's latency-budget cap). A request
+resumed after a re-plan whose KV stage 0 carried over (`Sequence.num_carried_tokens`) is charged
+only the positions stage 0 computes, so its whole history goes in one chunk: the stages after
+compute what their own carries lack (`kv_carry.py`), and a failover's resume takes one step, not
+one per budget's worth of history. This module imports neither torch nor MLX.
 """
 
 from __future__ import annotations
@@ -146,12 +149,12 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens == 0:
                 continue  # preempted by an earlier one in this loop
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new, cost = _chunk(seq, seq.num_computed_tokens, seq.num_uncomputed_tokens, budget)
             new_blocks = self._allocate_or_preempt(seq, num_new, output)
             if new_blocks is None:  # `seq` itself was preempted
                 preempted = True
                 continue
-            budget -= num_new
+            budget -= cost
             output.scheduled.append(self._take(seq, num_new, new_blocks))
         while (
             (head := self.waiting.peek()) is not None
@@ -162,14 +165,14 @@ class Scheduler:
         ):
             computed = self.block_manager.get_computed_blocks(head)
             num_cached = self.block_manager.num_hit_tokens(computed)
-            num_new = min(head.num_tokens - num_cached, budget)
+            num_new, cost = _chunk(head, num_cached, head.num_tokens - num_cached, budget)
             new_blocks = self.block_manager.allocate_slots(head, num_new, computed)
             if new_blocks is None:
                 break
             self.waiting.remove(head)
             head.status = SequenceStatus.RUNNING
             self.running.append(head)
-            budget -= num_new
+            budget -= cost
             output.scheduled.append(self._take(head, num_new, new_blocks))
         output.freed_seq_ids = self._freed_seq_ids
         self._freed_seq_ids = []
@@ -213,6 +216,7 @@ class Scheduler:
         self._release(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
+        seq.num_carried_tokens = 0  # its carry was claimed: every position is computed again
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)  # the head of its tenant's queue
@@ -233,3 +237,11 @@ class Scheduler:
         self.clocks.charge(seq, num_new)
         self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens)
         return ScheduledSequence(seq, start, seq.token_ids[start : start + num_new], new_blocks, is_new)
+
+
+def _chunk(seq: Sequence, start: int, room: int, budget: int) -> tuple[int, int]:
+    """How many of `seq`'s next `room` tokens from position `start` a step with `budget` left
+    takes, and what they cost it: positions stage 0 carried are free."""
+    free = max(0, seq.num_carried_tokens - start)
+    num_new = min(room, budget + free)
+    return num_new, num_new - min(num_new, free)

@@ -81,6 +81,9 @@ class Sequence:
     # time.monotonic() when it was queued again to continue tokens it had emitted (a resume after a
     # lost step or stage 0, a redelivery); 0.0 for a new request. Resumed ones are served first.
     resumed_at: float = 0.0
+    # positions [0, n) whose KV stage 0 holds from its stage before a re-plan (`kv_carry`): they are
+    # not computed there again, so they cost a step's token budget nothing
+    num_carried_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:

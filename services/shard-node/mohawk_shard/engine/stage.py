@@ -147,6 +147,15 @@ class Stage:
             self._mirror_restarts = True  # (on the compute thread, at the next step)
         self._mirror_kv = on
 
+    def num_carried(self, key: str, history_len: int) -> int:
+        """Positions of request `key`'s history of `history_len` tokens whose KV every layer range
+        of this stage holds from the stage before a re-plan (not computed here again)."""
+        parts = self._carry.requests.get(key) if self._carriers is not None else None
+        if not parts:
+            return 0
+        lengths = [parts[r].length if r in parts else 0 for r in self._ranges]
+        return max(0, min(min(lengths), history_len - 1))
+
     @property
     def num_mirrored(self) -> int:
         """Requests whose KV the stage before mirrored here."""

@@ -103,7 +103,13 @@ class HeadDriver:
         self.traces = traces if traces is not None else StageTraces.off()
         drop_events = (lambda seq: tokens.drop(seq.seq_id)) if tokens is not None else None
         self.table = RequestTable(
-            scheduler, vocab_size, max_resumes, self.traces, on_forget=drop_events, on_hold=on_hold
+            scheduler,
+            vocab_size,
+            max_resumes,
+            self.traces,
+            on_forget=drop_events,
+            on_hold=on_hold,
+            carried=self._num_carried,
         )
         self.core, self.held = self.table.core, self.table.held
         self.inflight = StepsInFlight(max_inflight_steps or self.num_stages, step_deadline_floor_s)
@@ -252,6 +258,10 @@ class HeadDriver:
             self._log.warning(
                 "step not sent: it resumes at its deadline", step_id=batch.step_id, error=repr(exc)
             )
+
+    def _num_carried(self, request_id: str, history_len: int) -> int:
+        stage = self.compute.stage
+        return stage.num_carried(request_id, history_len) if stage is not None else 0
 
     def _traced_step(self, batch: StepBatch, result_hop_ms: float | None, started: float | None) -> None:
         """Add a step's time here (`started`: when it began) or its result's hop to the spans of

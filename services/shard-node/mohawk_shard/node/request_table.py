@@ -72,15 +72,19 @@ class RequestTable:
         traces: StageTraces,
         on_forget: Callable[[Seq], None] | None = None,
         on_hold: Callable[[], None] | None = None,
+        carried: Callable[[str, int], int] | None = None,
     ) -> None:
         """The table owns the engine core (which calls `forget` whenever a sequence leaves it) and
         the held records; `on_forget`: what else drops a sequence (the sampling stage's events);
-        `on_hold`: told when a message is newly held (the node's heartbeat lists them)."""
+        `on_hold`: told when a message is newly held (the node's heartbeat lists them);
+        `carried`: the positions of a request's history (id, length) whose KV the node's stage
+        carried over a re-plan (`Stage.num_carried`)."""
         self.core = EngineCore(scheduler, vocab_size=vocab_size, on_finish=self.forget)
         self.held = HeldRequests(max_resumes)
         self.traces = traces
         self._on_forget = on_forget
         self._on_hold = on_hold
+        self._carried = carried
         self.resumes = HopStats()  # seconds from a resumed request's queueing to its next token
 
     def forget(self, seq: Seq) -> None:
@@ -101,7 +105,8 @@ class RequestTable:
         span: Attributes | None = None,
     ) -> None:
         """Queue a checked request (`emitted`: its tokens so far, when redelivered) and hold it."""
-        self.core.add_request(request_id, prompt, params, emitted, qos=qos)
+        carried = self._carried(request_id, len(prompt) + len(emitted)) if emitted and self._carried else 0
+        self.core.add_request(request_id, prompt, params, emitted, qos=qos, num_carried=carried)
         self.held.hold(request_id, delivery)
         if self._on_hold is not None:
             self._on_hold()

@@ -6,12 +6,14 @@ the default mode, greedy). The harness is test_kv_carry's."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import torch
 
 from mohawk_common.model_store import ModelSource
 from mohawk_shard.backends.stacked import StackedBackend
+from mohawk_shard.engine import stage as stage_module
 from mohawk_shard.engine.kv_mirror import KvMirrorStore
 from mohawk_shard.engine.stage import Stage, StepBatch
 from tests.shard.engine import test_architectures as architectures
@@ -114,3 +116,32 @@ def test_a_mirror_with_a_hole_is_dropped_and_one_from_zero_starts_again() -> Non
     assert len(store) == 1
     store.drop("req")
     assert len(store) == 0
+
+
+def test_a_backlog_is_mirrored_over_several_steps(tiny_source: ModelSource) -> None:
+    """Mirroring turned on under running requests sends their KV from position 0 at most
+    `MIRROR_BACKLOG_POSITIONS` (beyond the step's own positions) a step; the holder's copy is
+    whole once it caught up."""
+    layers = tiny_source.config.num_layers
+    stages = [Stage(backend(tiny_source, 0, 1), BLOCK), Stage(backend(tiny_source, 1, layers), BLOCK)]
+    runs = fresh_runs(0)
+    pipeline = Pipeline(stages, 0)
+    pipeline.run(runs, 3)
+    stage_module.MIRROR_BACKLOG_POSITIONS = 6
+    try:
+        stages[0].mirror_kv = True
+        sent: list[int] = []
+        step = stages[0].step
+
+        def counted(*args: Any) -> Any:
+            out = step(*args)
+            sent.append(sum(s.num_positions for s in out.mirror.spans) if out.mirror else 0)
+            return out
+
+        stages[0].step = counted  # type: ignore[method-assign]
+        pipeline.run(runs, 11)
+    finally:
+        stage_module.MIRROR_BACKLOG_POSITIONS = 256
+    assert sent[0] == 6 and max(sent) == 6  # 20 positions behind, 2 new a step: 6 a step
+    lengths = {key: p[(0, 1)].length for key, p in stages[1].export_carry().requests.items()}
+    assert lengths == {key: len(r.tokens) - 1 for key, r in zip(PROMPTS, runs, strict=True)}

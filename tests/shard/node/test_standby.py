@@ -238,6 +238,7 @@ def test_the_follower_turns_mirroring_on_and_off_as_plans_ask(
     host = SimpleNamespace(node_id="b", settings=settings, source=tiny_source, executor=None, loader=None)
     host.beat_soon = lambda: None
     follower = StageFollower(host)  # type: ignore[arg-type]
+    follower.mirrors.settle_s = 0.2
     backend = make_backend("torch", tiny_source, 0, 2, device="cpu")
     backend.allocate_kv_cache(8, 4)
     stage = Stage(backend, 4)
@@ -245,7 +246,17 @@ def test_the_follower_turns_mirroring_on_and_off_as_plans_ask(
     view, index = view_of(plan, "b")  # type: ignore[misc]
     role = SimpleNamespace(compute=SimpleNamespace(stage=stage), view=view, stage_index=index)
     follower.current = Serving(role, backend, started=True)  # type: ignore[arg-type]
-    follower._mirror_as(plan)
-    assert stage.mirror_kv is kv_mirror
-    follower._mirror_as(three_stages(node_id="a", start=2, end=4, covers="b"))
-    assert stage.mirror_kv is False
+
+    async def scenario() -> None:
+        follower._mirror_as(plan)
+        assert stage.mirror_kv is False  # not during the settle (a failover's catch-up)
+        await asyncio.sleep(0.3)
+        assert stage.mirror_kv is kv_mirror
+        follower._mirror_as(three_stages(node_id="a", start=2, end=4, covers="b"))
+        assert stage.mirror_kv is False  # off at once
+        follower._mirror_as(plan)
+        follower._mirror_as(three_stages(node_id="a", start=2, end=4, covers="b"))
+        await asyncio.sleep(0.3)
+        assert stage.mirror_kv is False  # asked, then not, within the settle: never on
+
+    asyncio.run(scenario())

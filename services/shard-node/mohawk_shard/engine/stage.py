@@ -36,6 +36,10 @@ from mohawk_shard.engine.outputs import SampledToken
 from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.model.forward_batch import ForwardBatch
 
+# positions a step mirrors at most beyond its own new ones: a backlog (the running requests' KV
+# when mirroring begins, a prefix-cache hit's) goes over several steps, not in one burst
+MIRROR_BACKLOG_POSITIONS = 256
+
 
 @dataclass(frozen=True, slots=True)
 class SequenceSpec:
@@ -240,11 +244,14 @@ class Stage:
             for state in self._sequences.values():
                 state.mirrored = 0
         spans, tables = [], []
+        room = max(MIRROR_BACKLOG_POSITIONS, sum(s.num_new_tokens for s in steps))
         for step, state in zip(steps, states, strict=True):
-            if state.length > state.mirrored:
-                spans.append(MirrorSpan(step.seq_id, state.mirrored, state.length - state.mirrored))
-                tables.append((state.block_tables[0], state.mirrored, state.length))
-                state.mirrored = state.length
+            if state.length > state.mirrored and room > 0:
+                end = min(state.length, state.mirrored + room)
+                spans.append(MirrorSpan(step.seq_id, state.mirrored, end - state.mirrored))
+                tables.append((state.block_tables[0], state.mirrored, end))
+                room -= end - state.mirrored
+                state.mirrored = end
         if not spans:
             return None
         packed = [part.pack_kv(tables) for part in parts]

@@ -49,7 +49,9 @@ def lazy_zeros(*shape: int, dtype: torch.dtype, device: torch.device | str = "cp
     hundred KiB. A KV step reads a block of 16 slots of a head at a time, 2 KiB at fp16 (64 wide),
     so huge pages spare the attention few TLB misses: the 135M whole, 8 sequences of 600 tokens
     decoding 40 steps, pools on huge and on small pages in turn, 4 runs each, gave 319 tok/s
-    (median) on either (a scratch script, this VM). The weights, read whole every step, keep them."""
+    (median) on either (a scratch script, this VM). The weights, read whole every step, keep them.
+    Once the pool is made resident whole (`pool_residency`, seconds after its stage loads), what no
+    step touched yet comes in on huge pages."""
     mapped = _mapped(shape, dtype, device, huge=False)
     return mapped if mapped is not None else torch.zeros(*shape, dtype=dtype, device=device)
 

@@ -48,7 +48,7 @@ from mohawk_shard.node.pipeline_view import view_of
 from mohawk_shard.node.roles import Role, RoleHost, make_role
 from mohawk_shard.node.snapshot import Following
 from mohawk_shard.node.stage_plan import Action, StageAssignment, decide
-from mohawk_shard.node.standby import WarmStandby, asked_of, mirrors_to_next
+from mohawk_shard.node.standby import MirrorSwitch, WarmStandby, asked_of, mirrors_to_next
 
 log = structlog.get_logger("mohawk.shard")
 
@@ -110,6 +110,7 @@ class StageFollower:
         self._failed_steps = 0  # of roles already stopped
         self._expired_steps = 0
         mlx = host.settings.backend == "mlx"  # loads where it computes
+        self.mirrors = MirrorSwitch(host.node_id)
         self.standby = WarmStandby(
             host.node_id, self._make_backend, host.executor if mlx else None, host.beat_soon, self._free
         )
@@ -138,17 +139,16 @@ class StageFollower:
 
     def _mirror_as(self, plan: bus_pb2.Plan) -> None:
         """Each stage held mirrors its KV to the next stage's node where `plan` asks that node to
-        hold its layers on standby (`kv_mirror`)."""
+        hold its layers on standby (`kv_mirror`), from `SETTLE_S` after the plan asks."""
         settings = self.host.settings
         for serving in (self.current, self.next):
             stage = serving.role.compute.stage if serving is not None else None
             if stage is None or serving is None:
                 continue
             wanted = settings.kv_carry and settings.kv_mirror
-            on = wanted and mirrors_to_next(plan, serving.role.view, serving.role.stage_index)
-            before, stage.mirror_kv = stage.mirror_kv, on
-            if stage.mirror_kv != before:
-                self._log.info("kv mirrored to the next stage's standby" if on else "kv not mirrored")
+            self.mirrors.set(
+                stage, wanted and mirrors_to_next(plan, serving.role.view, serving.role.stage_index)
+            )
 
     async def _follow(self, plan: bus_pb2.Plan) -> None:
         found = view_of(plan, self.host.node_id)

@@ -225,8 +225,10 @@ def test_a_failovers_catch_up_is_one_step_then_micro_batches_again() -> None:
     msg = cast(Msg, StandIn("r"))
     for i in range(4):
         table.admit(Delivery(msg, KEY, None), f"r{i}", [1, 2, 3], PARAMS, [4], DEFAULT_QOS)
+    assert table.core.is_catching_up  # the head gathers the rest of the hand-back a moment
     batch = table.core.next_batch(num_groups=2)
     assert batch is not None and len(batch.sequences) == 4
+    assert not table.core.is_catching_up
     for seq in list(table.core.scheduler.running):
         seq.append_token(7)
     again = table.core.next_batch(num_groups=2)

@@ -157,6 +157,11 @@ class EngineCore:
             return None
         return to_step_batch(next(self._step_ids), scheduled)
 
+    @property
+    def is_catching_up(self) -> bool:
+        """Whether a request resumed with KV its stage carried waits for its first step."""
+        return bool(self._catching_up)
+
     def record_step(self, batch: StepBatch, seconds: float) -> None:
         """`batch` took `seconds`, from its start to its sampled tokens: this feeds the step-time fit."""
         self.step_times.record(sum(self._num_computed(s) for s in batch.sequences), seconds)

@@ -20,6 +20,9 @@ every stream has its first text):
     are carried into a new pipeline over the same weights and a freshly loaded middle, and only
     the middle's layers are computed for the histories (the survivors compute each history's last
     position): the floor of a failover with the survivors' KV kept;
+  * the resume with every stage's KV carried, the middle's too (what its standby's holder keeps
+    when the middle mirrors its KV there, `engine/kv_mirror.py`): every stage computes each
+    history's last position, the floor of a failover onto a standby with mirrored KV;
   * llama.cpp (the `bench` extra) prefilling each history in turn, the same threads: the peer.
 Each figure is the median of `--repeats` runs with its min-max. A cluster on one host shares these
 cores between its three stages, so its resume takes at least this long.
@@ -95,13 +98,15 @@ def carried_from_survivors(source: ModelSource, streams: list[list[int]], thread
 
 
 def time_carried_resume(
-    source: ModelSource, streams: list[list[int]], carries: list[Carry], threads: int
+    source: ModelSource, streams: list[list[int]], carries: list[Carry], threads: int, *, mirrored: bool
 ) -> tuple[float, list[float]]:
     """The resume of `streams` on a new pipeline whose first and last stages adopt `carries` (the
-    middle's KV died with it): seconds in all, and in each stage's forward."""
+    middle's KV died with it, or, `mirrored`, its holder kept a copy): seconds in all, and in each
+    stage's forward."""
     engine = carrying(fresh_engine(source, threads))
     engine.generate(shifted(streams, source.config.vocab_size), ONE_TOKEN)  # warm-up, same shapes
-    for survivor in (0, len(engine.stages) - 1):
+    adopting = range(len(engine.stages)) if mirrored else (0, len(engine.stages) - 1)
+    for survivor in adopting:
         engine.stages[survivor].adopt(copy.copy(carries[survivor]))
     spent = time_forwards(engine)
     start = time.perf_counter()
@@ -169,10 +174,12 @@ def measure(path: Path | None, emitted: int, repeats: int, threads: int) -> dict
         del engine
     carries = carried_from_survivors(source, streams, threads)
     for _ in range(repeats):
-        took, spent = time_carried_resume(source, streams, carries, threads)
+        took, spent = time_carried_resume(source, streams, carries, threads, mirrored=False)
         add("resume, survivors' KV kept (middle recomputed)", took)
         for index, seconds in enumerate(spent):
             add(f"stage {index} forward, survivors' KV kept", seconds)
+        took, _ = time_carried_resume(source, streams, carries, threads, mirrored=True)
+        add("resume, every stage's KV kept (the middle's mirrored)", took)
     if llama_cpp_version() is not None:
         llama = LlamaCppRunner(source.path, threads)
         for _ in range(repeats):
@@ -189,6 +196,8 @@ def measure(path: Path | None, emitted: int, repeats: int, threads: int) -> dict
         ratios["resume / llama.cpp"] = stats["resume, all layers"]["median"] / peer
         kept = stats["resume, survivors' KV kept (middle recomputed)"]["median"]
         ratios["resume with the survivors' KV kept / llama.cpp"] = kept / peer
+        mirrored = stats["resume, every stage's KV kept (the middle's mirrored)"]["median"]
+        ratios["resume with every stage's KV kept / llama.cpp"] = mirrored / peer
     return {
         "tokens": sum(len(s) for s in streams),
         "split_points": list(thirds(source.config.num_layers)),

@@ -2,7 +2,8 @@
 random weights) quantized to Q4_K_M by llama.cpp's own quantizer (`bench/real_shapes.py`, cached
 outside the repository), split over three shard nodes, under 16 greedy streams. Without standbys
 the two survivors load the dead node's layers while stage 0 keeps the requests; with them
-(`standbys`) the neighbour holding those layers takes them over and nothing loads. Every stream
+(`standbys`) the neighbour after it holds those layers, with the KV the victim mirrored to it, and
+takes them over with nothing to load or recompute. Every stream
 ends with the text the same cluster gave undisturbed just before (the weights are random, so
 that run is the reference). The figures it prints are docs/request-flow.md's.
 
@@ -77,6 +78,11 @@ def test_a_1_7b_middle_stage_killed_under_16_streams(
         if holder is not None:
             assert loads[holder][0]["from_standby"] is True, loads
             assert all(e["kept_weights"] for node, got in loads.items() if node != holder for e in got), loads
+            # the victim mirrored its KV to the holder, which handed it on: nothing was recomputed
+            kept = [
+                e for e in events(cluster, holder, "kv kept for the next stage") if logged_at(e) > kill.at
+            ]
+            assert kept and kept[0]["mirrored"] > 0, kept
         slowest = max(e["load_s"] for got in loads.values() for e in got)
         before = {s.node_id: s.end - s.start for s in plan.stages}
         replanned = [e for e in events(cluster, "coordinator-1", "plan published") if logged_at(e) > kill.at]

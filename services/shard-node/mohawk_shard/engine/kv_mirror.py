@@ -16,7 +16,10 @@ its carry as the covered layer range's KV, so the widened stage that takes the r
 each request from the last position, as the survivors do. Only the next stage can hold the mirror
 (the frames already go there, on the channel the two stages share); the planner prefers that
 neighbour. The cost: each step's new KV of the covered layers crosses once more (an 8-layer
-stage of the 1.7B shape: 128 KiB a token in float32), and the holder keeps it in host memory.
+stage of the 1.7B shape: 64 KiB a token, 16-bit KV), and the holder keeps it in host memory.
+Mirroring starts `SETTLE_S` after the plan asks (`node/standby.MirrorSwitch`), and a step sends at
+most `stage.MIRROR_BACKLOG_POSITIONS` of a backlog, so the running requests' KV when it starts
+crosses over several steps, not in one burst.
 """
 
 from __future__ import annotations

@@ -145,3 +145,21 @@ def test_a_backlog_is_mirrored_over_several_steps(tiny_source: ModelSource) -> N
     assert sent[0] == 6 and max(sent) == 6  # 20 positions behind, 2 new a step: 6 a step
     lengths = {key: p[(0, 1)].length for key, p in stages[1].export_carry().requests.items()}
     assert lengths == {key: len(r.tokens) - 1 for key, r in zip(PROMPTS, runs, strict=True)}
+
+
+class Piece:
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+def test_the_holder_keeps_at_most_its_limit_and_refuses_the_request_past_it() -> None:
+    store = KvMirrorStore(max_bytes=100)
+    store.keep("a", (0, 2), 0, Piece(60), 6)
+    store.keep("b", (0, 2), 0, Piece(30), 3)
+    assert (len(store), store.nbytes) == (2, 90)
+    store.keep("a", (0, 2), 6, Piece(20), 2)  # past the limit: a is no longer kept at all
+    assert (len(store), store.nbytes, store.num_refused) == (1, 30, 1)
+    store.keep("a", (0, 2), 8, Piece(1), 1)  # and its later pieces have a hole
+    assert len(store) == 1
+    store.drop("b")
+    assert (len(store), store.nbytes) == (0, 0)

@@ -70,13 +70,19 @@ class _Mirrored:
     layers: Range
     pieces: list[Any] = field(default_factory=list)
     length: int = 0  # positions [0, length) are in `pieces`
+    nbytes: int = 0
 
 
 class KvMirrorStore:
-    """The KV a neighbour mirrored here, per request id, until the request is freed."""
+    """The KV a neighbour mirrored here, per request id, until the request is freed; at most
+    `max_bytes` in all (a request whose copy would pass it is not kept: its layers are computed
+    again if they are taken over)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
         self._requests: dict[str, _Mirrored] = {}
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.num_refused = 0  # requests not kept for want of room
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -88,18 +94,27 @@ class KvMirrorStore:
             return
         held = self._requests.get(key)
         if from_position == 0 or held is None or held.layers != layers:
+            self.drop(key)
             if from_position != 0:
-                self._requests.pop(key, None)
                 return
             held = self._requests[key] = _Mirrored(layers)
+        size = int(getattr(piece, "nbytes", 0))
         if from_position != held.length:
-            del self._requests[key]
+            self.drop(key)
+            return
+        if self.max_bytes is not None and self.nbytes + size > self.max_bytes:
+            self.drop(key)
+            self.num_refused += 1
             return
         held.pieces.append(piece)
         held.length += num_positions
+        held.nbytes += size
+        self.nbytes += size
 
     def drop(self, key: str) -> None:
-        self._requests.pop(key, None)
+        gone = self._requests.pop(key, None)
+        if gone is not None:
+            self.nbytes -= gone.nbytes
 
     def carried(self, backend: MirrorsKV) -> dict[str, RequestCarry]:
         """Each request's mirrored KV, as the carry of its layer range."""

@@ -111,6 +111,7 @@ class Stage:
         num_kv_groups: int = 1,
         *,
         num_blocks: int | None = None,
+        mirror_max_bytes: int | None = None,
     ) -> None:
         self.backend = backend
         self.block_size = block_size
@@ -127,7 +128,7 @@ class Stage:
         self._mirrorers: tuple[Any, ...] | None = mirrorers
         self._mirror_kv = False
         self._mirror_restarts = False
-        self._mirrors = KvMirrorStore()  # what the stage before mirrored here
+        self._mirrors = KvMirrorStore(mirror_max_bytes)  # what the stage before mirrored here
 
     @property
     def carries_kv(self) -> bool:

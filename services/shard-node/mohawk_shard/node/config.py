@@ -89,6 +89,12 @@ class NodeSettings(BusSettings, EngineSettings):
         "with kv_carry; costs the covered layers' KV of each new token on the wire and in the "
         "holder's host memory)",
     )
+    kv_mirror_max_mb: int = Field(
+        1024,
+        ge=0,
+        description="host memory a node keeps for KV mirrored to it (kv_mirror); a request past it is "
+        "not kept, and its layers are computed again if the node takes them over",
+    )
     request_ack_wait_s: float = Field(
         10.0,
         gt=1,

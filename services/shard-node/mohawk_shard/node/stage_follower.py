@@ -287,7 +287,10 @@ class StageFollower:
         groups = len(model_kv_groups(self.host.source.config))
         # with kv_carry, a stage that sends rows on keeps them beside its KV, for its successor
         num_blocks = view.num_kv_blocks if self.host.settings.kv_carry else None
-        stage = Stage(backend, view.block_size, groups, num_blocks=num_blocks)
+        mirror_max_bytes = self.host.settings.kv_mirror_max_mb << 20
+        stage = Stage(
+            backend, view.block_size, groups, num_blocks=num_blocks, mirror_max_bytes=mirror_max_bytes
+        )
         self._hand_carry(stage)
         return stage, backend
 

@@ -51,7 +51,7 @@ class CoordinatorSettings(BusSettings, ModelFileSettings):
         "closes leaves the plan within departure_grace_s instead of node_ttl_s; none = heartbeats only",
     )
     departure_grace_s: float = Field(
-        0.1,
+        0.05,
         ge=0,
         description="a node's closed connection counts as its departure unless it reconnects this soon "
         "(to another server of its pool: 2-3 ms on loopback)",

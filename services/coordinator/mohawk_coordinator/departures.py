@@ -17,9 +17,9 @@ either. Any other close leaves the node without a connection, and after `grace_s
 the coordinator drops it from the registry and re-plans at once (a departure does not wait for
 the live set to settle, as a join does). A link that flaps therefore re-plans once for the drop,
 and once more only after the node has been back for `plan_settle_s`. How soon a live client comes
-back sets the grace (0.1 s by default): nats-py moves to the next server of its pool at once, 2-3
-ms after a reset on loopback (a scratch script cutting a client's TCP connection through a proxy,
-10 cuts), but waits `reconnect_time_wait` (1 s, `bus/connect.py`) before it tries a server it
+back sets the grace (0.05 s by default, 20 times that): nats-py moves to the next server of its
+pool at once, 2-3 ms after a reset on loopback (a scratch script cutting a client's TCP connection
+through a proxy, 10 cuts), but waits `reconnect_time_wait` (1 s, `bus/connect.py`) before it tries a server it
 tried within that time, so a node with one server is gone after any cut, however short the grace.
 
 What each signal sees of a network partition: a host cut off from its NATS server keeps its TCP

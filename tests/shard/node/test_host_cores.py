@@ -111,6 +111,20 @@ def test_a_lone_node_takes_every_core_and_a_loaded_one_its_share(share: tuple[Pa
         other.close()
 
 
+def test_a_stage_just_loaded_forgets_the_turns_met_before(
+    two_nodes: tuple[HostCores, list[int], Other],
+) -> None:
+    """A failover's catch-up runs through the stages one after another: a node that loaded a stage
+    takes every thread for it, whatever the pipeline before it overlapped with."""
+    cores, _, other = two_nodes
+    other.begin()
+    assert turn(cores) == 1
+    other.end()
+    assert turn(cores) == 1  # remembered
+    cores.forget()  # a stage loaded
+    assert turn(cores) == 2
+
+
 def test_a_turn_another_node_began_and_ended_within_counts(
     two_nodes: tuple[HostCores, list[int], Other],
 ) -> None:

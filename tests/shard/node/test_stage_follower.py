@@ -60,6 +60,7 @@ class Harness(StageFollower):
         settings = SimpleNamespace(make_before_break=make_before_break, backend="torch", kv_carry=True)
         host = SimpleNamespace(node_id="n1", settings=settings, source=None, executor=None)
         host.beat_soon, host.beat_now, host.started_at_ms = lambda: None, lambda: None, 1
+        host.cores_anew = lambda: None
         super().__init__(host)  # type: ignore[arg-type]
         self.loads: list[tuple[int, int, bool]] = []
 

@@ -128,6 +128,13 @@ class HostCores:
             self._mark(False)
             self._met.append(sum(1 for slot, now in after.items() if _computed(before.get(slot), now)))
 
+    def forget(self) -> None:
+        """Forget the turns met so far: a stage just loaded (a re-plan) runs a new pattern. A
+        failover's catch-up is one step through the stages one after another, so each node meets
+        none and takes every thread, where the turns of the pipeline before (stages computing at
+        once) would have kept it to its share."""
+        self._met.clear()
+
     def undisturbed(self, measure: Callable[[], float]) -> float:
         """`measure()` (a timing, run inside this node's turn on every one of its threads) with the
         host's cores to itself, as far as the other nodes allow (module docstring)."""

@@ -80,6 +80,7 @@ class ShardNode:
         self._beat_now = asyncio.Event()
         self._held: tuple[int, int] | None = None
         self._alone: Callable[[Callable[[], float]], float] | None = None  # HostCores.undisturbed
+        self._cores: HostCores | None = None
         self.stages = StageFollower(self)
         bundle = security.bundle
         verifier = RecordVerifier(bundle.trust if bundle is not None else None)
@@ -98,6 +99,7 @@ class ShardNode:
                 )
                 self.executor.around = cores.turn
                 self._alone = cores.undisturbed
+                self._cores = cores
         self.nc: Client = await connect(
             self.settings.nats_servers,
             name=f"shard-{self.node_id}",
@@ -281,6 +283,12 @@ class ShardNode:
     def beat_soon(self) -> None:
         """Send the next heartbeat now rather than at the interval (what stage 0 holds changed)."""
         self._beat_soon.set()
+
+    def cores_anew(self) -> None:
+        """A stage was loaded: the turns this node met on the host's cores before are no guide
+        (`HostCores.forget`)."""
+        if self._cores is not None:
+            self._cores.forget()
 
     def beat_now(self) -> None:
         """Send the next heartbeat now, without waiting `EARLY_BEAT_S` for more news: a stage just

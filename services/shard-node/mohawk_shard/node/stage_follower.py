@@ -80,6 +80,8 @@ class FollowerHost(RoleHost, Protocol):
 
     def beat_now(self) -> None: ...
 
+    def cores_anew(self) -> None: ...
+
 
 @dataclass(slots=True)
 class Serving:
@@ -246,6 +248,7 @@ class StageFollower:
         else:
             self.current, self._backend = serving, backend
         self.loaded = True
+        self.host.cores_anew()
         self.host.beat_now()
         self._log.info(
             "next stage loaded while serving" if beside else "stage loaded",

@@ -61,14 +61,17 @@ def streams_through(
     max_tokens: int = REFERENCE_TOKENS,
     stalls: list[float] | None = None,
     across: list[float] | None = None,
+    after: list[float] | None = None,
 ) -> tuple[list[Outcome], float]:
     """`num_streams` greedy streams of the reference prompts, `max_tokens` each; `fault()` (awaited
     when it returns an awaitable) as soon as every stream has its first text, or `settle_s` later, so it lands
     mid-answer (asserted for at least half of them: a fault after the answers tests nothing). Every outcome,
     and how long after the fault was done the last stream finished; `stalls`, when given, gets each
     stream's longest wait between two chunks (what a reader of the stream saw of the fault, and of
-    the first answers' prefills beside it), and `across` the wait between the chunks either side of
-    the fault (what the fault cost it)."""
+    the first answers' prefills beside it), `across` the wait between the chunks either side of
+    the fault (what the reader saw: the wait before the fault, up to a step under the first
+    answers' prefills, and the fault's cost), and `after` the wait from the fault to the next chunk
+    (the fault's own cost)."""
 
     async def scenario() -> tuple[list[Outcome], float]:
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(num_streams)]
@@ -108,6 +111,8 @@ def streams_through(
                 across.extend(
                     next((b - a for a, b in pairwise(times) if a <= struck_at < b), 0.0) for times in arrivals
                 )
+            if after is not None:
+                after.extend(next((t - struck_at for t in times if t > struck_at), 0.0) for times in arrivals)
             # a short answer ("Paris.") may be done already; a fault after most answers tests little
             assert finished <= num_streams // 2, f"{finished} of {num_streams} streams done before the fault"
             return list(zip(prompts, results, strict=True)), time.monotonic() - fault_at

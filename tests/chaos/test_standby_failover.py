@@ -47,10 +47,10 @@ def test_a_killed_stage_is_taken_over_by_the_neighbour_holding_its_layers(
     streams_through(cluster, lambda: None, NUM_STREAMS)  # warm-up
     stalls: list[float] = []
     across: list[float] = []
-    after: list[float] = []
+    waits: list[float] = []
     kill = TimedKill(cluster, victim)
     done, took = streams_through(
-        cluster, kill, NUM_STREAMS, BOUND_S, stalls=stalls, across=across, after=after
+        cluster, kill, NUM_STREAMS, BOUND_S, stalls=stalls, across=across, after=waits
     )
     assert_identical(done, reference)
 
@@ -78,5 +78,5 @@ def test_a_killed_stage_is_taken_over_by_the_neighbour_holding_its_layers(
         f"{logged_at(after[0]) - kill.at:.3f} s later, {holder} loaded in {loads[0]['load_s']:.2f} s "
         f"(from its standby); all {len(done)} streams done {took:.1f} s later, the longest stall "
         f"{max(stalls):.2f} s, the longest across the kill {max(across):.2f} s, the longest from the kill "
-        f"to a stream's next text {max(after):.2f} s"
+        f"to a stream's next text {max(waits):.2f} s"
     )

@@ -11,13 +11,14 @@ from mohawk_shard.engine.sampling_params import SamplingParams
 from mohawk_shard.engine.sequence import Priority, QoS
 from mohawk_shard.engine.stage import SequenceSpec, SequenceStep, StepBatch
 from mohawk_shard.node.wire import (
+    EncodedMirror,
     Joining,
     mirror_spans,
-    mirror_to_proto,
     qos_from_proto,
     step_batch_from_proto,
     step_batch_to_proto,
     take_mirror,
+    write_mirror,
 )
 
 
@@ -56,7 +57,7 @@ def test_the_latency_budget_reaches_the_sampling_stage() -> None:
 def test_a_mirror_crosses_one_hop_and_goes_no_further() -> None:
     spans = (MirrorSpan(7, 0, 5), MirrorSpan(9, 12, 1))
     step = engine_pb2.StepBatch(step_id=4)
-    step.mirror.CopyFrom(mirror_to_proto((2, 4), spans, ("float32", [2, 2, 1, 6, 3], b"kv")))
+    write_mirror(step.mirror, EncodedMirror((2, 4), spans, ("float32", [2, 2, 1, 6, 3], b"kv")))
     received = engine_pb2.StepBatch.FromString(step.SerializeToString())
     mirror = take_mirror(received)
     assert mirror is not None and not received.HasField("mirror")  # the frame passed on has none

@@ -93,6 +93,9 @@ class TorchBackend:
         hf_config = source.hf_config if config.rope_scaling is not None else None  # scaled rope only
         self.rotary = RotaryTable(config, hf_config, self.torch_device, self.dtype)
         self.kv_caches: list[KVCache] = []
+        # the pool's tensors and the backend that allocated them (a shallow copy shares, never reuses)
+        self._pool_pages: list[torch.Tensor] = []
+        self._pool_owner: TorchBackend | None = None
         self._block_size = 0  # the pool's, once allocated
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
@@ -183,8 +186,7 @@ class TorchBackend:
             for page, group in zip((pages[j] for j in self._tensor_slots), self.layer_groups, strict=True)
         ]
         lazy = [t for page in pages for t in (page.key, page.value)]
-        self._pool_owner: TorchBackend | None = self
-        self._pool_pages = lazy
+        self._pool_owner, self._pool_pages = self, lazy
         pool = next(_POOL_IDS)
         log.info(POOL_MAPPED_EVENT, pool=pool, mb=sum(t.numel() * t.element_size() for t in lazy) >> 20)
         populate_later(lazy, RESIDENT_AFTER_S, functools.partial(_pool_resident, pool))
@@ -195,7 +197,7 @@ class TorchBackend:
     def _own_pool(self) -> list[torch.Tensor]:
         """The pool tensors this backend allocated itself, last first (none for a shallow copy);
         let go here, so the old pool is not held beside the new one."""
-        if getattr(self, "_pool_owner", None) is not self:
+        if self._pool_owner is not self:
             return []
         pages, self._pool_pages = list(self._pool_pages), []
         self.kv_caches = []

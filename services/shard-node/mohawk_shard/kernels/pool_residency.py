@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import math
 import os
 import threading
 import time
@@ -90,9 +91,7 @@ def reuse_prefix(old: torch.Tensor, shape: Sequence[int]) -> torch.Tensor | None
     """A tensor of `shape` over the start of `old`'s memory (contiguous, the same dtype), the rest
     of it given back to the OS; None when `old` is too small or not contiguous. The contents are
     `old`'s, not zeros: for a KV pool, whose every slot is written before it is read."""
-    count = 1
-    for size in shape:
-        count *= size
+    count = math.prod(shape)
     if not old.is_contiguous() or old.numel() < count:
         return None
     flat = old.view(-1)

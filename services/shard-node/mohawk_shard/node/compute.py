@@ -24,7 +24,7 @@ from mohawk_shard.engine.kv_mirror import StepMirror
 from mohawk_shard.engine.stage import Stage, StageOutput, StepBatch
 from mohawk_shard.node.snapshot import StepStats
 from mohawk_shard.node.tokens import SampledStep, TokenPublisher
-from mohawk_shard.node.wire import Joining, mirror_spans, mirror_to_proto
+from mohawk_shard.node.wire import EncodedMirror, Joining, mirror_spans
 
 Hidden = tuple[str, list[int], bytes]  # encoded hidden states: dtype, shape, bytes ("", [], b"": none)
 Mirror = engine_pb2.KvMirror  # a step's KV mirrored to the node holding a stage's layers on standby
@@ -45,10 +45,10 @@ class StageCompute:
 
     async def forward(
         self, batch: StepBatch, hidden: Hidden | None, mirror: Mirror | None = None
-    ) -> tuple[Hidden, Mirror | None]:
+    ) -> tuple[Hidden, EncodedMirror | None]:
         """Run the layers on `batch` (`hidden`: the previous stage's output, None on stage 0;
         `mirror`: its KV of the step, for this node's standby) and encode the hidden states, and
-        the KV this stage mirrors (`Stage.mirror_kv`), for the next stage."""
+        the KV this stage mirrors (`Stage.mirror_kv`, for `wire.write_mirror`), for the next stage."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, self._forward, batch, hidden, mirror)
 
@@ -97,14 +97,14 @@ class StageCompute:
 
     def _forward(
         self, batch: StepBatch, hidden: Hidden | None, mirror: Mirror | None
-    ) -> tuple[Hidden, Mirror | None]:
+    ) -> tuple[Hidden, EncodedMirror | None]:
         stage = self._live_stage()
         output = self._step(batch, hidden, mirror)
         sent = output.mirror
         out = (
             None
             if sent is None
-            else mirror_to_proto(sent.layers, sent.spans, stage.backend.encode_hidden(sent.packed))
+            else EncodedMirror(sent.layers, sent.spans, stage.backend.encode_hidden(sent.packed))
         )
         if output.hidden_states is None:
             return ("", [], b""), out

@@ -59,7 +59,7 @@ from mohawk_shard.node.snapshot import MAX_HELD_ACKS, QueueSnapshot, StageSnapsh
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.traces import StageTraces
 from mohawk_shard.node.upkeep import Upkeep
-from mohawk_shard.node.wire import step_batch_to_proto
+from mohawk_shard.node.wire import step_batch_to_proto, write_mirror
 
 log = structlog.get_logger("mohawk.shard.head")
 
@@ -253,7 +253,7 @@ class HeadDriver:
         step = step_batch_to_proto(batch, joining, with_token_ids=False)
         step.started_at = started_at
         if mirrored is not None:
-            step.mirror.CopyFrom(mirrored)
+            write_mirror(step.mirror, mirrored)
         self.inflight.sent(batch, started, time.monotonic())
         try:
             await self.link.send_activations(step, dtype, shape, data)

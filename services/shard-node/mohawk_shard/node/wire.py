@@ -139,24 +139,24 @@ def step_batch_from_proto(message: engine_pb2.StepBatch) -> tuple[StepBatch, dic
     return StepBatch(message.step_id, tuple(steps), tuple(message.finished_seq_ids)), joining
 
 
-def mirror_to_proto(
-    layers: tuple[int, int], spans: Sequence[MirrorSpan], encoded: tuple[str, list[int], bytes]
-) -> engine_pb2.KvMirror:
+class EncodedMirror(NamedTuple):
     """A step's mirrored KV (`engine/kv_mirror.py`), its array encoded by the backend."""
-    dtype, shape, data = encoded
-    return engine_pb2.KvMirror(
-        layer_start=layers[0],
-        layer_end=layers[1],
-        spans=[
-            engine_pb2.MirroredSpan(
-                seq_id=s.seq_id, from_position=s.from_position, num_positions=s.num_positions
-            )
-            for s in spans
-        ],
-        dtype=dtype,
-        shape=shape,
-        data=data,
+
+    layers: tuple[int, int]
+    spans: Sequence[MirrorSpan]
+    encoded: tuple[str, list[int], bytes]  # dtype, shape, bytes
+
+
+def write_mirror(into: engine_pb2.KvMirror, mirror: EncodedMirror) -> None:
+    """Fill the frame's mirror field in place (its bytes are copied once, not built and copied)."""
+    dtype, shape, data = mirror.encoded
+    into.layer_start, into.layer_end = mirror.layers
+    into.spans.extend(
+        engine_pb2.MirroredSpan(seq_id=s.seq_id, from_position=s.from_position, num_positions=s.num_positions)
+        for s in mirror.spans
     )
+    into.dtype, into.data = dtype, data
+    into.shape.extend(shape)
 
 
 def mirror_spans(message: engine_pb2.KvMirror) -> tuple[MirrorSpan, ...]:
@@ -164,10 +164,11 @@ def mirror_spans(message: engine_pb2.KvMirror) -> tuple[MirrorSpan, ...]:
 
 
 def take_mirror(step: engine_pb2.StepBatch) -> engine_pb2.KvMirror | None:
-    """The KV the stage before mirrored in `step`, cleared from it (it goes no further)."""
+    """The KV the stage before mirrored in `step`, cleared from it (it goes no further): the
+    message taken out keeps its contents (protobuf detaches a cleared field's submessage), so its
+    bytes are not copied."""
     if not step.HasField("mirror"):
         return None
-    mirror = engine_pb2.KvMirror()
-    mirror.CopyFrom(step.mirror)
+    mirror = step.mirror
     step.ClearField("mirror")
     return mirror

@@ -39,7 +39,7 @@ from mohawk_shard.node.pipeline_view import PipelineView
 from mohawk_shard.node.snapshot import StageSnapshot, StepStats, stage_snapshot
 from mohawk_shard.node.tokens import TokenPublisher
 from mohawk_shard.node.traces import StageTraces
-from mohawk_shard.node.wire import Joining, step_batch_from_proto, take_mirror
+from mohawk_shard.node.wire import Joining, step_batch_from_proto, take_mirror, write_mirror
 
 log = structlog.get_logger("mohawk.shard.worker")
 
@@ -168,7 +168,7 @@ class StageWorker:
         (dtype, shape, out), mirrored = await self.compute.forward(batch, hidden, mirror)
         self._traced_step(batch, hop_ms, started)
         if mirrored is not None:
-            step.mirror.CopyFrom(mirrored)
+            write_mirror(step.mirror, mirrored)
         await self.link.send_activations(step, dtype, shape, out)
 
     def _trace(
